@@ -1,0 +1,1 @@
+"""mpt-repro: mixed precision training, reproduced."""

@@ -1,0 +1,35 @@
+"""Model registry: conf/model/<name>.yaml sets `name`, and build_model finds the builder here."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from torch import nn
+
+from mpt_repro.errors import ConfigError
+
+MODELS: dict[str, Callable[..., nn.Module]] = {}
+
+
+def register_model(name: str) -> Callable:
+    def add(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
+        MODELS[name] = fn
+        return fn
+
+    return add
+
+
+def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
+    """Build `model_cfg.name`; data_info carries shapes from the data (num_classes, channels, vocab_size...)."""
+    _load_all()
+    if model_cfg.name not in MODELS:
+        raise ConfigError(f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}")
+    return MODELS[model_cfg.name](model_cfg, **data_info)
+
+
+def _load_all() -> None:
+    # Importing the modules registers their builders.
+    import importlib
+    import pkgutil
+
+    for mod in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{mod.name}")

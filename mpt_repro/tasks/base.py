@@ -1,0 +1,82 @@
+"""What a task is: everything that differs between experiments (models, batches, loss, metrics).
+
+The one training loop (mpt_repro/trainer.py) drives any Task; precision enters only through the
+PrecisionPolicy that the task uses for its forward and its optimizer steps.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import torch
+from torch import nn
+
+TASKS: dict[str, type["Task"]] = {}
+
+
+def register_task(name: str) -> Callable[[type], type]:
+    def add(cls: type) -> type:
+        TASKS[name] = cls
+        cls.name = name
+        return cls
+
+    return add
+
+
+@dataclass
+class StepResult:
+    loss: torch.Tensor  # the (unscaled) training loss of this iteration, detached
+    stepped: bool  # False when the precision policy skipped the update (overflow)
+    samples: int  # examples processed (for samples/s)
+    logs: dict[str, torch.Tensor] = field(default_factory=dict)  # extra scalars (e.g. GAN losses)
+
+
+class Task:
+    name: str = ""
+    primary_metric: str = "loss"  # the metric tables and sweeps compare
+    higher_is_better: bool = False
+    metric_names: list[str] = ["loss"]  # what evaluate() returns
+
+    models: dict[str, nn.Module]
+    optimizers: dict[str, torch.optim.Optimizer]
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
+        self.cfg, self.device, self.policy = cfg, device, policy
+
+    def steps_per_epoch(self) -> int:
+        raise NotImplementedError
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        """Batches of one epoch, in an order fixed by (seed, epoch); the first `skip` left out (resume)."""
+        raise NotImplementedError
+
+    def train_step(self, batch: Any) -> StepResult:
+        raise NotImplementedError
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        raise NotImplementedError
+
+    # Optional parts -------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def log_media(self, writer: Any, step: int) -> None:
+        """Write images or other media to TensorBoard at evaluation time."""
+
+    def describe_data(self) -> dict:
+        return {"name": self.cfg.data.name, "root": self.cfg.data.root}
+
+    def describe_model(self) -> dict:
+        params = sum(p.numel() for m in self.models.values() for p in m.parameters())
+        return {"name": self.cfg.model.name, "variant": self.cfg.model.variant or None, "parameters": params}
+
+
+def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:
+    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
+
+    kind = cfg.task.name if hasattr(cfg.task, "name") else str(cfg.task)
+    return TASKS[kind](cfg, device, policy)
