@@ -1,0 +1,68 @@
+"""FP32 master weights for a model stored in FP16/BF16 (paper §3.1).
+
+The optimizer runs over FP32 copies of the low-precision parameters. Each step:
+  1. ``grads_to_masters``: the model's low-precision grads are copied into the masters' FP32 .grad
+     (and the model's grads dropped, so they cannot leak into the next step);
+  2. the scaler unscales the master grads, the optimizer updates the masters in FP32;
+  3. ``masters_to_model``: the model weights are refreshed by rounding the masters, with one
+     multi-tensor copy, not a per-parameter Python loop.
+Parameters that are already FP32 in the model (BatchNorm with bn_fp32) are their own master: the
+optimizer gets the model tensor itself, as apex's FP16_Optimizer does.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import Tensor
+
+
+class MasterWeights:
+    def __init__(self, params: List[Tensor]):
+        self.model_params = list(params)
+        # An FP32 param is used as is; a low-precision one gets a detached FP32 leaf copy.
+        self.opt_params: List[Tensor] = []
+        self._low: List[int] = []  # indices of the params that have a separate master
+        for i, p in enumerate(self.model_params):
+            if p.dtype == torch.float32:
+                self.opt_params.append(p)
+            else:
+                self.opt_params.append(p.detach().clone().float().requires_grad_(True))
+                self._low.append(i)
+
+    @property
+    def masters(self) -> List[Tensor]:
+        """The separate FP32 copies only (what a checkpoint must hold besides the model)."""
+        return [self.opt_params[i] for i in self._low]
+
+    @torch.no_grad()
+    def grads_to_masters(self) -> None:
+        src, dst = [], []
+        for i in self._low:
+            p, m = self.model_params[i], self.opt_params[i]
+            if p.grad is None:
+                m.grad = None  # an unused parameter stays unused
+                continue
+            if m.grad is None:
+                m.grad = torch.empty_like(m)
+            src.append(p.grad)
+            dst.append(m.grad)
+            p.grad = None
+        if src:
+            torch._foreach_copy_(dst, src)  # FP16 -> FP32 is exact
+
+    @torch.no_grad()
+    def masters_to_model(self) -> None:
+        if self._low:
+            torch._foreach_copy_([self.model_params[i] for i in self._low], self.masters)  # rounds
+
+    def state_dict(self) -> List[Tensor]:
+        return [m.detach().clone() for m in self.masters]
+
+    @torch.no_grad()
+    def load_state_dict(self, masters: List[Tensor]) -> None:
+        if len(masters) != len(self._low):
+            raise ValueError(f"checkpoint holds {len(masters)} master weights, the model needs {len(self._low)}")
+        # in place: the optimizer keeps pointing at the same tensors
+        torch._foreach_copy_(self.masters, [m.to(self.masters[0].device) for m in masters])
+        self.masters_to_model()
