@@ -1,0 +1,47 @@
+"""The paper's reference values (paper_reference.csv, package data).
+
+Every value in that file is copied from the paper via /work/shared/reference/papers.md, with the
+section it comes from and how sure we are of it: P = read in the paper's own text, S = from
+secondary notes that agree, U = unconfirmed. Nothing else in the reporter types a number.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib import resources
+
+import pandas as pd
+
+CONFIDENCE_LABELS = {"P": "primary text", "S": "secondary notes", "U": "unconfirmed"}
+
+
+@lru_cache(maxsize=1)
+def load_reference() -> pd.DataFrame:
+    """All reference rows; `value` is a float or NaN (an outcome like "diverges" is in `outcome`)."""
+    with resources.files("mpt_repro.report").joinpath("paper_reference.csv").open() as f:
+        ref = pd.read_csv(f, dtype={"value": float}, keep_default_na=False, na_values={"value": [""]})
+    return ref
+
+
+def table1_reference() -> pd.DataFrame:
+    """Paper Table 1 as one row per model: experiment, label, fp32, mixed, confidence, source."""
+    ref = load_reference()
+    t1 = ref[ref["table"] == "table1"]
+    wide = t1.pivot(index="row", columns="column", values="value")
+    first = t1.drop_duplicates("row").set_index("row")
+    wide["label"] = first["row_label"]
+    wide["confidence"] = first["confidence"]
+    wide["source"] = first["source"]
+    # keep the paper's row order (the file lists the rows as the paper does)
+    order = list(dict.fromkeys(t1["row"]))
+    return wide.loc[order].rename_axis("experiment").reset_index()
+
+
+def claims_for(row: str) -> pd.DataFrame:
+    """The qualitative claims the paper makes about one experiment (e.g. lstm_lm, dcgan)."""
+    ref = load_reference()
+    return ref[(ref["table"] == "claim") & (ref["row"] == row)]
+
+
+def cite(entry: pd.Series) -> str:
+    """`<source> [<confidence>]`, the tag a reader needs to judge a reference value."""
+    return f"{entry['source']} [{entry['confidence']}]"
