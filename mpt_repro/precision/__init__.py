@@ -9,7 +9,6 @@ from mpt_repro.precision.scalers import (
     SCALERS,
     DynamicScaler,
     LossScaler,
-    NoScaler,
     StaticScaler,
     build_scaler,
     register_scaler,
@@ -17,6 +16,6 @@ from mpt_repro.precision.scalers import (
 
 __all__ = [
     "PrecisionPolicy", "PrecisionConfig", "Dtype", "WeightStorage", "LossScaling", "LossScaler",
-    "NoScaler", "StaticScaler", "DynamicScaler", "SCALERS", "register_scaler", "build_scaler",
+    "StaticScaler", "DynamicScaler", "SCALERS", "register_scaler", "build_scaler",
     "MasterWeights",
 ]

@@ -44,7 +44,7 @@ class _OptState:
     optimizer: torch.optim.Optimizer
     names: List[str]  # parameter names, aligned with params
     params: List[Tensor]  # what the optimizer updates (FP32 masters or the model's params)
-    scaler: LossScaler
+    scaler: Optional[LossScaler]  # None: no loss scaling
     master: Optional[MasterWeights]
     steps: int = 0  # step() calls
     skipped: int = 0  # of which skipped (overflow)
@@ -102,7 +102,9 @@ class PrecisionPolicy:
         torch.backends.cuda.matmul.allow_tf32 = allow
         torch.backends.cudnn.allow_tf32 = allow
 
-    def _new_scaler(self) -> LossScaler:
+    def _new_scaler(self) -> Optional[LossScaler]:
+        if self.scaling_kind == "none":
+            return None  # no scaler at all (BF16 must never get one)
         return build_scaler(self.scaling_kind, self.cfg, self._init_scale)
 
     # -- describe ---------------------------------------------------------------------------
@@ -180,7 +182,8 @@ class PrecisionPolicy:
         else:
             self._shared = self._shared or self._new_scaler()
             scaler = self._shared
-        scaler.attach(model, names, opt_params)
+        if scaler is not None:
+            scaler.attach(model, names, opt_params)
         self._opts[name] = _OptState(name, opt, names, opt_params, scaler, master)
         self._by_id[id(opt)] = name
         return opt
@@ -200,7 +203,8 @@ class PrecisionPolicy:
     # -- the step ---------------------------------------------------------------------------
     def backward(self, loss: Tensor, opt=None, **kwargs) -> None:
         """Scale the loss with ``opt``'s scaler and back-propagate."""
-        self._state(opt).scaler.scale_loss(loss).backward(**kwargs)
+        scaler = self._state(opt).scaler
+        (scaler.scale_loss(loss) if scaler is not None else loss).backward(**kwargs)
 
     def step(self, opt=None, clip_grad_norm: Optional[float] = None) -> bool:
         """Unscale, check for inf/NaN, then skip, or clip and step; refresh low-precision weights
@@ -212,7 +216,7 @@ class PrecisionPolicy:
         scaler = st.scaler
         st.steps += 1
         found_inf = False
-        if scaler.checks_overflow and grads:
+        if scaler is not None and grads:
             # unscale BEFORE clipping, so a clip threshold means the same in every preset (§3.2)
             found_inf = bool(scaler.unscale_(grads).item())  # the one host sync of the step
         if found_inf:
@@ -231,6 +235,8 @@ class PrecisionPolicy:
 
     def _update_scaler(self, st: _OptState, found_inf: bool) -> None:
         scaler = st.scaler
+        if scaler is None:
+            return
         if scaler is self._shared:
             # GradScaler semantics for one scale shared by several optimizers: every loss of an
             # iteration uses the same scale; it moves once all optimizers have stepped.
@@ -271,23 +277,27 @@ class PrecisionPolicy:
         """The current scale of ``opt`` (an optimizer or its name; default: the first one)."""
         if not self._opts:
             return self._init_scale
-        return float(self._state(opt).scaler.scale)
+        return _scale(self._state(opt).scaler)
 
     def loss_scales(self) -> Dict[str, float]:
         """{optimizer name: current scale}, for per-optimizer logging (no host sync)."""
-        return {n: float(s.scaler.scale) for n, s in self._opts.items()}
+        return {n: _scale(s.scaler) for n, s in self._opts.items()}
+
+    def scaler(self, opt=None) -> Optional[LossScaler]:
+        """The scaler of ``opt`` (None when loss scaling is off)."""
+        return self._state(opt).scaler
 
     def last_grad_norm(self, opt=None) -> Optional[Tensor]:
         """The unscaled total grad norm from the last clipped step (a tensor: no host sync)."""
         return self._state(opt).last_grad_norm
 
     def summary(self) -> dict:
-        scalers = {n: s.scaler for n, s in self._opts.items()}
-        first = next(iter(scalers.values()), None)
-        none = self.scaling_kind == "none"
-        if first is None or none:
-            ls = {"initial": 1.0 if none else self._init_scale, "final": 1.0 if none else self._init_scale,
-                  "min": 1.0 if none else self._init_scale, "max": 1.0 if none else self._init_scale}
+        """run.json "loss_scale", "skipped_steps", "steps", "diagnostics". The loss_scale block is
+        the first optimizer's; diagnostics.per_optimizer has every optimizer's."""
+        first = next(iter(self._opts.values())).scaler if self._opts else None
+        if first is None:  # no scaling (1.0), or no step yet (the initial scale)
+            v = self._init_scale
+            ls = {"initial": v, "final": v, "min": v, "max": v}
         else:
             ls = {"initial": first.initial, "final": first.scale, "min": first.min_seen, "max": first.max_seen}
         ls["kind"] = self.scaling_kind
@@ -295,8 +305,9 @@ class PrecisionPolicy:
         diagnostics["scaling"] = self.scaling_kind
         diagnostics["describe"] = self.describe()
         diagnostics["per_optimizer"] = {
-            n: {"steps": s.steps, "skipped_steps": s.skipped, "loss_scale_final": s.scaler.scale,
-                "loss_scale_min": s.scaler.min_seen, "loss_scale_max": s.scaler.max_seen}
+            n: {"steps": s.steps, "skipped_steps": s.skipped, "loss_scale_final": _scale(s.scaler),
+                "loss_scale_min": s.scaler.min_seen if s.scaler else 1.0,
+                "loss_scale_max": s.scaler.max_seen if s.scaler else 1.0}
             for n, s in self._opts.items()
         }
         # optimizer steps, summed over optimizers (a GAN iteration counts two)
@@ -309,7 +320,7 @@ class PrecisionPolicy:
             "name": self.name,
             "optimizers": {
                 n: {"steps": s.steps, "skipped": s.skipped,
-                    "scaler": s.scaler.state_dict(),
+                    "scaler": s.scaler.state_dict() if s.scaler is not None else None,
                     "masters": s.master.state_dict() if s.master is not None else None}
                 for n, s in self._opts.items()
             },
@@ -323,11 +334,16 @@ class PrecisionPolicy:
                 raise ValueError(f"checkpoint has precision state for optimizer {n!r}, which this run did not build")
             st = self._opts[n]
             st.steps, st.skipped = int(o["steps"]), int(o["skipped"])
-            st.scaler.load_state_dict(o["scaler"])
+            if st.scaler is not None and o.get("scaler") is not None:
+                st.scaler.load_state_dict(o["scaler"])
             if st.master is not None and o.get("masters") is not None:
                 st.master.load_state_dict(o["masters"])
         self._shared_pending = dict(sd.get("shared_pending", {}))
         self._diag.update(sd.get("diagnostics", {}))
+
+
+def _scale(scaler: Optional[LossScaler]) -> float:
+    return 1.0 if scaler is None else float(scaler.scale)
 
 
 def _bn_input_to_fp32(module: nn.Module, args):

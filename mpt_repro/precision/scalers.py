@@ -9,6 +9,9 @@ A scaler owns one number (the scale) and the counters that move it. The policy d
 The scale is a Python float. The skip decision already costs one host sync per step, so keeping
 the scale on the host costs nothing extra and lets min/max tracking and logging happen for free.
 
+With ``loss_scaling=none`` (FP32, BF16, the no-scaling ablations) no scaler exists at all: the
+policy neither scales, nor inspects the grads, nor skips.
+
 New kinds (e.g. the layer-wise adaptive scaler) register themselves with ``@register_scaler("name")``
 and are picked by ``precision.loss_scaling``.
 """
@@ -77,7 +80,6 @@ class LossScaler:
     """
 
     kind = "base"
-    checks_overflow = True  # False: never look at the grads, never skip (no loss scaling)
 
     def __init__(self, cfg, init_scale: Optional[float] = None):
         self.cfg = cfg
@@ -139,27 +141,6 @@ class LossScaler:
         for k in self._state_keys:
             if k in sd:
                 setattr(self, k, type(getattr(self, k))(sd[k]))
-
-
-@register_scaler("none")
-class NoScaler(LossScaler):
-    """No loss scaling: scale 1, grads never inspected, every step taken (FP32, BF16, and the
-    paper's no-scaling ablation, where an FP16 overflow is allowed to do its damage)."""
-
-    checks_overflow = False
-
-    def __init__(self, cfg, init_scale: Optional[float] = None):
-        super().__init__(cfg, 1.0)
-
-    def scale_loss(self, loss: Tensor) -> Tensor:
-        return loss
-
-    def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
-        return torch.zeros(1)
-
-    @property
-    def at_floor_too_long(self) -> bool:
-        return False
 
 
 @register_scaler("static")
