@@ -1,0 +1,142 @@
+"""Word-level corpora for the language-model task (PTB, WikiText, One Billion Word layouts).
+
+A corpus is a folder with train.txt, valid.txt and test.txt: whitespace-separated tokens, one
+sentence (or line) per line. Every line gets an end-of-sentence token. The vocabulary comes from
+train only: words seen fewer than `min_freq` times, and words past the `max_vocab` most frequent,
+become <unk>. Words are numbered by descending frequency, because the log-uniform (Zipfian)
+sampler of the sampled softmax assumes exactly that order.
+
+Without data.root the embedded corpus is used: King James Bible, Genesis and Exodus
+(mpt_repro/data/embedded/README.md says where it comes from).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+import torch
+
+from mpt_repro.errors import ConfigError, DataError
+
+EOS = "<eos>"
+UNK = "<unk>"
+SPLITS = ("train", "valid", "test")
+EMBEDDED_ROOT = Path(__file__).parent / "embedded" / "kjv"
+LAYOUT = "a folder with train.txt, valid.txt and test.txt (whitespace tokens, one sentence per line)"
+
+
+@dataclass
+class Vocab:
+    words: list[str]  # index -> word, most frequent first
+    counts: list[int]  # training-set count of each word (after the cut-off)
+
+    def __post_init__(self) -> None:
+        self.index = {w: i for i, w in enumerate(self.words)}
+
+    def __len__(self) -> int:
+        return len(self.words)
+
+    @property
+    def unk(self) -> int:
+        return self.index[UNK]
+
+    @property
+    def eos(self) -> int:
+        return self.index[EOS]
+
+    def encode_file(self, path: Path) -> torch.Tensor:
+        """A file as one stream of int32 ids, each line followed by <eos>.
+
+        Streams the file (the One Billion Word training text is ~0.8G tokens: a Python list of
+        it would not fit in memory); int32 halves the footprint of the id stream.
+        """
+        get, unk, eos = self.index.get, self.unk, self.eos
+
+        def ids() -> Iterator[int]:
+            for tokens in _token_lines(path):
+                yield from (get(t, unk) for t in tokens)
+                yield eos
+
+        return torch.from_numpy(np.fromiter(ids(), dtype=np.int32))
+
+
+def build_vocab(counts: Counter, num_lines: int, min_freq: int = 1, max_vocab: Optional[int] = None) -> Vocab:
+    """Vocabulary from training-set token counts; `num_lines` is the count of <eos>."""
+    if min_freq < 1:
+        raise ConfigError(f"data.min_freq must be >= 1 (got {min_freq})")
+    if max_vocab is not None and max_vocab < 3:
+        raise ConfigError(f"data.max_vocab must be >= 3 or null: it holds <unk>, <eos> and words (got {max_vocab})")
+    counts = Counter(counts)
+    # PTB's files already contain <unk>; its count joins the words we cut.
+    unk_count = counts.pop(UNK, 0)
+    counts.pop(EOS, None)
+    # Most frequent first; ties by the word itself, so the numbering never depends on file order.
+    ranked = sorted(counts.items(), key=lambda wc: (-wc[1], wc[0]))
+    kept = [(w, c) for w, c in ranked if c >= min_freq]
+    if max_vocab is not None:
+        kept = kept[: max_vocab - 2]  # room for <unk> and <eos>
+    unk_count += sum(counts.values()) - sum(c for _, c in kept)
+    entries = kept + [(EOS, num_lines), (UNK, unk_count)]
+    entries.sort(key=lambda wc: (-wc[1], wc[0]))
+    return Vocab([w for w, _ in entries], [c for _, c in entries])
+
+
+def _token_lines(path: Path) -> Iterator[list[str]]:
+    """The non-blank lines of a file, split on whitespace."""
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            tokens = line.split()
+            if tokens:
+                yield tokens
+
+
+class Corpus:
+    """The three splits of a folder as id streams, with the vocabulary built from train."""
+
+    def __init__(self, root: Optional[str | Path], min_freq: int = 1, max_vocab: Optional[int] = None):
+        self.embedded = root is None
+        self.root = EMBEDDED_ROOT if root is None else Path(root).expanduser()
+        if not self.root.is_dir():
+            raise DataError(f"data.root={str(self.root)!r} is not a folder; expected {LAYOUT}")
+        paths = {split: self.root / f"{split}.txt" for split in SPLITS}
+        for path in paths.values():
+            if not path.is_file():
+                raise DataError(f"{path} is missing; data.root must be {LAYOUT}")
+            if next(_token_lines(path), None) is None:
+                raise DataError(f"{path} is empty; data.root must be {LAYOUT}")
+        counts, num_lines = Counter(), 0
+        for tokens in _token_lines(paths["train"]):
+            counts.update(tokens)
+            num_lines += 1
+        self.vocab = build_vocab(counts, num_lines, min_freq, max_vocab)
+        self.train, self.valid, self.test = (self.vocab.encode_file(paths[s]) for s in SPLITS)
+
+    def unk_rate(self, split: str = "valid") -> float:
+        ids = getattr(self, split)
+        return float((ids == self.vocab.unk).float().mean())
+
+
+def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+    """Cut the stream into `batch_size` contiguous streams: a (steps, batch_size) tensor.
+
+    Column j continues from one BPTT window to the next, which is what lets the hidden state be
+    carried across batches. The tail that does not fill a whole row is dropped.
+    """
+    steps = ids.numel() // batch_size
+    if steps < 2:
+        raise DataError(f"{ids.numel()} tokens are too few for {batch_size} parallel streams (need 2 per stream)")
+    return ids[: steps * batch_size].view(batch_size, steps).t().contiguous()
+
+
+def num_bptt_batches(streams: torch.Tensor, seq_len: int) -> int:
+    return -(-(streams.size(0) - 1) // seq_len)  # ceil: the last window may be shorter
+
+
+def bptt_batches(streams: torch.Tensor, seq_len: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, target) windows of `seq_len` steps as int64; the target is the input shifted by one token."""
+    for start in range(skip * seq_len, streams.size(0) - 1, seq_len):
+        n = min(seq_len, streams.size(0) - 1 - start)
+        yield streams[start : start + n].long(), streams[start + 1 : start + 1 + n].long()

@@ -1,0 +1,1 @@
+"""Data files shipped with the package (the embedded word-level corpus lives in kjv/)."""

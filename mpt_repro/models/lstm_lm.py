@@ -1,0 +1,128 @@
+"""bigLSTM-style word language model: embedding, LSTM layers with projection, softmax output.
+
+The paper's §4.5 model (Jozefowicz et al. 2016, "BIGLSTM"; NVIDIA's f-lm recipe) is two layers of
+8192 LSTM cells, each projected to 1024, with 1024-dim embeddings and a 793K-word vocabulary,
+trained with a sampled softmax of 8192 negatives. The budgets pick the sizes; the structure is
+the same at every size.
+
+Training with `num_sampled > 0` uses the sampled softmax with a log-uniform candidate sampler
+(unique candidates, accidental hits removed, logits corrected by log expected count, as
+TensorFlow's sampled_softmax_loss that the bigLSTM code used). Evaluation always uses the full
+softmax, so perplexities are comparable across settings.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from mpt_repro.models import register_model
+
+Hidden = tuple[torch.Tensor, torch.Tensor]
+
+
+class LogUniformSampler:
+    """Draws `num_sampled` distinct word ids from P(k) = log((k+2)/(k+1)) / log(V+1).
+
+    The vocabulary is numbered by descending frequency, so this Zipfian law approximates the
+    unigram distribution without storing it. Draws are made with replacement until
+    `num_sampled` distinct ids are seen; with `tries` draws in total, the chance that word k is
+    among the candidates ("expected count") is 1 - (1 - P(k))^tries. When num_sampled covers
+    the whole vocabulary, every word is a candidate with certainty (expected count 1).
+    """
+
+    def __init__(self, vocab_size: int, num_sampled: int):
+        self.vocab_size, self.num_sampled = vocab_size, num_sampled
+        self.log_range = math.log(vocab_size + 1)
+
+    def prob(self, ids: torch.Tensor) -> torch.Tensor:
+        ids = ids.double()
+        return (torch.log(ids + 2) - torch.log(ids + 1)) / self.log_range
+
+    def draw(self, n: int, generator: torch.Generator, device: torch.device) -> torch.Tensor:
+        # Inverse CDF: CDF(k) = log(k+2)/log(V+1) - ... so k = floor(exp(u * log(V+1))) - 1.
+        u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
+        return (torch.exp(u * self.log_range).floor().long() - 1).clamp_(0, self.vocab_size - 1)
+
+    def sample(self, generator: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+        """(candidate ids, their expected counts, tries)."""
+        if self.num_sampled >= self.vocab_size:
+            ids = torch.arange(self.vocab_size, device=device)
+            return ids, torch.ones(self.vocab_size, device=device, dtype=torch.float64), math.inf
+        draws = torch.empty(0, dtype=torch.long, device=device)
+        while True:
+            # Draw in chunks; keep the prefix that first reaches num_sampled distinct ids.
+            draws = torch.cat([draws, self.draw(2 * self.num_sampled, generator, device)])
+            uniq, inverse = torch.unique(draws, return_inverse=True)
+            if uniq.numel() >= self.num_sampled:
+                break
+        positions = torch.arange(draws.numel(), device=device)
+        first_seen = torch.full((uniq.numel(),), draws.numel(), device=device, dtype=torch.long)
+        first_seen.scatter_reduce_(0, inverse, positions, reduce="amin")
+        is_first = torch.zeros(draws.numel(), dtype=torch.bool, device=device)
+        is_first[first_seen] = True
+        tries = int(torch.searchsorted(is_first.cumsum(0), self.num_sampled)) + 1
+        ids = draws[:tries][is_first[:tries]]
+        return ids, self.expected_count(ids, tries), float(tries)
+
+    def expected_count(self, ids: torch.Tensor, tries: float) -> torch.Tensor:
+        if math.isinf(tries):
+            return torch.ones(ids.shape, device=ids.device, dtype=torch.float64)
+        return -torch.expm1(tries * torch.log1p(-self.prob(ids)))
+
+
+class LSTMLanguageModel(nn.Module):
+    def __init__(self, vocab_size: int, embed_dim: int, hidden_size: int, num_layers: int, proj_size: int = 0, dropout: float = 0.0):
+        super().__init__()
+        self.vocab_size, self.num_layers, self.hidden_size = vocab_size, num_layers, hidden_size
+        self.out_dim = proj_size or hidden_size
+        self.embedding = nn.Embedding(vocab_size, embed_dim)
+        self.drop = nn.Dropout(dropout)
+        # nn.LSTM applies dropout between layers; self.drop adds it before the first and after the last.
+        self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers, dropout=dropout if num_layers > 1 else 0.0, proj_size=proj_size)
+        self.decoder = nn.Linear(self.out_dim, vocab_size)
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+    def init_hidden(self, batch_size: int, device: torch.device) -> Hidden:
+        h = torch.zeros(self.num_layers, batch_size, self.out_dim, device=device)
+        c = torch.zeros(self.num_layers, batch_size, self.hidden_size, device=device)
+        return h, c
+
+    def forward(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
+        """x: (steps, batch) ids -> features (steps, batch, out_dim) for the softmax, new hidden."""
+        emb = self.drop(self.embedding(x))
+        # The carried state takes the storage dtype of the model (FP16 when the policy casts weights).
+        hidden = tuple(t.to(emb.dtype) for t in hidden)
+        out, hidden = self.lstm(emb, hidden)
+        return self.drop(out), hidden
+
+    def full_loss(self, features: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", chunk_rows: Optional[int] = None) -> torch.Tensor:
+        """Cross-entropy over the whole vocabulary. chunk_rows bounds the logits held at once (793K-word vocabularies)."""
+        h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
+        rows = chunk_rows or h.size(0)
+        total = sum(F.cross_entropy(self.decoder(h[i : i + rows]), t[i : i + rows], reduction="sum").float() for i in range(0, h.size(0), rows))
+        return total / t.numel() if reduction == "mean" else total
+
+    def sampled_loss(self, features: torch.Tensor, targets: torch.Tensor, sampler: LogUniformSampler, generator: torch.Generator) -> torch.Tensor:
+        """Sampled-softmax estimate of the cross-entropy (Jean et al. 2015), mean over tokens."""
+        h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
+        ids, expected, tries = sampler.sample(generator, h.device)
+        w, b = self.decoder.weight, self.decoder.bias
+        # Subtracting log(expected count) from every logit, the target's included, makes the
+        # softmax over {target} + candidates an estimate of the full softmax.
+        true_logit = (h * w[t]).sum(-1) + b[t] - torch.log(sampler.expected_count(t, tries)).to(h.dtype)
+        cand_logits = h @ w[ids].t() + b[ids] - torch.log(expected).to(h.dtype)
+        # A candidate equal to the target ("accidental hit") would count the target twice.
+        cand_logits = cand_logits.masked_fill(ids.unsqueeze(0) == t.unsqueeze(1), float("-inf"))
+        logits = torch.cat([true_logit.unsqueeze(1), cand_logits], dim=1)
+        return F.cross_entropy(logits.float(), torch.zeros_like(t))
+
+
+@register_model("lstm_lm")
+def lstm_lm(cfg: Any, vocab_size: int, **_: Any) -> nn.Module:
+    return LSTMLanguageModel(vocab_size, cfg.embed_dim, cfg.hidden_size, cfg.num_layers, cfg.proj_size, cfg.dropout)

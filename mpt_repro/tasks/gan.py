@@ -1,0 +1,194 @@
+"""DCGAN (the paper's §4.6 experiment): a generator and a discriminator trained against each other.
+
+One iteration is a discriminator step (real images labelled 1, generated ones 0) followed by a
+generator step (generated images labelled 1: the non-saturating loss of Goodfellow et al.).
+Both optimizers go through the one precision policy, each with its own loss scaler when the
+preset scales (precision.per_loss_scale): the two losses have different gradient ranges.
+
+The paper judges the result by eye only (uncurated samples, its Figure 6). So does this task:
+a fixed-noise sample grid is written at every evaluation. The numbers evaluate() returns describe
+the state of the game, not sample quality; see docs/experiments_lm_gan.md.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from mpt_repro.data import build_image_data
+from mpt_repro.data.sampling import EpochSampler
+from mpt_repro.models import build_model
+from mpt_repro.optim import optimizer_factory
+from mpt_repro.tasks.base import StepResult, Task, register_task
+
+GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
+
+
+@register_task("gan")
+class GAN(Task):
+    # The generator's loss on fixed noise against the current discriminator. Lower means G fools
+    # this D more; it is NOT a measure of image quality (see the module docstring).
+    primary_metric = "g_loss"
+    higher_is_better = False
+    metric_names = ["d_loss", "g_loss", "d_real", "d_fake"]
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
+        super().__init__(cfg, device, policy)
+        d = cfg.data
+        self.data = build_image_data(d)
+        self.image_size = d.image_size
+        # Seed right before building the models: every precision preset starts from the same weights.
+        torch.manual_seed(cfg.seed)
+        pair = build_model(cfg.model, channels=self.data.channels, image_size=self.image_size)
+        self.generator = policy.prepare_model(pair.generator.to(device))
+        self.discriminator = policy.prepare_model(pair.discriminator.to(device))
+        make = optimizer_factory(cfg.optim, d.batch_size)
+        # Discriminator first: policy.loss_scale() and the first-optimizer summaries report it.
+        self.opt_d = policy.build_optimizer(self.discriminator, make, name="discriminator")
+        self.opt_g = policy.build_optimizer(self.generator, make, name="generator")
+        self.models = {"generator": self.generator, "discriminator": self.discriminator}
+        self.optimizers = {"discriminator": self.opt_d, "generator": self.opt_g}
+        self.latent_dim = cfg.model.latent_dim
+        # Noise has its own generator (saved with the task state), so a resumed run draws the same z.
+        self.noise_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+        fixed = torch.Generator(device=device).manual_seed(cfg.seed + 2)
+        self.fixed_noise = torch.randn(GRID_SAMPLES, self.latent_dim, generator=fixed, device=device)
+        self.eval_noise = torch.randn(len(self.data.eval), self.latent_dim, generator=fixed, device=device)
+        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=d.batch_size)
+        loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
+                           persistent_workers=d.num_workers > 0)
+        self.train_loader = DataLoader(self.data.train, batch_size=d.batch_size, sampler=self.sampler, drop_last=True, **loader_args)
+        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or d.batch_size, shuffle=False, **loader_args)
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.batches_per_epoch()
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        self.sampler.set_epoch(epoch, skip_batches=skip)
+        return iter(self.train_loader)
+
+    def _real(self, batch: Any) -> torch.Tensor:
+        x = batch[0] if isinstance(batch, (list, tuple)) else batch  # labels, if any, are ignored
+        x = x.to(self.device, non_blocking=True)
+        if x.shape[-1] != self.image_size:
+            # The embedded 8x8 digits, up-sampled when a budget asks for a deeper stack.
+            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
+        return self.policy.cast_inputs(x)
+
+    def _noise(self, n: int) -> torch.Tensor:
+        return self.policy.cast_inputs(torch.randn(n, self.latent_dim, generator=self.noise_rng, device=self.device))
+
+    @staticmethod
+    def _bce(logits: torch.Tensor, real: bool) -> torch.Tensor:
+        # BCE on logits: the sigmoid of the paper's last layer and the log fused, stable in FP16.
+        target = torch.ones_like(logits) if real else torch.zeros_like(logits)
+        return F.binary_cross_entropy_with_logits(logits.float(), target.float())
+
+    @staticmethod
+    def _zero_grads(*pairs: Any) -> None:
+        # Both the model's grads and the optimizer's (FP32 masters) grads: the generator step
+        # back-propagates through the discriminator, and those grads must not reach its next step.
+        for model, opt in pairs:
+            model.zero_grad(set_to_none=True)
+            opt.zero_grad(set_to_none=True)
+
+    def train_step(self, batch: Any) -> StepResult:
+        real = self._real(batch)
+        n = real.shape[0]
+        G, D = self.generator, self.discriminator
+        G.train()
+        D.train()
+        pairs = ((G, self.opt_g), (D, self.opt_d))
+
+        # Discriminator: maximise log D(x) + log(1 - D(G(z))).
+        self._zero_grads(*pairs)
+        with self.policy.autocast():
+            fake = G(self._noise(n))
+            d_real_logits = D(real)
+            d_fake_logits = D(fake.detach())
+            d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
+        self.policy.backward(d_loss, self.opt_d)
+        d_stepped = self.policy.step(self.opt_d, clip_grad_norm=self.cfg.optim.grad_clip)
+
+        # Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
+        self._zero_grads(*pairs)
+        with self.policy.autocast():
+            g_loss = self._bce(D(fake), True)
+        self.policy.backward(g_loss, self.opt_g)
+        g_stepped = self.policy.step(self.opt_g, clip_grad_norm=self.cfg.optim.grad_clip)
+
+        logs = {
+            "d_loss": d_loss.detach(),
+            "g_loss": g_loss.detach(),
+            "d_real": torch.sigmoid(d_real_logits.detach().float()).mean(),
+            "d_fake": torch.sigmoid(d_fake_logits.detach().float()).mean(),
+            "d_stepped": torch.tensor(float(d_stepped)),
+            "g_stepped": torch.tensor(float(g_stepped)),
+        }
+        # loss: the sum of both, so a non-finite value in either one ends the run as diverged.
+        return StepResult(loss=(d_loss + g_loss).detach(), stepped=d_stepped and g_stepped, samples=n, logs=logs)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Both losses and the mean D outputs on the held-out images against fixed noise (eval-mode BN)."""
+        G, D = self.generator, self.discriminator
+        G.eval()
+        D.eval()
+        sums = torch.zeros(4, device=self.device)
+        seen = 0
+        for batch in self.eval_loader:
+            real = self._real(batch)
+            n = real.shape[0]
+            z = self.policy.cast_inputs(self.eval_noise[seen : seen + n])
+            with self.policy.autocast():
+                d_real_logits = D(real)
+                d_fake_logits = D(G(z))
+                d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
+                g_loss = self._bce(d_fake_logits, True)
+            sums += n * torch.stack([d_loss, g_loss, torch.sigmoid(d_real_logits.float()).mean(),
+                                     torch.sigmoid(d_fake_logits.float()).mean()])
+            seen += n
+        d_loss, g_loss, d_real, d_fake = (sums / max(seen, 1)).tolist()
+        return {"d_loss": d_loss, "g_loss": g_loss, "d_real": d_real, "d_fake": d_fake}
+
+    @torch.no_grad()
+    def sample_grid(self) -> torch.Tensor:
+        """The fixed-noise samples as one image grid in [0, 1] (C, H, W), FP32 on the CPU."""
+        from torchvision.utils import make_grid
+
+        self.generator.eval()
+        with self.policy.autocast():
+            images = self.generator(self.policy.cast_inputs(self.fixed_noise))
+        return make_grid(images.float().cpu(), nrow=8, normalize=True, value_range=(-1, 1))
+
+    def log_media(self, writer: Any, step: int) -> None:
+        """The fixed-noise grid to TensorBoard and to <run dir>/samples/step_XXXXXX.png."""
+        if writer is None:
+            return
+        from torchvision.utils import save_image
+
+        grid = self.sample_grid()
+        writer.add_image("samples/fixed_noise", grid, step)
+        # The trainer's SummaryWriter writes to <run dir>/tb, so its parent is the run directory.
+        out = Path(writer.log_dir).parent / "samples"
+        out.mkdir(parents=True, exist_ok=True)
+        save_image(grid, out / f"step_{step:06d}.png")
+
+    def state_dict(self) -> dict:
+        return {"noise_rng": self.noise_rng.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("noise_rng") is not None:
+            self.noise_rng.set_state(state["noise_rng"])
+
+    def describe_data(self) -> dict:
+        return {"name": self.cfg.data.name, "root": self.cfg.data.root, "train_size": len(self.data.train),
+                "eval_size": len(self.data.eval), "image_size": self.image_size, "description": self.data.description}
+
+    def describe_model(self) -> dict:
+        count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
+        return {**super().describe_model(), "generator_parameters": count(self.generator),
+                "discriminator_parameters": count(self.discriminator), "latent_dim": self.latent_dim}

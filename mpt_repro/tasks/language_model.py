@@ -1,0 +1,128 @@
+"""Word-level language modelling (the paper's §4.5 bigLSTM experiment): perplexity.
+
+Training is truncated back-propagation through time over `data.seq_len` steps, with
+`data.batch_size` contiguous streams of the training text side by side. The LSTM state is carried
+from one window to the next (detached, so gradients stop at the window edge) and reset at the
+start of each epoch. The batch order is the text order, so an epoch is the same in every run;
+the carried state is saved with the task state, so a resumed run continues exactly.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator, Optional
+
+import torch
+
+from mpt_repro.errors import ConfigError
+from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches
+from mpt_repro.models import build_model
+from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
+from mpt_repro.optim import optimizer_factory
+from mpt_repro.tasks.base import StepResult, Task, register_task
+
+# Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
+# vocabulary does not need (seq_len x batch) x 793K logits at once.
+EVAL_LOGIT_ELEMENTS = 1 << 26
+
+
+@register_task("language_model")
+class LanguageModel(Task):
+    primary_metric = "perplexity"
+    higher_is_better = False
+    metric_names = ["loss", "perplexity"]
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
+        super().__init__(cfg, device, policy)
+        d, m = cfg.data, cfg.model
+        if cfg.budget.name == "paper" and d.root is None:
+            # The paper-sized model on the small embedded text would run for days and mean nothing.
+            raise ConfigError("budget=paper is the paper's model and data: set data.root to a word-level corpus "
+                              "(the One Billion Word benchmark as train.txt/valid.txt/test.txt; see docs/experiments_lm_gan.md)")
+        self.corpus = Corpus(d.root, d.min_freq, d.max_vocab)
+        # Budgets trim the text: train_limit / eval_limit count tokens for a corpus.
+        train, valid = self.corpus.train[: d.train_limit], self.corpus.valid[: d.eval_limit]
+        self.seq_len = d.seq_len
+        self.train_streams = batchify(train, d.batch_size).to(device)
+        self.eval_streams = batchify(valid, d.eval_batch_size or d.batch_size).to(device)
+        vocab_size = len(self.corpus.vocab)
+        # Seed right before building the model: every precision preset starts from the same weights.
+        torch.manual_seed(cfg.seed)
+        self.model = policy.prepare_model(build_model(m, vocab_size=vocab_size).to(device))
+        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, d.batch_size), name="model")
+        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
+        self.sampler = LogUniformSampler(vocab_size, m.num_sampled) if m.num_sampled > 0 else None
+        # The candidate draws have their own generator (saved with the task state): resume is exact.
+        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        self.hidden: Optional[Hidden] = None
+
+    def steps_per_epoch(self) -> int:
+        return num_bptt_batches(self.train_streams, self.seq_len)
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        # A fresh state at the start of an epoch; a resumed run (skip > 0) keeps the restored one.
+        if skip == 0 or self.hidden is None:
+            self.hidden = self.model.init_hidden(self.train_streams.size(1), self.device)
+        return bptt_batches(self.train_streams, self.seq_len, skip)
+
+    def train_step(self, batch: Any) -> StepResult:
+        x, y = batch
+        self.model.train()
+        self.model.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.policy.autocast():
+            features, hidden = self.model(x, self.hidden)
+            if self.sampler is None:
+                loss = self.model.full_loss(features, y)
+            else:
+                loss = self.model.sampled_loss(features, y, self.sampler, self.generator)
+        self.hidden = tuple(h.detach() for h in hidden)
+        self.policy.backward(loss, self.optimizer)
+        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
+        # samples = tokens, so samples/s is words per second, the usual LM throughput figure
+        return StepResult(loss=loss.detach(), stepped=stepped, samples=y.numel())
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Full-softmax cross-entropy per token on the validation text, and its exponential."""
+        self.model.eval()
+        hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
+        chunk_rows = max(1, EVAL_LOGIT_ELEMENTS // len(self.corpus.vocab))
+        total, tokens = torch.zeros((), device=self.device), 0
+        for x, y in bptt_batches(self.eval_streams, self.seq_len):
+            with self.policy.autocast():
+                features, hidden = self.model(x, hidden)
+                total += self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
+            tokens += y.numel()
+        loss = float(total) / max(tokens, 1)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows a float past ~709
+
+    def state_dict(self) -> dict:
+        hidden = None if self.hidden is None else [h.cpu() for h in self.hidden]
+        return {"hidden": hidden, "generator": self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("hidden") is not None:
+            self.hidden = tuple(h.to(self.device) for h in state["hidden"])
+        if state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+
+    def describe_data(self) -> dict:
+        c, d = self.corpus, self.cfg.data
+        return {
+            "name": d.name,
+            "root": None if c.embedded else str(c.root),
+            "description": "embedded: King James Bible, Genesis + Exodus (mpt_repro/data/embedded/README.md)"
+            if c.embedded else f"word-level corpus at {c.root}",
+            "vocab_size": len(c.vocab),
+            "train_tokens": int(self.train_streams.numel()),
+            "valid_tokens": int(self.eval_streams.numel()),
+            "valid_unk_rate": round(c.unk_rate("valid"), 4),
+            "seq_len": self.seq_len,
+            "streams": self.train_streams.size(1),
+        }
+
+    def describe_model(self) -> dict:
+        m = self.cfg.model
+        return {**super().describe_model(), "embed_dim": m.embed_dim, "hidden_size": m.hidden_size,
+                "proj_size": m.proj_size, "num_layers": m.num_layers,
+                "softmax": f"sampled ({m.num_sampled} candidates)" if m.num_sampled > 0 else "full"}
