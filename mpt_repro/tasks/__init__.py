@@ -1,0 +1,2 @@
+"""Tasks register themselves on import (see mpt_repro/tasks/base.py)."""
+from mpt_repro.tasks import gan, language_model  # noqa: F401
