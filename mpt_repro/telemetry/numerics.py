@@ -1,0 +1,144 @@
+"""What FP16 would do to a tensor: power-of-two exponent histograms and range fractions.
+
+Pure functions on tensors, no hooks and no state, so each number can be tested exactly.
+
+Definitions (|x| is the magnitude of a value as it would be in FP32; docs/telemetry.md):
+  exponent   floor(log2|x|) of a nonzero finite value, from torch.frexp (exact, also for FP32
+             subnormals). Bins cover every FP32 exponent, -149..127, so nothing is clipped.
+  zero       x == 0 exactly (already zero in FP32: nothing for FP16 to lose).
+  underflow  0 < |x| < 2^-24: exponent below -24, the values of the paper's Fig. 2b/3 that FP16
+             cannot hold (round-to-nearest flushes (0, 2^-25] to zero and rounds (2^-25, 2^-24)
+             up to 2^-24, so all of them lose their value).
+  subnormal  2^-24 <= |x| < 2^-14: representable, with fewer than 11 significant bits.
+  overflow   |x| > 65504 (the largest finite FP16), inf included; NaN is counted apart.
+Every fraction is over all elements (zeros included), as the paper's "67% of values are zero".
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+EXP_MIN, EXP_MAX = -149, 127  # every FP32 exponent: smallest subnormal 2^-149 .. largest finite < 2^128
+N_BINS = EXP_MAX - EXP_MIN + 1
+FP16_MAX = 65504.0
+FP16_MIN_SUBNORMAL_EXP = -24  # 2^-24, the smallest positive FP16 value
+FP16_MIN_NORMAL_EXP = -14  # 2^-14, the smallest normal FP16 value
+FP16_MANTISSA_BITS = 10
+
+# Layout of the count vector that tensor_counts returns: the histogram, then these counts.
+FIELDS = ("numel", "zero", "nan", "inf",
+          "underflow", "subnormal", "overflow",  # of the true (unscaled) values
+          "underflow_scaled", "subnormal_scaled", "overflow_scaled")  # of the values times the scale
+_FIELD = {name: N_BINS + i for i, name in enumerate(FIELDS)}
+VECTOR_LEN = N_BINS + len(FIELDS)
+
+
+def field(counts: Tensor, name: str) -> Tensor:
+    """One named count from a tensor_counts vector (or a stack of them: last dimension)."""
+    return counts[..., _FIELD[name]]
+
+
+def histogram(counts: Tensor) -> Tensor:
+    """The exponent histogram part of a tensor_counts vector; bin i holds exponent EXP_MIN + i."""
+    return counts[..., :N_BINS]
+
+
+def range_counts(a: Tensor) -> list[Tensor]:
+    """[underflow, subnormal, overflow] counts of magnitudes `a` (0-d int64 tensors, no host sync)."""
+    nonzero = a > 0
+    return [
+        (nonzero & (a < 2.0 ** FP16_MIN_SUBNORMAL_EXP)).sum(),
+        ((a >= 2.0 ** FP16_MIN_SUBNORMAL_EXP) & (a < 2.0 ** FP16_MIN_NORMAL_EXP)).sum(),
+        (a > FP16_MAX).sum(),  # inf > 65504 is True, NaN compares False
+    ]
+
+
+@torch.no_grad()
+def tensor_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tensor:
+    """All counts of one tensor as one int64 vector on x's device (no host sync).
+
+    x / divide_by is the true value (divide_by: the loss scale the captured gradient carries);
+    `scale` is the loss scale whose effect the *_scaled counts show (true value times scale).
+    """
+    a = x.detach().float().abs()
+    if divide_by != 1.0:
+        a = a / divide_by
+    finite = torch.isfinite(a)
+    nonzero = a > 0
+    _, exp = torch.frexp(a)  # a = m * 2^exp with 0.5 <= m < 1, so floor(log2 a) = exp - 1
+    # zeros and non-finite values go to an extra last bin, dropped below (no boolean indexing:
+    # that would need the host to know the selection's size)
+    idx = torch.where(finite & nonzero, (exp.long() - 1).clamp(EXP_MIN, EXP_MAX) - EXP_MIN, N_BINS)
+    hist = torch.bincount(idx.flatten(), minlength=N_BINS + 1)[:N_BINS]
+    scaled = a * scale if scale != 1.0 else a
+    extra = [
+        torch.tensor(a.numel(), device=a.device),
+        (a == 0).sum(), torch.isnan(a).sum(), torch.isinf(a).sum(),
+        *range_counts(a), *range_counts(scaled),
+    ]
+    return torch.cat([hist, torch.stack(extra)])
+
+
+def fp16_half_ulp(w: Tensor) -> Tensor:
+    """Half the spacing of FP16 numbers at w (rounded to FP16 first): the smallest update that
+    FP16 addition to w can register. Normal w: 2^(e-11); subnormal or zero w: 2^-25."""
+    w16 = w.detach().to(torch.float16).float().abs()
+    _, exp = torch.frexp(w16)
+    e = torch.where(w16 > 0, exp - 1, torch.full_like(exp, FP16_MIN_NORMAL_EXP))
+    e = e.clamp(min=FP16_MIN_NORMAL_EXP)  # below 2^-14 the spacing stays 2^-24
+    half = torch.ldexp(torch.ones_like(w16), (e - FP16_MANTISSA_BITS - 1).float())
+    return torch.where(torch.isinf(w16), torch.full_like(w16, float("inf")), half)  # inf + u = inf
+
+
+@torch.no_grad()
+def lost_update_counts(weight_before: Tensor, update: Tensor) -> Tensor:
+    """[lost, nonzero updates, numel] as an int64 vector (no host sync).
+
+    An update is lost when it is nonzero in FP32 and |update| < half an FP16 ulp of the weight:
+    added to the FP16 weight it rounds back to the same weight (the master-copy argument, §3.1;
+    a ratio |w|/|u| above 2^11 = 2048). Exactly half an ulp is counted as kept (round-to-even
+    would keep it for half the weights).
+    """
+    u = update.detach().float().abs()
+    nonzero = u > 0
+    lost = nonzero & (u < fp16_half_ulp(weight_before))
+    return torch.stack([lost.sum(), nonzero.sum(), torch.tensor(u.numel(), device=u.device)])
+
+
+# -- on the host, from count vectors ------------------------------------------------------------
+def trim_histogram(hist) -> dict:
+    """{"lo": first populated exponent, "counts": [...]} (compact for the record file)."""
+    h = [int(v) for v in hist]
+    nz = [i for i, v in enumerate(h) if v]
+    if not nz:
+        return {"lo": 0, "counts": []}
+    return {"lo": EXP_MIN + nz[0], "counts": h[nz[0]:nz[-1] + 1]}
+
+
+def untrim_histogram(trimmed: dict) -> list[int]:
+    """The full N_BINS histogram from trim_histogram's form."""
+    full = [0] * N_BINS
+    for i, v in enumerate(trimmed["counts"]):
+        full[trimmed["lo"] - EXP_MIN + i] = v
+    return full
+
+
+def histogram_list(counts) -> list[int]:
+    """The histogram part of a host count vector (a list)."""
+    return [int(v) for v in counts[:N_BINS]]
+
+
+def count_dict(counts) -> dict[str, int]:
+    """The named counts of a host count vector: {"numel": ..., "zero": ..., ...}."""
+    return {k: int(v) for k, v in zip(FIELDS, counts[N_BINS:])}
+
+
+def fractions_of(entry: dict) -> dict[str, float]:
+    """Fractions (over numel) from a record entry {"numel": ..., "zero": ..., "underflow": ..., ...}."""
+    n = max(int(entry["numel"]), 1)
+    return {k: entry[k] / n for k in FIELDS if k != "numel"}
+
+
+def lost_fraction(entry: dict) -> float:
+    """Lost updates over the updates that are nonzero in FP32 (0.0 when nothing moved)."""
+    return entry["lost"] / entry["nonzero"] if entry["nonzero"] else 0.0

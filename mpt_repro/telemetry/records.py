@@ -1,0 +1,130 @@
+"""The per-sample record file (telemetry.jsonl) and the run.json summary made from it.
+
+One JSON line per sampled or probe step:
+  {"step", "mode": "sample"|"probe", "stepped", "loss", "loss_scale": {model: s}, "scale_shown": {model: s},
+   "layers": {layer: {"act": ENTRY, "weight": ENTRY, "lost": {"lost", "nonzero", "numel"}}},
+   "nonfinite": LOCATION|null, "overflow": LOCATION|null, ["least_headroom": {...}]}
+ENTRY = {"hist": {"lo": first exponent, "counts": [...]}, "numel", "zero", "nan", "inf", "underflow",
+         "subnormal", "overflow", "underflow_scaled", "subnormal_scaled", "overflow_scaled"} (raw counts).
+LOCATION = {"layer", "pass": "forward"|"backward", "where": "output"|"grad_output"|"grad_input", "value"}.
+A resumed run appends again the steps after its last checkpoint: the last line of a step wins.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Optional
+
+from mpt_repro.telemetry import numerics as nx
+
+COUNT_KEYS = nx.FIELDS
+
+
+def read_records(path: Path) -> list[dict]:
+    """The records of a run, one per (step, mode), in step order (a torn last line is skipped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    by_key: dict[tuple, dict] = {}
+    for line in path.read_text().splitlines():
+        try:
+            r = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        by_key[(r["step"], r["mode"])] = r
+    return [by_key[k] for k in sorted(by_key, key=lambda k: (k[0], k[1]))]
+
+
+def add_entries(entries: Iterable[dict]) -> Optional[dict]:
+    """The sum of several count entries (histograms included); None for none."""
+    total: Optional[dict] = None
+    full: list[int] = []
+    for e in entries:
+        if total is None:
+            total = {k: 0 for k in COUNT_KEYS}
+            full = [0] * nx.N_BINS
+        for k in COUNT_KEYS:
+            total[k] += e[k]
+        for i, v in enumerate(nx.untrim_histogram(e["hist"])):
+            full[i] += v
+    if total is not None:
+        total["hist"] = nx.trim_histogram(full)
+    return total
+
+
+def network_counts(record: dict) -> dict:
+    """Whole-network counts of one record: {"act": ENTRY, "weight": ENTRY, "lost": {...}} (present kinds only)."""
+    out = {}
+    for kind in ("act", "weight"):
+        total = add_entries(e[kind] for e in record["layers"].values() if kind in e)
+        if total is not None:
+            out[kind] = total
+    losts = [e["lost"] for e in record["layers"].values() if "lost" in e]
+    if losts:
+        out["lost"] = {k: sum(x[k] for x in losts) for k in ("lost", "nonzero", "numel")}
+    return out
+
+
+def _stats(values: list[float]) -> dict:
+    return {"last": values[-1], "mean": sum(values) / len(values), "max": max(values)}
+
+
+def summarize(records: list[dict], every: int) -> dict:
+    """run.json diagnostics["telemetry"]: network fractions (last/mean/max over samples), per-layer
+    means, the whole-run exponent histograms, and where gradients first went non-finite."""
+    samples = [r for r in records if r["mode"] == "sample"]
+    probes = [r for r in records if r["mode"] == "probe"]
+    out: dict = {"every": every, "samples": len(samples), "probes": len(probes),
+                 "sampled_steps": [r["step"] for r in samples][:1000]}
+    network: dict = {}
+    series: dict[str, dict[str, list[float]]] = {"act_grad": {}, "weight_grad": {}}
+    lost: list[float] = []
+    totals: dict[str, list[dict]] = {"act": [], "weight": []}
+    for r in samples:
+        net = network_counts(r)
+        for kind, name in (("act", "act_grad"), ("weight", "weight_grad")):
+            if kind in net:
+                totals[kind].append(net[kind])
+                for k, v in nx.fractions_of(net[kind]).items():
+                    series[name].setdefault(k, []).append(v)
+        if "lost" in net and r["stepped"]:
+            lost.append(nx.lost_fraction(net["lost"]))
+    for name, per_key in series.items():
+        if per_key:
+            network[name] = {k: _stats(v) for k, v in per_key.items()}
+    if lost:
+        network["lost_update"] = _stats(lost)
+    # the whole run's exponent histograms (as the paper's figures, which pool a whole training run)
+    for kind, name in (("act", "act_grad"), ("weight", "weight_grad")):
+        total = add_entries(totals[kind])
+        if total is not None:
+            network[name + "_histogram"] = total["hist"]
+    out["network"] = network
+    out["layers"] = _layer_means(samples)
+    first = next((r for r in records if r.get("nonfinite")), None)
+    out["first_nonfinite"] = {"step": first["step"], **first["nonfinite"]} if first else None
+    out["first_nonfinite_layer"] = first["nonfinite"]["layer"] if first else None
+    over = next((r for r in samples if r.get("overflow")), None)
+    out["first_fp16_overflow"] = {"step": over["step"], **over["overflow"]} if over else None
+    out["probe_results"] = [
+        {"step": r["step"], "nonfinite": r.get("nonfinite"), "least_headroom": r.get("least_headroom")}
+        for r in probes[:20]
+    ]
+    return out
+
+
+def _layer_means(samples: list[dict]) -> dict:
+    """Per layer, the mean over samples of its key fractions (max for overflow)."""
+    acc: dict[str, dict[str, list[float]]] = {}
+    for r in samples:
+        for layer, e in r["layers"].items():
+            a = acc.setdefault(layer, {})
+            for kind in ("act", "weight"):
+                if kind in e:
+                    f = nx.fractions_of(e[kind])
+                    for k in ("underflow", "subnormal", "underflow_scaled", "overflow_scaled"):
+                        a.setdefault(f"{kind}_{k}", []).append(f[k])
+            if "lost" in e and r["stepped"]:
+                a.setdefault("lost_update", []).append(nx.lost_fraction(e["lost"]))
+    return {layer: {k: (max(v) if k.endswith("overflow_scaled") else sum(v) / len(v)) for k, v in a.items()}
+            for layer, a in acc.items()}
