@@ -325,3 +325,15 @@ def test_every_reference_row_is_labelled():
     assert set(ref["confidence"]) <= {"P", "S", "U"}
     assert (ref["source"].str.len() > 0).all()
     assert ((ref["value"].notna()) | (ref["outcome"].str.len() > 0)).all()
+
+
+def test_paper_tables_show_the_papers_digits(results):
+    _, out = results
+    t2 = read_csv(out, "table2_paper")
+    ssd = row(t2, "Model", "Multibox SSD")
+    assert (ssd["fp32"], ssd["no_scaling"], ssd["mixed"]) == ("76.9", "diverges", "77.1")
+    assert ssd["Source"] == "§4.2, Table 2 [S]"
+    english = row(read_csv(out, "table3_paper"), "Model", "English (WSJ '92)")
+    assert (english["fp32"], english["mixed"]) == ("2.20", "1.99")
+    claims = read_csv(out, "claims_paper")
+    assert "diverges after ~300K iterations" in set(claims["Claim"])

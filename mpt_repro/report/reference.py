@@ -18,7 +18,10 @@ CONFIDENCE_LABELS = {"P": "primary text", "S": "secondary notes", "U": "unconfir
 def load_reference() -> pd.DataFrame:
     """All reference rows; `value` is a float or NaN (an outcome like "diverges" is in `outcome`)."""
     with resources.files("mpt_repro.report").joinpath("paper_reference.csv").open() as f:
-        ref = pd.read_csv(f, dtype={"value": float}, keep_default_na=False, na_values={"value": [""]})
+        ref = pd.read_csv(f, dtype=str, keep_default_na=False)
+    # the value as the paper prints it ("69.1", "2.20"): shown as is, so no digit is invented
+    ref["value_text"] = ref["value"]
+    ref["value"] = pd.to_numeric(ref["value"].replace("", None), errors="raise").astype(float)
     return ref
 
 
@@ -27,6 +30,8 @@ def table1_reference() -> pd.DataFrame:
     ref = load_reference()
     t1 = ref[ref["table"] == "table1"]
     wide = t1.pivot(index="row", columns="column", values="value")
+    text = t1.pivot(index="row", columns="column", values="value_text").add_suffix("_text")
+    wide = wide.join(text)
     first = t1.drop_duplicates("row").set_index("row")
     wide["label"] = first["row_label"]
     wide["confidence"] = first["confidence"]

@@ -145,8 +145,8 @@ def table1(agg: pd.DataFrame) -> list[Table]:
             mine = _lookup(part, paper["experiment"])
             row = {
                 "Model": paper["label"],
-                f"paper fp32 [{conf}]": fmt_num(paper["fp32"], 2),
-                f"paper mixed [{conf}]": fmt_num(paper["mixed"], 2),
+                f"paper fp32 [{conf}]": paper["fp32_text"],
+                f"paper mixed [{conf}]": paper["mixed_text"],
             }
             for p in presets:
                 row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
@@ -274,7 +274,7 @@ def reference_tables() -> list[Table]:
         for row, entries in part.groupby("row", sort=False):
             cells = {"Model": entries["row_label"].iloc[0]}
             for _, e in entries.iterrows():
-                cells[e["column"]] = e["outcome"] or fmt_num(e["value"], 2)
+                cells[e["column"]] = e["outcome"] or e["value_text"]
             cells["Unit"] = entries["unit"].iloc[0]
             cells["Source"] = ", ".join(sorted({cite(e) for _, e in entries.iterrows()}))
             rows.append(cells)
