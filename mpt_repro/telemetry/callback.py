@@ -106,13 +106,13 @@ class TelemetryCallback:
 
     def on_step_end(self, trainer: Any, step: int, result: Any) -> None:
         cap, self._cap = self._cap, None
+        if not result.stepped:  # a Python bool: no device work on ordinary steps
+            self.skips_seen += 1
         if cap is None:
-            # An ordinary step: only a Python bool. A skipped step (overflow) was not hooked, so
-            # hook the next one to see where the gradient goes bad, fairseq-NanDetector style.
-            if not result.stepped:
-                self.skips_seen += 1
-                if self.probes < int(self.cfg.probe_limit):
-                    self._probe_next = True
+            # A skipped step (overflow) that was not hooked: hook the next one to see where the
+            # gradient goes bad, fairseq-NanDetector style.
+            if not result.stepped and self.probes < int(self.cfg.probe_limit):
+                self._probe_next = True
             return
         cap.remove()
         record = self._gather(trainer, cap, step, result)
