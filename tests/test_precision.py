@@ -17,6 +17,16 @@ from mpt_repro.errors import ConfigError, Diverged
 from mpt_repro.precision import PrecisionConfig, PrecisionPolicy
 from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
 
+@pytest.fixture(autouse=True)
+def one_thread():
+    # These tensors are tiny: with several threads a loaded 2-core machine spends 30x longer in
+    # thread hand-offs than in arithmetic. One thread, restored afterwards.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 F16, F32 = Dtype.float16, Dtype.float32
 LOW, AUTO = WeightStorage.low_precision, WeightStorage.fp32_autocast
 

@@ -1,0 +1,121 @@
+"""The presets in conf/precision/: they compose, validate, say what they are, change nothing
+outside precision.*, and each trains a tiny BN CNN on real data (sklearn digits) with a falling loss."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from conftest import CONF_DIR, compose
+from mpt_repro.config import validate
+from mpt_repro.errors import ConfigError
+from mpt_repro.precision import PrecisionPolicy
+from test_precision import PRESETS
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    # These tensors are tiny: with several threads a loaded 2-core machine spends 30x longer in
+    # thread hand-offs than in arithmetic. One thread, restored afterwards.
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+PRESET_NAMES = sorted(p.stem for p in (Path(CONF_DIR) / "precision").glob("*.yaml"))
+ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16"}
+
+
+def test_the_preset_set():
+    assert set(PRESET_NAMES) == ALL
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_preset_composes_validates_and_names_itself(preset):
+    cfg = compose(["experiment=demo", f"precision={preset}"])
+    validate(cfg)
+    p = cfg.precision
+    assert p.name == preset
+    header = (Path(CONF_DIR) / "precision" / f"{preset}.yaml").read_text().split("\nname:")[0]
+    assert header.startswith("#") and "§" in header  # what it switches, and the paper section
+    if preset in PRESETS:  # the unit tests' knob table is the preset files' content
+        for k, v in PRESETS[preset].items():
+            assert getattr(p, k) == v, f"{preset}: precision.{k}"
+    pol = PrecisionPolicy(p, "cpu", paper_loss_scale=cfg.paper_loss_scale)
+    assert pol.describe().startswith(f"{preset}: ")
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_switching_preset_changes_nothing_outside_precision(preset):
+    def rest(name):
+        c = OmegaConf.to_container(compose(["experiment=demo", f"precision={name}"]), resolve=True)
+        c.pop("precision")
+        return c
+
+    assert rest(preset) == rest("fp32")
+
+
+def test_paper_loss_scale_resolution():
+    cfg = compose(["experiment=demo", "precision=mixed"])
+    assert "dynamic loss scale 65536 (experiment states no paper scale" in PrecisionPolicy(cfg.precision, "cpu").describe()
+    cfg = compose(["experiment=demo", "precision=mixed", "paper_loss_scale=512"])
+    pol = PrecisionPolicy(cfg.precision, "cpu", paper_loss_scale=cfg.paper_loss_scale)
+    assert "static loss scale 512 (the experiment's paper scale)" in pol.describe()
+    assert pol.scaling_kind == "static"
+    # the presets without a scaler ignore it
+    cfg = compose(["experiment=demo", "precision=no_scaling", "paper_loss_scale=512"])
+    assert PrecisionPolicy(cfg.precision, "cpu", paper_loss_scale=512).scaling_kind == "none"
+
+
+@pytest.mark.parametrize("overrides,key", [
+    (["precision=bf16", "precision.loss_scaling=dynamic"], "precision.loss_scaling"),
+    (["precision=amp", "precision.master_weights=true"], "precision.master_weights"),
+    (["precision=fp32", "precision.weights=low_precision"], "precision.weights"),
+    (["precision=mixed", "precision.static_scale=8"], "precision.static_scale"),
+    (["precision=mixed", "precision.loss_scaling=static"], "precision.static_scale"),
+])
+def test_contradictory_overrides_are_refused_by_validate(overrides, key):
+    cfg = compose(["experiment=demo", *overrides])
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(cfg)
+
+
+# -- every preset trains -------------------------------------------------------------------------
+def digits(n=64):
+    from sklearn.datasets import load_digits
+
+    d = load_digits()
+    x = torch.tensor(d.images[:n], dtype=torch.float32).unsqueeze(1) / 16.0
+    return x, torch.tensor(d.target[:n])
+
+
+@pytest.mark.parametrize("preset", PRESET_NAMES)
+def test_every_preset_trains_a_tiny_bn_cnn(preset):
+    cfg = compose(["experiment=demo", f"precision={preset}"]).precision
+    pol = PrecisionPolicy(cfg, "cpu")
+    torch.manual_seed(0)
+    # FP16 convolutions are ~100x slower than FP32 on a CPU: keep it tiny
+    model = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
+                          nn.MaxPool2d(2), nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6),
+                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 10))
+    model = pol.prepare_model(model)
+    opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.2, momentum=0.9))
+    x, y = digits()
+    losses, stepped = [], 0
+    n, b = 20, 16
+    for i in range(n):
+        xb, yb = x[(i % 4) * b:(i % 4 + 1) * b], y[(i % 4) * b:(i % 4 + 1) * b]
+        opt.zero_grad(set_to_none=True)
+        with pol.autocast():
+            loss = nn.functional.cross_entropy(model(pol.cast_inputs(xb)), yb)
+        pol.backward(loss, opt)
+        stepped += pol.step(opt, clip_grad_norm=5.0)
+        losses.append(loss.item())
+    first, last = sum(losses[:4]) / 4, sum(losses[-4:]) / 4
+    assert last < 0.85 * first, (preset, losses)
+    assert stepped >= n - 4  # at most a few overflow skips while the dynamic scale settles
+    s = pol.summary()
+    assert s["steps"] == n and s["skipped_steps"] == n - stepped
