@@ -396,3 +396,14 @@ def test_state_dict_round_trip_continues_bit_identically():
 def test_contradictory_knobs_are_refused_naming_the_key(knobs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         PrecisionPolicy(PrecisionConfig(name="x", **knobs), "cpu")
+
+
+def test_zero_grad_clears_model_and_master_grads():
+    pol = policy("mixed", paper_loss_scale=4.0)
+    model, opt = setup(pol, lr=0.0)
+    step(pol, model, opt, 1.0, 1.0)
+    with pol.autocast():
+        model(pol.cast_inputs(torch.tensor([1.0, 1.0]))).backward()  # a stray backward (another loss)
+    assert model.a.grad is not None and master_of(opt).grad is not None
+    pol.zero_grad(opt)
+    assert model.a.grad is None and master_of(opt).grad is None

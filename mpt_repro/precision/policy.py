@@ -201,6 +201,16 @@ class PrecisionPolicy:
             raise ValueError("this optimizer was not built by PrecisionPolicy.build_optimizer") from None
 
     # -- the step ---------------------------------------------------------------------------
+    def zero_grad(self, opt=None) -> None:
+        """Drop the grads of ``opt``'s model parameters and of its FP32 masters. (opt.zero_grad()
+        alone reaches only the masters; step() already drops the model's FP16 grads, so this is
+        for grads left by another loss's backward, e.g. the GAN generator's pass through D.)"""
+        st = self._state(opt)
+        st.optimizer.zero_grad(set_to_none=True)
+        if st.master is not None:
+            for p in st.master.model_params:
+                p.grad = None
+
     def backward(self, loss: Tensor, opt=None, **kwargs) -> None:
         """Scale the loss with ``opt``'s scaler and back-propagate."""
         scaler = self._state(opt).scaler

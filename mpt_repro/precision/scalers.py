@@ -72,9 +72,9 @@ def unscale_and_check_(grads: Sequence[Tensor], scale: float) -> Tensor:
 
 
 class LossScaler:
-    """Base class, and the identity scaler's behaviour for the counters.
+    """Base class: the counters, and a scale that never moves.
 
-    Subclasses set how the scale moves (``update``) and whether overflow is checked at all.
+    Subclasses set how the scale moves (``_move``) and where its floor is (``_floor``).
     ``skipped`` counts skipped steps; ``floor_count`` counts consecutive skipped steps taken at
     the floor scale (the policy ends the run as diverged when it reaches ``floor_patience``).
     """
