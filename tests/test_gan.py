@@ -1,0 +1,193 @@
+"""DCGAN task: network shapes and depth, the image-folder loader, training through the Task interface."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from mpt_repro.errors import DataError
+from mpt_repro.models.dcgan import Discriminator, Generator
+
+ROOT = Path(__file__).resolve().parents[1]
+CPU = torch.device("cpu")
+
+
+def compose(*overrides: str):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from mpt_repro.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=list(overrides))
+
+
+def build(*overrides: str):
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.tasks.base import build_task
+
+    cfg = compose("experiment=dcgan", "budget=smoke", "trainer.device=cpu", *overrides)
+    policy = PrecisionPolicy(cfg.precision, CPU, paper_loss_scale=cfg.paper_loss_scale)
+    return build_task(cfg, CPU, policy), policy
+
+
+def count(module: nn.Module, kind: type) -> int:
+    return sum(isinstance(m, kind) for m in module.modules())
+
+
+@pytest.mark.parametrize("size", [8, 16, 32])
+def test_generator_output_shape_and_range(size):
+    torch.manual_seed(0)
+    g = Generator(latent_dim=10, channels=3, image_size=size, features=4)
+    with torch.no_grad():
+        list(g.net)[-2].weight *= 1000  # drive the output layer into tanh's saturation
+        images = g(torch.randn(5, 10))
+    assert images.shape == (5, 3, size, size)
+    assert images.min() >= -1 and images.max() <= 1 and images.abs().max() > 0.99
+    logits = Discriminator(channels=3, image_size=size, features=4)(images)
+    assert logits.shape == (5,)
+
+
+def test_paper_depth_at_128_pixels():
+    # §4.6: G has 7 fractionally-strided convolutions (6 leaky ReLU, 1 tanh); D has 6 convolutions
+    # and 2 fully connected layers.
+    g, d = Generator(100, 3, 128, 2), Discriminator(3, 128, 2)
+    assert count(g, nn.ConvTranspose2d) == 7 and count(g, nn.Conv2d) == 0
+    assert count(g, nn.LeakyReLU) == 6 and count(g, nn.Tanh) == 1
+    assert count(d, nn.Conv2d) == 6 and count(d, nn.Linear) == 2
+    assert list(d.net)[-1].out_features == 1  # one logit: the sigmoid lives in the loss
+
+
+def test_image_size_must_be_a_power_of_two():
+    with pytest.raises(ValueError, match="power-of-two"):
+        Generator(10, 1, 24, 4)
+
+
+def test_image_folder_loader(tmp_path):
+    from PIL import Image
+
+    from mpt_repro.data import build_image_data
+
+    cfg = compose("experiment=dcgan", "budget=paper", "data.image_size=16").data  # conf/data/celeba.yaml
+    assert cfg.name == "images" and cfg.root is None
+    with pytest.raises(DataError, match="needs data.root"):
+        build_image_data(cfg)
+    cfg.root = str(tmp_path / "missing")
+    with pytest.raises(DataError, match="not a folder"):
+        build_image_data(cfg)
+    (tmp_path / "empty").mkdir()
+    cfg.root = str(tmp_path / "empty")
+    with pytest.raises(DataError, match="no images"):
+        build_image_data(cfg)
+    faces = tmp_path / "celeba" / "img_align_celeba"
+    faces.mkdir(parents=True)
+    gen = torch.Generator().manual_seed(0)
+    for i in range(101):  # small, non-square, like CelebA's 178x218 aligned crops
+        pixels = torch.randint(0, 256, (27, 22, 3), generator=gen, dtype=torch.uint8).numpy()
+        Image.fromarray(pixels).save(faces / f"{i:06d}.png")
+    cfg.root, cfg.train_limit, cfg.eval_limit = str(tmp_path / "celeba"), None, None
+    data = build_image_data(cfg)
+    assert (len(data.train), len(data.eval)) == (99, 2)  # 1 in 100 held out
+    x, _ = data.train[0]
+    assert x.shape == (3, 16, 16) and -1 <= x.min() < 0 < x.max() <= 1
+
+
+@pytest.mark.parametrize("precision", ["fp32", "mixed"])
+def test_training_steps_through_the_task_interface(precision, tmp_path):
+    task, policy = build(f"precision={precision}")
+    assert set(task.optimizers) == {"discriminator", "generator"}
+    before = {k: [p.detach().clone() for p in m.parameters()] for k, m in task.models.items()}
+    for i, batch in enumerate(task.train_batches(0)):
+        result = task.train_step(batch)
+        assert result.stepped and result.samples == 16
+        assert {"d_loss", "g_loss", "d_real", "d_fake", "d_stepped", "g_stepped"} <= set(result.logs)
+        assert torch.isfinite(result.loss) and result.logs["d_stepped"].item() == result.logs["g_stepped"].item() == 1
+        if i == 2:
+            break
+    for name, model in task.models.items():  # both networks were updated
+        assert any(not torch.equal(a, b) for a, b in zip(before[name], model.parameters())), name
+    per_opt = policy.summary()["diagnostics"]["per_optimizer"]
+    assert per_opt["discriminator"]["steps"] == per_opt["generator"]["steps"] == 3
+    metrics = task.evaluate()
+    assert set(metrics) == set(task.metric_names)
+    assert 0 < metrics["d_real"] < 1 and 0 < metrics["d_fake"] < 1
+
+
+def test_discriminator_step_sees_only_its_own_gradients():
+    """The G step back-propagates through D; none of that may leak into the next D step."""
+    import copy
+
+    task, policy = build("precision=fp32")
+    batch = next(iter(task.train_batches(0)))
+    task.train_step(batch)  # leaves the generator loss's gradients on D's parameters
+    D, G = task.discriminator, task.generator
+    # What the next D step's gradients must be: d_loss alone, on the same images and noise.
+    rng = task.noise_rng.get_state()
+    Dc, Gc = copy.deepcopy(D), copy.deepcopy(G)
+    real = task._real(batch)
+    fake = Gc(torch.randn(real.shape[0], task.latent_dim, generator=task.noise_rng)).detach()
+    d_loss = task._bce(Dc(real), True) + task._bce(Dc(fake), False)
+    expected = torch.autograd.grad(d_loss, list(Dc.parameters()))
+    task.noise_rng.set_state(rng)
+    captured = []
+    step = policy.step
+
+    def spy(opt, **kwargs):
+        if opt is task.opt_d:
+            captured.extend(p.grad.clone() for p in D.parameters())
+        return step(opt, **kwargs)
+
+    policy.step = spy
+    task.train_step(batch)
+    assert len(captured) == len(expected)
+    for got, want in zip(captured, expected):
+        assert torch.allclose(got, want, atol=1e-6, rtol=1e-4)
+
+
+def test_sample_grid_goes_to_tensorboard_and_the_run_directory(tmp_path):
+    task, _ = build("precision=fp32")
+
+    class Writer:  # what the trainer passes: a SummaryWriter logging into <run dir>/tb
+        log_dir = str(tmp_path / "tb")
+        images: list = []
+
+        def add_image(self, tag, image, step):
+            self.images.append((tag, image.shape, step))
+
+    writer = Writer()
+    task.log_media(writer, 12)
+    png = tmp_path / "samples" / "step_000012.png"
+    assert png.is_file()
+    from PIL import Image
+
+    side = 8 * 8 + 9 * 2  # 8 x 8 samples of 8 px with 2 px padding
+    assert Image.open(png).size == (side, side)
+    assert writer.images == [("samples/fixed_noise", torch.Size([3, side, side]), 12)]
+    assert torch.equal(task.sample_grid(), task.sample_grid())  # fixed noise: the same grid
+
+
+def test_paper_config():
+    cfg = compose("experiment=dcgan", "budget=paper")
+    assert cfg.data.image_size == 128 and cfg.trainer.max_steps == 100000
+    assert cfg.optim.name == "adam" and list(cfg.optim.betas) == [0.5, 0.999]
+    assert cfg.paper_loss_scale == 1.0  # §4.6: no loss scaling
+
+
+def test_mpt_run_smoke(tmp_path):
+    run_dir = tmp_path / "run"
+    proc = subprocess.run(
+        [str(Path(sys.executable).with_name("mpt-run")), "experiment=dcgan", "budget=smoke", "precision=fp32",
+         "trainer.progress=false", f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((run_dir / "run.json").read_text())
+    assert record["status"] == "completed"
+    assert set(record["metrics"]) == {"d_loss", "g_loss", "d_real", "d_fake"}
+    assert sorted(p.name for p in (run_dir / "samples").glob("step_*.png"))
