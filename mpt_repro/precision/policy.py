@@ -271,8 +271,10 @@ class PrecisionPolicy:
         so clean steps pay nothing for the diagnosis."""
         with torch.no_grad():
             bad = [(n, p.grad) for n, p in zip(st.names, st.params) if p.grad is not None]
-            flags = torch.stack([~torch.isfinite(g).all() for _, g in bad]).cpu().tolist()
-            first = next(i for i, f in enumerate(flags) if f)
+            flags = torch.stack([~torch.isfinite(g).all() for _, g in bad]).cpu().tolist() if bad else []
+            first = next((i for i, f in enumerate(flags) if f), None)
+            if first is None:  # a scaler that reports overflow by its own rule (all grads finite)
+                return
             name, g = bad[first]
             kind = "nan" if bool(torch.isnan(g).any()) else "inf"
         layer = f"{st.name}.{name}" if len(self._opts) > 1 else name
