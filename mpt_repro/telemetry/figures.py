@@ -47,7 +47,8 @@ def draw_histogram(path: Path, total: dict, title: str, scale: float) -> None:
     f = nx.fractions_of(total)
     counts, lo = total["hist"]["counts"], total["hist"]["lo"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    left = min(lo if counts else -30, -30) - 1
+    floor = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(scale)  # FP16's floor for the true value, loss-scaled
+    left = math.floor(min(lo if counts else -30, -30, floor - 2)) - 1
     right = max(lo + len(counts) if counts else 0, 17) + 1
     # FP16 ranges of the true value: what FP16 loses, holds imprecisely, holds, and overflows
     ax.axvspan(left, nx.FP16_MIN_SUBNORMAL_EXP, color="tab:red", alpha=0.12, label="lost in FP16 (< 2^-24)")
@@ -61,8 +62,7 @@ def draw_histogram(path: Path, total: dict, title: str, scale: float) -> None:
                linewidth=0.3)
     if scale != 1.0:
         # with loss scale s, a true value x is held as s*x: FP16's floor moves down by log2(s)
-        x = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(scale)
-        ax.axvline(x, color="black", linestyle="--", linewidth=1, label=f"2^-24 / loss scale {scale:g}")
+        ax.axvline(floor, color="black", linestyle="--", linewidth=1, label=f"2^-24 / loss scale {scale:g}")
     ax.set_xlim(left, right)
     ax.set_xlabel("log2 |value| (bin e holds [2^e, 2^(e+1)))")
     ax.set_ylabel("% of all values")
