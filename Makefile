@@ -1,0 +1,36 @@
+# mpt-repro: `make help` lists the targets.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The stamp is rebuilt when the package's dependencies change.
+STAMP := $(VENV)/.installed
+
+.DEFAULT_GOAL := help
+
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-18s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch and torchvision resolve together from the registry (lower bounds only; a GPU
+	# environment that already has matching versions keeps them).
+	$(BIN)/python -m pip install --quiet -e '.[test]'
+	@touch $(STAMP)
+
+install: $(STAMP) ## build .venv and install mpt-repro (editable, with test extras)
+
+demo: $(STAMP) ## train the demo (digits CNN) in fp32 and amp, then print the comparison table
+	$(BIN)/python scripts/demo.py
+
+test: $(STAMP) ## run the test suite (CPU; under 10 minutes)
+	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+
+test-full: $(STAMP) ## every test, the slow ones included
+	$(BIN)/python -m pytest -m "not gpu" -q
+
+clean-runs: ## delete results/runs and results/report
+	rm -rf results/runs results/report
+
+.PHONY: help install demo test test-full clean-runs

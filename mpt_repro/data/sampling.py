@@ -1,0 +1,42 @@
+"""The order of training examples: fixed by (seed, epoch), resumable mid-epoch, shardable across ranks."""
+from __future__ import annotations
+
+from typing import Iterator
+
+import torch
+from torch.utils.data import Sampler
+
+
+class EpochSampler(Sampler[int]):
+    """A fresh permutation each epoch, the same in every run with the same seed.
+
+    `set_epoch(epoch, skip_batches)` leaves out the batches a resumed run has already trained on.
+    With several ranks, each takes every world_size-th batch-sized slice of the one permutation, so
+    the global batch sequence equals a single-process run with world_size x batch_size.
+    """
+
+    def __init__(self, size: int, seed: int, batch_size: int, rank: int = 0, world_size: int = 1):
+        self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
+        self.epoch, self.skip = 0, 0
+
+    def batches_per_epoch(self) -> int:
+        return self.size // (self.batch_size * self.world_size)
+
+    def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
+        self.epoch, self.skip = epoch, skip_batches
+
+    def _order(self) -> list[int]:
+        g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)
+        perm = torch.randperm(self.size, generator=g).tolist()
+        global_batch = self.batch_size * self.world_size
+        mine = []
+        for b in range(self.skip, self.batches_per_epoch()):
+            start = b * global_batch + self.rank * self.batch_size
+            mine.extend(perm[start : start + self.batch_size])
+        return mine
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._order())
+
+    def __len__(self) -> int:
+        return (self.batches_per_epoch() - self.skip) * self.batch_size

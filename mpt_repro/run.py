@@ -1,0 +1,122 @@
+"""One run's life: its directory, its record, the build, the fit, and how it ended.
+
+Whatever happens, run.json says so: `completed`, `diverged` (a result, not a crash: a sweep goes
+on), or `failed` with the reason (then the error propagates and the exit status is non-zero).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig
+
+from mpt_repro.config import to_plain, validate
+from mpt_repro.errors import Diverged, UserError
+from mpt_repro.record import RunRecord, read_record
+from mpt_repro.trainer import CHECKPOINT, Stopped, Trainer
+
+log = logging.getLogger("mpt_repro")
+
+
+def pick_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(spec)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UserError(f"trainer.device={spec} but no CUDA device is visible; use trainer.device=cpu or auto")
+    return device
+
+
+def describe_device(device: torch.device) -> dict[str, Any]:
+    if device.type == "cuda":
+        return {"type": "cuda", "name": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
+    import platform
+
+    return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": torch.get_num_threads()}
+
+
+def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train one configuration into run_dir; return the final run record."""
+    validate(cfg)  # before any work: bad values are refused with the key's name
+    run_dir = Path(run_dir)
+    previous = read_record(run_dir)
+    if cfg.resume and previous and previous.get("status") == "completed":
+        log.info("%s already completed; nothing to do (resume=true)", run_dir)
+        return previous
+    if not cfg.resume:
+        _clear_previous_run(run_dir)
+    resuming = cfg.resume and (run_dir / CHECKPOINT).exists()
+
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.tasks.base import build_task
+
+    device = pick_device(cfg.trainer.device)
+    torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
+    torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
+    record = RunRecord(run_dir, {
+        "experiment": cfg.experiment_name, "task": cfg.task.name, "precision": cfg.precision.name,
+        "precision_config": to_plain(cfg.precision), "seed": cfg.seed, "budget": cfg.budget.name,
+        "device": describe_device(device), "run_dir": str(run_dir), "resumed": resuming, "config": to_plain(cfg),
+    })
+    if resuming and previous:
+        record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=previous.get("wall_time_s"))
+    record.write()
+    start = time.perf_counter()
+    trainer = None
+    try:
+        policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+        log.info("precision %s", policy.describe())
+        task = build_task(cfg, device, policy)
+        record.update(data=task.describe_data(), model=task.describe_model(),
+                      primary_metric=task.primary_metric, higher_is_better=task.higher_is_better)
+        record.write()
+        trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg))
+        summary = trainer.fit()
+        record.finish("completed", wall_time_s=_wall(record, start), **summary)
+    except Diverged as e:
+        step = e.step if e.step is not None else (trainer.step if trainer else None)
+        extra = trainer.summary() if trainer else {}
+        extra.pop("metrics", None)
+        record.finish("diverged", e.reason, diverged_at_step=step, wall_time_s=_wall(record, start), **extra)
+        log.warning("diverged at step %s: %s", step, e.reason)
+    except Stopped as e:
+        record.finish("failed", str(e), wall_time_s=_wall(record, start), **(trainer.summary() if trainer else {}))
+        raise
+    except BaseException as e:  # noqa: BLE001 - the record must say how the run ended, then re-raise
+        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        record.update(traceback=traceback.format_exc(limit=20))
+        record.finish("failed", reason, wall_time_s=_wall(record, start))
+        raise
+    finally:
+        if trainer is not None:
+            trainer.close()
+    return record.data
+
+
+def build_callbacks(cfg: DictConfig) -> list:
+    callbacks = []
+    if cfg.telemetry.enabled:
+        from mpt_repro.telemetry import TelemetryCallback
+
+        callbacks.append(TelemetryCallback(cfg.telemetry))
+    return callbacks
+
+
+def _wall(record: RunRecord, start: float) -> float:
+    before = record.data.get("wall_time_s_before_resume") or 0.0
+    return before + time.perf_counter() - start
+
+
+def _clear_previous_run(run_dir: Path) -> None:
+    """A fresh (non-resumed) run in a used directory starts clean: old results would mix in."""
+    stale = [run_dir / n for n in ("checkpoints", "tb", "metrics.csv", "run.json") if (run_dir / n).exists()]
+    if stale:
+        log.warning("starting afresh in %s: removing the previous run's %s (use resume=true to continue it)",
+                    run_dir, ", ".join(p.name for p in stale))
+    for path in stale:
+        shutil.rmtree(path) if path.is_dir() else path.unlink()

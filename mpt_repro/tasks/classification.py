@@ -1,0 +1,98 @@
+"""Image classification (the paper's ILSVRC experiments and the digits demo): top-1 and top-5."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+
+from mpt_repro.data import build_image_data
+from mpt_repro.data.sampling import EpochSampler
+from mpt_repro.models import build_model
+from mpt_repro.optim import optimizer_factory
+from mpt_repro.tasks.base import StepResult, Task, register_task
+
+# Weight of the auxiliary classifiers' losses (GoogLeNet, Inception v3) during training, as in
+# Szegedy et al. 2015 (0.3); evaluation uses the main head only.
+AUX_LOSS_WEIGHT = 0.3
+
+
+@register_task("classification")
+class Classification(Task):
+    primary_metric = "top1"
+    higher_is_better = True
+    metric_names = ["loss", "top1", "top5"]
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any, rank: int = 0, world_size: int = 1):
+        super().__init__(cfg, device, policy)
+        d = cfg.data
+        self.data = build_image_data(d)
+        # Seed right before building the model: every precision preset starts from the same weights.
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, num_classes=self.data.num_classes, channels=self.data.channels, image_size=d.image_size)
+        self.channels_last = cfg.model.channels_last and device.type == "cuda"
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        self.model = policy.prepare_model(model.to(device))
+        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, d.batch_size * world_size), name="model")
+        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
+        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=d.batch_size, rank=rank, world_size=world_size)
+        loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
+                           persistent_workers=d.num_workers > 0)
+        self.train_loader = DataLoader(self.data.train, batch_size=d.batch_size, sampler=self.sampler, drop_last=True, **loader_args)
+        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or d.batch_size, shuffle=False, **loader_args)
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.batches_per_epoch()
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        self.sampler.set_epoch(epoch, skip_batches=skip)
+        return iter(self.train_loader)
+
+    def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.to(self.device, non_blocking=True)
+        if self.channels_last:
+            x = x.contiguous(memory_format=torch.channels_last)
+        return self.policy.cast_inputs(x), y.to(self.device, non_blocking=True)
+
+    def train_step(self, batch: Any) -> StepResult:
+        x, y = self._to_device(*batch)
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.policy.autocast():
+            out = self.model(x)
+            loss = self._loss(out, y)
+        self.policy.backward(loss, self.optimizer)
+        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
+        return StepResult(loss=loss.detach(), stepped=stepped, samples=y.shape[0])
+
+    @staticmethod
+    def _loss(out: Any, y: torch.Tensor) -> torch.Tensor:
+        if isinstance(out, torch.Tensor):
+            return F.cross_entropy(out, y)
+        # torchvision GoogLeNet / Inception v3 in training mode: (logits, aux logits...)
+        main, *aux = [o for o in out if o is not None]
+        return F.cross_entropy(main, y) + AUX_LOSS_WEIGHT * sum(F.cross_entropy(a, y) for a in aux)
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        self.model.eval()
+        total, loss_sum = 0, torch.zeros((), device=self.device)
+        correct = torch.zeros(2, device=self.device)  # top-1, top-5
+        k = min(5, self.data.num_classes)
+        for batch in self.eval_loader:
+            x, y = self._to_device(*batch)
+            with self.policy.autocast():
+                logits = self.model(x)
+            logits = logits.float()
+            loss_sum += F.cross_entropy(logits, y, reduction="sum")
+            hits = logits.topk(k, dim=1).indices.eq(y[:, None])
+            correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()]).float()
+            total += y.shape[0]
+        top1, top5 = (100.0 * correct / max(total, 1)).tolist()
+        return {"loss": float(loss_sum) / max(total, 1), "top1": top1, "top5": top5}
+
+    def describe_data(self) -> dict:
+        return {"name": self.cfg.data.name, "root": self.cfg.data.root, "train_size": len(self.data.train),
+                "eval_size": len(self.data.eval), "description": self.data.description}

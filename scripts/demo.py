@@ -1,0 +1,68 @@
+"""`make demo`: train the demo experiment (a small CNN on the embedded digits) under several
+precision presets with one Hydra multirun, then print the comparison table from the run records.
+
+    python scripts/demo.py [--precisions fp32,amp,mixed] [--budget paper] [extra Hydra overrides...]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--precisions", default="fp32,amp,mixed")
+    parser.add_argument("--budget", default="paper")
+    parser.add_argument("--runs-dir", default="results/runs")
+    parser.add_argument("overrides", nargs="*")
+    args = parser.parse_args()
+
+    mpt_run = Path(sys.executable).with_name("mpt-run")
+    command = [str(mpt_run), "-m", "experiment=demo", f"precision={args.precisions}", f"budget={args.budget}",
+               f"paths.runs_dir={args.runs_dir}", "trainer.progress=false", *args.overrides]
+    print("$", " ".join(command), flush=True)
+    if subprocess.run(command, cwd=ROOT).returncode != 0:
+        print("demo: the training sweep failed; see the messages above", file=sys.stderr)
+        return 1
+
+    rows = []
+    for precision in args.precisions.split(","):
+        path = ROOT / args.runs_dir / "demo" / f"{precision}-{args.budget}" / "seed0" / "run.json"
+        rows.append(json.loads(path.read_text()))
+    print()
+    print(format_table(rows))
+    print(f"\nrun records: {args.runs_dir}/demo/<precision>-{args.budget}/seed0/run.json"
+          f"   curves: tensorboard --logdir {args.runs_dir}/demo")
+    return 0
+
+
+def format_table(records: list[dict]) -> str:
+    fp32 = next((r for r in records if r["precision"] == "fp32"), None)
+    header = ["precision", "status", "top-1 %", "top-5 %", "eval loss", "Δ top-1 vs fp32", "steps", "skipped",
+              "final loss scale", "samples/s"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for r in records:
+        m = r.get("metrics") or {}
+        delta = m.get("top1", float("nan")) - fp32["metrics"]["top1"] if fp32 and fp32.get("metrics") and m else None
+        cells = [r["precision"], r["status"], _f(m.get("top1")), _f(m.get("top5")), _f(m.get("loss"), 4),
+                 _f(delta, 2, signed=True), str(r.get("steps")), str(r.get("skipped_steps")),
+                 _f((r.get("loss_scale") or {}).get("final"), 0), _f(r.get("samples_per_s"), 0)]
+        lines.append("| " + " | ".join(cells) + " |")
+    device = records[0]["device"]["type"] if records else "?"
+    lines.append(f"\nbudget={records[0]['budget']}, data=scikit-learn digits (360 validation images), device={device}")
+    return "\n".join(lines)
+
+
+def _f(value, digits: int = 2, signed: bool = False) -> str:
+    if value is None:
+        return "-"
+    return f"{value:+.{digits}f}" if signed else f"{value:.{digits}f}"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,48 @@
+"""Shared helpers: compose the real config, and run the installed `mpt-run` in a subprocess."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF_DIR = str(ROOT / "conf")
+MPT_RUN = str(Path(sys.executable).with_name("mpt-run"))
+
+
+def compose(overrides: list[str] | None = None):
+    """The config `mpt-run <overrides>` would run, composed through Hydra (no run)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from mpt_repro.config import register_configs
+
+    register_configs()
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
+
+
+def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 300, check: bool = True,
+            env: dict | None = None) -> subprocess.CompletedProcess:
+    """Run the installed mpt-run; with run_dir, pin the run directory (hydra.run.dir)."""
+    args = [MPT_RUN, *overrides, "trainer.progress=false"]
+    if run_dir is not None:
+        args.append(f"hydra.run.dir={run_dir}")
+    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"mpt-run {' '.join(overrides)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+    return proc
+
+
+def read_run(run_dir: Path) -> dict:
+    return json.loads((Path(run_dir) / "run.json").read_text())
+
+
+@pytest.fixture
+def smoke_overrides() -> list[str]:
+    return ["experiment=demo", "budget=smoke"]

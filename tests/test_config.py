@@ -1,0 +1,92 @@
+"""The configuration: every option composes, the schema refuses typos and bad values."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from conftest import CONF_DIR, compose, run_cli
+from mpt_repro.config import to_plain, validate
+from mpt_repro.errors import ConfigError
+
+GROUPS = ["data", "model", "optim", "trainer", "precision", "budget", "experiment"]
+
+
+def options(group: str) -> list[str]:
+    return sorted(p.stem for p in (Path(CONF_DIR) / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("group,option", [(g, o) for g in GROUPS for o in options(g)])
+def test_every_group_option_composes(group: str, option: str) -> None:
+    cfg = compose([f"{group}={option}"])
+    assert OmegaConf.select(cfg, "experiment_name")
+    if group == "precision":
+        assert cfg.precision.name == option  # a preset names itself: run dirs and reports rely on it
+    if group == "budget":
+        assert cfg.budget.name == option
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+@pytest.mark.parametrize("budget", options("budget"))
+def test_every_experiment_and_budget_validates(experiment: str, budget: str) -> None:
+    cfg = compose([f"experiment={experiment}", f"budget={budget}"])
+    assert cfg.experiment_name == experiment  # the file name is the experiment's name
+    validate(cfg)
+
+
+def test_experiment_is_selected_without_plus() -> None:
+    assert compose(["experiment=demo"]).experiment_name == "demo"
+
+
+def test_misspelled_key_is_refused_before_any_work() -> None:
+    with pytest.raises(Exception, match="lrr"):
+        compose(["optim.lrr=0.1"])
+
+
+def test_wrong_type_is_refused() -> None:
+    with pytest.raises(Exception, match="batch_size"):
+        compose(["data.batch_size=many"])
+
+
+@pytest.mark.parametrize("override,key", [
+    ("optim.lr=-0.1", "optim.lr"),
+    ("data.batch_size=0", "data.batch_size"),
+    ("trainer.epochs=0", "trainer.epochs"),
+    ("optim.name=adamax", "optim.name"),
+    ("optim.schedule=wavy", "optim.schedule"),
+    ("trainer.device=tpu", "trainer.device"),
+])
+def test_invalid_values_name_the_key(override: str, key: str) -> None:
+    with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
+        validate(compose([override]))
+
+
+def test_bad_inputs_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
+    typo = run_cli("experiment=demo", "optim.lrr=0.1", run_dir=tmp_path / "a", check=False)
+    assert typo.returncode != 0 and "lrr" in typo.stderr
+    unknown = run_cli("experiment=demo", "precision=fp64", run_dir=tmp_path / "b", check=False)
+    assert unknown.returncode != 0 and "fp64" in unknown.stderr and "Available options" in unknown.stderr
+    negative = run_cli("experiment=demo", "optim.lr=-1", run_dir=tmp_path / "c", check=False)
+    assert negative.returncode == 2 and "optim.lr must be > 0" in negative.stderr
+    assert "Traceback" not in negative.stderr
+
+
+def test_run_directory_names_experiment_precision_budget_seed() -> None:
+    from hydra import compose as hydra_compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
+        cfg = hydra_compose(config_name="config", overrides=["experiment=demo", "precision=amp", "budget=smoke", "seed=3",
+                                                               "optim.lr=0.2"], return_hydra_config=True)
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().set_config(cfg)
+    run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=True)["dir"]
+    assert run_dir == "results/runs/demo/amp-smoke/seed3/optim.lr=0.2"
+
+
+def test_resolved_config_is_plain_json() -> None:
+    import json
+
+    plain = to_plain(compose(["experiment=demo", "precision=amp"]))
+    assert json.loads(json.dumps(plain))["precision"]["compute_dtype"] == "float16"
