@@ -30,7 +30,18 @@ test: $(STAMP) ## run the test suite (CPU; under 10 minutes)
 test-full: $(STAMP) ## every test, the slow ones included
 	$(BIN)/python -m pytest -m "not gpu" -q
 
+# BUDGET DATA DATA_ROOT SEEDS EXPERIMENTS PRECISIONS OTHERS: set on the make command line (make
+# exports them); defaults and meanings in scripts/reproduce_table.sh and docs/report.md.
+reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
+	scripts/reproduce_table.sh
+
+report: $(STAMP) ## rebuild results/report (tables, CSV, LaTeX, plots) from results/runs
+	$(BIN)/mpt-report results/runs --out results/report
+
+tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep, side by side)
+	$(BIN)/tensorboard --logdir results/runs
+
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install demo test test-full clean-runs
+.PHONY: help install demo test test-full clean-runs reproduce-table report tensorboard
