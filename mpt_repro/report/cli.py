@@ -34,10 +34,12 @@ def problems_section(problems: list[Problem]) -> str:
     """Everything left out of the tables, grouped by why, with the run directory."""
     if not problems:
         return "## Runs not in the tables\n\nNone: every run record was read and used.\n"
-    out = ["## Runs not in the tables", "",
+    out = ["## Runs not in the tables, and runs to check", "",
            "These records were found but not averaged into any table (failed, still running or "
-           "interrupted, unreadable). Plots missing for a run are listed too.", ""]
+           "interrupted, unreadable). Runs that are in the tables but need a second look (non-finite "
+           "metrics, no curves) are listed too.", ""]
     headings = {"failed": "Failed", "running": "Still running or interrupted", "unreadable": "Unreadable or corrupt",
+                "suspect": "Completed with non-finite metrics (in the tables: check them)",
                 "no curves": "Without training curves (in the tables, not in the plots)"}
     for status in sorted({p.status for p in problems}, key=lambda s: list(headings).index(s) if s in headings else 99):
         out += [f"### {headings.get(status, status)}", ""]
@@ -71,7 +73,7 @@ def build_report(results_dir: Path, out: Path, plots: bool = True) -> tuple[str,
     text = [
         "# Mixed Precision Training reproduction: report", "",
         f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from `{results_dir}`: "
-        f"{n_used} run(s) in the tables, {sum(p.status != 'no curves' for p in problems)} left out (listed at the end).",
+        f"{n_used} run(s) in the tables, {sum(p.status not in ('no curves', 'suspect') for p in problems)} left out (listed at the end).",
         "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs; a blank cell is a preset "
         "that did not run. Values marked `paper` are Micikevicius et al. 2018's, with the evidence tag of "
         "our reference notes ([P] primary text, [S] secondary, [U] unconfirmed).", "",

@@ -122,8 +122,15 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         problem = _check(record, path)
         if problem:
             problems.append(problem)
-        else:
-            rows.append(_flatten(record, path))
+            continue
+        rows.append(_flatten(record, path))
+        # a run can complete with a NaN loss (e.g. an overflow in evaluation); it stays in the
+        # tables as recorded, but the reader is told
+        bad = sorted(k for k, v in record["metrics"].items() if not _finite(v))
+        if record["status"] == "completed" and bad:
+            values = ", ".join(f"{k}={record['metrics'][k]}" for k in bad)
+            problems.append(Problem(str(path.parent), "suspect",
+                                    f"completed with non-finite final metrics ({values}); kept in the tables"))
     columns = ["path", *GROUP_KEYS, "seed", "status"]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return runs, problems
