@@ -36,7 +36,7 @@ def main(jsonl: str) -> None:
         split = {8: "valid", 9: "test"}.get(i % 10, "train")
         splits[split].extend(chapters[key])
     out = Path(__file__).parent / "kjv"
-    out.mkdir(exist_ok=True)
+    out.mkdir(exist_ok=True)  # kjv/__init__.py stays: it makes the .txt files package data
     for name, lines in splits.items():
         (out / f"{name}.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
         print(name, len(lines), "lines", sum(len(s.split()) for s in lines), "tokens")
