@@ -115,6 +115,20 @@ class BudgetConfig:
 
 
 @dataclass
+class DistributedConfig:
+    """Data-parallel training (mpt_repro/distributed.py, docs/distributed.md). The number of
+    processes comes from the launcher (torchrun, SLURM), not from here."""
+
+    backend: str = "auto"  # auto: nccl on CUDA, gloo on the CPU | nccl | gloo
+    # per_process: data.batch_size is each process's batch (global = batch_size x processes);
+    # global: data.batch_size is the global batch, split evenly across the processes
+    batch_size_is: str = "per_process"
+    sync_bn: bool = False  # SyncBatchNorm (CUDA only): BN statistics over the global batch
+    find_unused_parameters: bool = False  # DDP: models with parameters a forward may not use
+    timeout_s: int = 1800  # collectives waiting longer than this fail the run instead of hanging
+
+
+@dataclass
 class PathsConfig:
     runs_dir: str = "results/runs"
 
@@ -133,6 +147,7 @@ class Config:
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
     budget: BudgetConfig = field(default_factory=BudgetConfig)
     telemetry: TelemetryConfig = field(default_factory=TelemetryConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
     paths: PathsConfig = field(default_factory=PathsConfig)
 
 
@@ -179,6 +194,11 @@ def validate(cfg: DictConfig) -> None:
     _check(t.checkpoint_every is None or t.checkpoint_every > 0, "trainer.checkpoint_every", t.checkpoint_every, "must be positive or null")
     _check(t.diverge_patience > 0, "trainer.diverge_patience", t.diverge_patience, "must be positive")
     _check(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "trainer.device", t.device, "must be auto, cpu, cuda or cuda:N")
+    dd = cfg.distributed
+    _check(dd.backend in ("auto", "nccl", "gloo"), "distributed.backend", dd.backend, "must be auto, nccl or gloo")
+    _check(dd.batch_size_is in ("per_process", "global"), "distributed.batch_size_is", dd.batch_size_is,
+           "must be per_process or global")
+    _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
     _check(cfg.budget.name in ("paper", "short", "smoke"), "budget.name", cfg.budget.name, "must be paper, short or smoke")
     _check(cfg.paper_loss_scale is None or cfg.paper_loss_scale > 0, "paper_loss_scale", cfg.paper_loss_scale, "must be > 0 or null")
     from mpt_repro.precision.validate import validate_precision

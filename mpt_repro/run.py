@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig
 
+from mpt_repro import distributed
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, UserError
 from mpt_repro.record import RunRecord, read_record
@@ -43,25 +44,32 @@ def describe_device(device: torch.device) -> dict[str, Any]:
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train one configuration into run_dir; return the final run record."""
     validate(cfg)  # before any work: bad values are refused with the key's name
-    run_dir = Path(run_dir)
-    previous = read_record(run_dir)
-    if cfg.resume and previous and previous.get("status") == "completed":
+    # One process per device under torchrun/SLURM: join the group first; rank 0 then decides
+    # for all (the run directory, whether there is anything to do, whether this is a resume),
+    # so that no rank reads a run.json or checkpoint that rank 0 is rewriting.
+    device = distributed.setup(cfg.distributed, pick_device(cfg.trainer.device))
+    main = distributed.is_main()
+    run_dir = Path(distributed.broadcast_object(str(run_dir)))
+    previous = read_record(run_dir) if main else None
+    done = bool(cfg.resume and previous and previous.get("status") == "completed")
+    if main and not done and not cfg.resume:
+        _clear_previous_run(run_dir)
+    previous, done, resuming = distributed.broadcast_object(
+        (previous, done, bool(cfg.resume and (run_dir / CHECKPOINT).exists())) if main else None)
+    if done:
         log.info("%s already completed; nothing to do (resume=true)", run_dir)
         return previous
-    if not cfg.resume:
-        _clear_previous_run(run_dir)
-    resuming = cfg.resume and (run_dir / CHECKPOINT).exists()
 
     from mpt_repro.precision import PrecisionPolicy
     from mpt_repro.tasks.base import build_task
 
-    device = pick_device(cfg.trainer.device)
     torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
-    record = RunRecord(run_dir, {
+    record = (RunRecord if main else _UnwrittenRecord)(run_dir, {
         "experiment": cfg.experiment_name, "task": cfg.task.name, "precision": cfg.precision.name,
         "precision_config": to_plain(cfg.precision), "seed": cfg.seed, "budget": cfg.budget.name,
         "device": describe_device(device), "run_dir": str(run_dir), "resumed": resuming, "config": to_plain(cfg),
+        "distributed": distributed.describe(cfg),
     })
     if resuming and previous:
         record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=previous.get("wall_time_s"))
@@ -72,10 +80,11 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
         log.info("precision %s", policy.describe())
         task = build_task(cfg, device, policy)
+        distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
         record.update(data=task.describe_data(), model=task.describe_model(),
                       primary_metric=task.primary_metric, higher_is_better=task.higher_is_better)
         record.write()
-        trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg))
+        trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
         summary = trainer.fit()
         record.finish("completed", wall_time_s=_wall(record, start), **summary)
     except Diverged as e:
@@ -98,8 +107,15 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     return record.data
 
 
+class _UnwrittenRecord(RunRecord):
+    """A rank other than 0 keeps the same record in memory but never writes it: run.json is rank 0's."""
+
+    def write(self) -> None:
+        pass
+
+
 def build_callbacks(cfg: DictConfig) -> list:
-    callbacks = []
+    callbacks = [distributed.DistributedCallback()] if distributed.is_distributed() else []
     if cfg.telemetry.enabled:
         from mpt_repro.telemetry import TelemetryCallback
 

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from mpt_repro import distributed
 from mpt_repro.errors import DataError, Diverged
 from mpt_repro.logging import MetricsLogger
 from mpt_repro.optim import build_scheduler
@@ -92,8 +93,8 @@ class Trainer:
                     last = self.step >= self.total_steps
                     if self.step % t.log_every == 0 or last:
                         self._close_segment(tic)
-                        self._log_train(self.window.mean_loss(), self.window.samples_per_s(), progress)
-                        self._check_divergence(int(bad_streak), int(streak_start))
+                        self._log_train(*self._window_over_ranks(), progress)
+                        self._check_divergence(*self._streak_over_ranks(bad_streak, streak_start))
                         self.window = LogWindow()
                         tic = time.perf_counter()
                     epoch_end = self.batch_in_epoch >= self.steps_per_epoch
@@ -101,11 +102,12 @@ class Trainer:
                         self._close_segment(tic)  # evaluation time is not training time
                         self._evaluate()
                         tic = time.perf_counter()
-                    if self._due(t.checkpoint_every, epoch_end) or last or self._stop_requested:
+                    stop = self._stop_agreed()
+                    if self._due(t.checkpoint_every, epoch_end) or last or stop:
                         self._close_segment(tic)
                         self.save_checkpoint(epoch_done=epoch_end)
                         tic = time.perf_counter()
-                        if self._stop_requested:
+                        if stop:
                             raise Stopped(f"stopped by SIGTERM at step {self.step}; resume with resume=true")
                     if last:
                         break
@@ -134,6 +136,33 @@ class Trainer:
     def _due(self, every: int | None, epoch_end: bool) -> bool:
         """Periodic events: every N iterations, or at the end of each epoch when N is null."""
         return epoch_end if every is None else self.step % every == 0
+
+    def _window_over_ranks(self) -> tuple[float, float]:
+        """The log row's mean train loss and samples/s over all ranks: each rank's loss is the
+        mean over its equal share of the global batch, so the global mean is their mean."""
+        w, world = self.window, distributed.world_size()
+        t = torch.tensor([float(w.loss_sum), float(w.samples)], dtype=torch.float64)
+        distributed.all_reduce_(t, "sum")
+        return float(t[0]) / (world * max(w.count, 1)), float(t[1]) / max(w.time, 1e-9)
+
+    def _streak_over_ranks(self, bad_streak: torch.Tensor, streak_start: torch.Tensor) -> tuple[int, int]:
+        """Consecutive non-finite losses on any rank: all ranks must end the run together."""
+        if not distributed.is_distributed():
+            return int(bad_streak), int(streak_start)
+        longest = distributed.all_reduce_(bad_streak.clone(), "max")
+        n = int(longest)
+        return n, self.step - n + 1 if n else 0  # an ongoing streak of n ends at this step
+
+    def _stop_agreed(self) -> bool:
+        """A stop (SIGTERM) on any rank stops every rank at the same step: torchrun and SLURM
+        signal the processes at slightly different moments, and a rank that ran one step further
+        would wait forever in DDP's gradient all-reduce. One tiny all-reduce per step, only
+        when distributed."""
+        if not distributed.is_distributed():
+            return self._stop_requested
+        flag = torch.tensor([1.0 if self._stop_requested else 0.0])
+        self._stop_requested = bool(distributed.all_reduce_(flag, "max")[0])
+        return self._stop_requested
 
     def _check_divergence(self, bad_streak: int, streak_start: int) -> None:
         if bad_streak >= self.cfg.trainer.diverge_patience:
@@ -167,13 +196,15 @@ class Trainer:
     # -- record ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         policy = self.policy.summary()
+        # self.samples counts this rank's; every rank takes an equal share of each global batch
+        samples = self.samples * distributed.world_size()
         return {
             "metrics": self.last_eval,
             "steps": self.step,
             "epochs": round(self._epoch_float(), 4),
             "skipped_steps": policy["skipped_steps"],
             "loss_scale": policy["loss_scale"],
-            "samples_per_s": self.samples / self.train_time if self.train_time > 0 else None,
+            "samples_per_s": samples / self.train_time if self.train_time > 0 else None,
             "train_time_s": self.train_time,
             **peak_memory(self.task.device),
             "diagnostics": dict(policy.get("diagnostics", {})),
@@ -187,8 +218,14 @@ class Trainer:
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, epoch_done: bool = False) -> None:
-        if not self.is_main:
-            return
+        # Every rank's own random streams and task state (e.g. an LM's hidden state) go into the
+        # one checkpoint that rank 0 writes; the model, optimizer and scale are the same on all.
+        per_rank = distributed.all_gather_object({"rng": rng_state(), "task": self.task.state_dict()})
+        if self.is_main:
+            self._write_checkpoint(epoch_done, per_rank)
+        distributed.barrier()  # no rank runs (or exits) ahead of a checkpoint that is half written
+
+    def _write_checkpoint(self, epoch_done: bool, per_rank: list[dict]) -> None:
         epoch, batch = (self.epoch + 1, 0) if epoch_done else (self.epoch, self.batch_in_epoch)
         state = {
             "step": self.step, "epoch": epoch, "batch_in_epoch": batch, "samples": self.samples,
@@ -199,6 +236,7 @@ class Trainer:
             "policy": self.policy.state_dict(),
             "task": self.task.state_dict(),
             "rng": rng_state(),
+            "per_rank": per_rank if len(per_rank) > 1 else None,
         }
         path = self.run_dir / CHECKPOINT
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -218,8 +256,10 @@ class Trainer:
         for k, s in self.schedulers.items():
             s.load_state_dict(state["schedulers"][k])
         self.policy.load_state_dict(state["policy"])
-        self.task.load_state_dict(state["task"])
-        set_rng_state(state["rng"])
+        mine = state.get("per_rank") or []
+        mine = mine[distributed.rank()] if len(mine) == distributed.world_size() else state  # else: rank 0's
+        self.task.load_state_dict(mine["task"])
+        set_rng_state(mine["rng"])
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         self.samples, self.train_time, self.last_eval = state["samples"], state["train_time"], state["last_eval"]
         self.window = LogWindow(**state["window"])

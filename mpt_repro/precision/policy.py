@@ -23,6 +23,7 @@ from typing import Callable, Dict, List, Optional, Union
 import torch
 from torch import Tensor, nn
 
+from mpt_repro.distributed import all_reduce_
 from mpt_repro.errors import Diverged
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.scalers import LossScaler, build_scaler
@@ -130,6 +131,10 @@ class PrecisionPolicy:
                 f"dynamic loss scale {self._init_scale:g} ({self.scaling_reason}; x{c.growth_factor:g} after "
                 f"{c.growth_interval} clean steps, x{c.backoff_factor:g} on overflow, hysteresis {c.hysteresis}, "
                 f"range [{c.min_scale:g}, {c.max_scale:g}])")
+        elif self.scaling_kind == "adaptive":
+            from mpt_repro.precision.adaptive import describe as describe_adaptive
+
+            parts.append(describe_adaptive(self.cfg))
         else:
             parts.append(f"{self.scaling_kind} loss scaling ({self.scaling_reason})")
         if self.scaling_kind != "none":
@@ -228,7 +233,12 @@ class PrecisionPolicy:
         found_inf = False
         if scaler is not None and grads:
             # unscale BEFORE clipping, so a clip threshold means the same in every preset (§3.2)
-            found_inf = bool(scaler.unscale_(grads).item())  # the one host sync of the step
+            flag = scaler.unscale_(grads)
+            # Distributed: every rank must skip or step together, or the replicas (and their
+            # scales) drift apart. DDP's averaged grads usually carry an inf to every rank anyway;
+            # the MAX makes it certain (no-op in one process).
+            all_reduce_(flag, "max")
+            found_inf = bool(flag.item())  # the one host sync of the step
         if found_inf:
             st.skipped += 1
             self._record_overflow(st)
@@ -295,6 +305,17 @@ class PrecisionPolicy:
         """{optimizer name: current scale}, for per-optimizer logging (no host sync)."""
         return {n: _scale(s.scaler) for n, s in self._opts.items()}
 
+    def layer_scales(self) -> Dict[str, float]:
+        """{layer: its own loss scale in the last step} for layer-wise scalers (adaptive), else {}.
+        With several optimizers the names are prefixed "<optimizer>/". No host sync."""
+        out: Dict[str, float] = {}
+        for n, s in self._opts.items():
+            fn = getattr(s.scaler, "layer_scales", None)
+            if fn is not None:
+                prefix = f"{n}/" if len(self._opts) > 1 else ""
+                out.update({prefix + k: v for k, v in fn().items()})
+        return out
+
     def scaler(self, opt=None) -> Optional[LossScaler]:
         """The scaler of ``opt`` (None when loss scaling is off)."""
         return self._state(opt).scaler
@@ -322,6 +343,16 @@ class PrecisionPolicy:
                 "loss_scale_max": s.scaler.max_seen if s.scaler else 1.0}
             for n, s in self._opts.items()
         }
+        layerwise = [(n, s.scaler.adaptive_summary()) for n, s in self._opts.items()
+                     if hasattr(s.scaler, "adaptive_summary")]
+        if layerwise:  # per-layer final/min/max scales; layer names prefixed by optimizer if several
+            many = len(self._opts) > 1
+            diagnostics["adaptive"] = {
+                "updates": sum(a["updates"] for _, a in layerwise),
+                "fallback_steps": sum(a["fallback_steps"] for _, a in layerwise),
+                "accum_cap": {n: a["accum_cap"] for n, a in layerwise} if many else layerwise[0][1]["accum_cap"],
+                "layers": {(f"{n}/{k}" if many else k): v for n, a in layerwise for k, v in a["layers"].items()},
+            }
         # optimizer steps, summed over optimizers (a GAN iteration counts two)
         return {"loss_scale": ls, "skipped_steps": sum(s.skipped for s in self._opts.values()),
                 "steps": sum(s.steps for s in self._opts.values()), "diagnostics": diagnostics}

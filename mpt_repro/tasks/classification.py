@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
+from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import EpochSampler
 from mpt_repro.models import build_model
@@ -24,24 +25,32 @@ class Classification(Task):
     higher_is_better = True
     metric_names = ["loss", "top1", "top5"]
 
-    def __init__(self, cfg: Any, device: torch.device, policy: Any, rank: int = 0, world_size: int = 1):
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
+        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and all processes' batch
         self.data = build_image_data(d)
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, num_classes=self.data.num_classes, channels=self.data.channels, image_size=d.image_size)
+        model = distributed.maybe_sync_bn(model, cfg.distributed, device)
         self.channels_last = cfg.model.channels_last and device.type == "cuda"
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = policy.prepare_model(model.to(device))
-        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, d.batch_size * world_size), name="model")
+        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, global_batch), name="model")
+        # Under DDP the forward/backward goes through the wrapper (gradient averaging); the bare
+        # model is what the optimizer, the checkpoints and evaluation see.
+        self.train_model = distributed.wrap_model(self.model, cfg.distributed)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
-        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=d.batch_size, rank=rank, world_size=world_size)
+        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=batch,
+                                    rank=distributed.rank(), world_size=distributed.world_size())
         loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
                            persistent_workers=d.num_workers > 0)
-        self.train_loader = DataLoader(self.data.train, batch_size=d.batch_size, sampler=self.sampler, drop_last=True, **loader_args)
-        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or d.batch_size, shuffle=False, **loader_args)
+        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True, **loader_args)
+        # each rank evaluates its own slice of the eval set; evaluate() sums over ranks
+        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch,
+                                      sampler=distributed.ShardSampler(len(self.data.eval)), **loader_args)
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()
@@ -58,10 +67,10 @@ class Classification(Task):
 
     def train_step(self, batch: Any) -> StepResult:
         x, y = self._to_device(*batch)
-        self.model.train()
+        self.train_model.train()
         self.optimizer.zero_grad(set_to_none=True)
         with self.policy.autocast():
-            out = self.model(x)
+            out = self.train_model(x)
             loss = self._loss(out, y)
         self.policy.backward(loss, self.optimizer)
         stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
@@ -77,6 +86,7 @@ class Classification(Task):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
+        distributed.sync_buffers(self.model)  # every rank evaluates rank 0's BN statistics
         self.model.eval()
         total, loss_sum = 0, torch.zeros((), device=self.device)
         correct = torch.zeros(2, device=self.device)  # top-1, top-5
@@ -90,8 +100,10 @@ class Classification(Task):
             hits = logits.topk(k, dim=1).indices.eq(y[:, None])
             correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()]).float()
             total += y.shape[0]
-        top1, top5 = (100.0 * correct / max(total, 1)).tolist()
-        return {"loss": float(loss_sum) / max(total, 1), "top1": top1, "top5": top5}
+        s = distributed.reduce_sums({"loss": float(loss_sum), "top1": float(correct[0]), "top5": float(correct[1]),
+                                     "total": total}, self.device)
+        n = max(s["total"], 1)
+        return {"loss": s["loss"] / n, "top1": 100.0 * s["top1"] / n, "top5": 100.0 * s["top5"] / n}
 
     def describe_data(self) -> dict:
         return {"name": self.cfg.data.name, "root": self.cfg.data.root, "train_size": len(self.data.train),
