@@ -14,16 +14,21 @@ CONF_DIR = str(ROOT / "conf")
 MPT_RUN = str(Path(sys.executable).with_name("mpt-run"))
 
 
-def compose(overrides: list[str] | None = None):
-    """The config `mpt-run <overrides>` would run, composed through Hydra (no run)."""
+def compose(overrides: list[str] | None = None, return_hydra_config: bool = False):
+    """The config `mpt-run <overrides>` would run, composed through Hydra (no run).
+
+    Hydra is initialised once per test session (re-initialising costs more than composing).
+    """
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
 
     from mpt_repro.config import register_configs
 
     register_configs()
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=False)
+    if not GlobalHydra.instance().is_initialized():
+        initialize_config_dir(config_dir=CONF_DIR, version_base="1.3").__enter__()
+    return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=return_hydra_config)
 
 
 def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 300, check: bool = True,

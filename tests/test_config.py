@@ -73,12 +73,9 @@ def test_bad_inputs_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
 
 
 def test_run_directory_names_experiment_precision_budget_seed() -> None:
-    from hydra import compose as hydra_compose, initialize_config_dir
-
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = hydra_compose(config_name="config", overrides=["experiment=demo", "precision=amp", "budget=smoke", "seed=3",
-                                                               "optim.lr=0.2"], return_hydra_config=True)
     from hydra.core.hydra_config import HydraConfig
+
+    cfg = compose(["experiment=demo", "precision=amp", "budget=smoke", "seed=3", "optim.lr=0.2"], return_hydra_config=True)
 
     HydraConfig.instance().set_config(cfg)
     run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=True)["dir"]
@@ -90,3 +87,18 @@ def test_resolved_config_is_plain_json() -> None:
 
     plain = to_plain(compose(["experiment=demo", "precision=amp"]))
     assert json.loads(json.dumps(plain))["precision"]["compute_dtype"] == "float16"
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_switching_precision_changes_nothing_outside_precision_in_every_experiment(experiment: str) -> None:
+    """Same schedule, data and model under every preset: never per-precision hyperparameters."""
+
+    def without_precision(preset: str, budget: str) -> dict:
+        plain = to_plain(compose([f"experiment={experiment}", f"precision={preset}", f"budget={budget}"]))
+        plain.pop("precision")
+        return plain
+
+    for budget in ("paper", "smoke"):  # `short` trims like `paper`; both ends are checked
+        reference = without_precision("fp32", budget)
+        for preset in options("precision"):
+            assert without_precision(preset, budget) == reference, (experiment, budget, preset)

@@ -26,7 +26,7 @@ def one_thread():
 
 
 PRESET_NAMES = sorted(p.stem for p in (Path(CONF_DIR) / "precision").glob("*.yaml"))
-ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16"}
+ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16", "adaptive"}
 
 
 def test_the_preset_set():

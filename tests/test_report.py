@@ -191,8 +191,8 @@ def test_other_classification_lm_and_gan(results):
     mixed = row(gan, "Preset", "mixed")
     assert (mixed["Outcome"], mixed["d_loss"], mixed["g_loss"]) == ("1 completed", "1.250 (n=1)", "2.500 (n=1)")
     report = (out / "report.md").read_text()
-    assert "Paper (§4.5, Figure 5 [S]): diverges after ~300K iterations" in report
-    assert "Paper (§4.6, Figure 6 [S]): trained without loss scaling" in report
+    assert "Paper (§4.5, Figure 5 [S]), no_scaling: diverges after ~300K iterations" in report
+    assert "Paper (§4.6, Figure 6 [S]), mixed: trained without loss scaling" in report
 
 
 def test_cost_ratios(results):
