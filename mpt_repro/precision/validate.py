@@ -44,6 +44,8 @@ def validate_precision(p, paper_loss_scale: Optional[float] = None) -> None:
         )
     if scaling == "adaptive" and dtype != "float16":
         raise ConfigError(f"precision.loss_scaling=adaptive needs precision.compute_dtype=float16 (got {dtype}).")
+    if scaling == "adaptive":
+        _validate_adaptive(p, weights)
     if scaling not in ("none", "paper"):
         from mpt_repro.precision.scalers import SCALERS
 
@@ -63,3 +65,25 @@ def validate_precision(p, paper_loss_scale: Optional[float] = None) -> None:
             f"need 0 < precision.min_scale <= precision.init_scale <= precision.max_scale "
             f"(got {p.min_scale}, {p.init_scale}, {p.max_scale})."
         )
+
+
+def _validate_adaptive(p, weights: str) -> None:
+    import math
+
+    from mpt_repro.precision.adaptive import METHODS
+
+    if weights != "low_precision" or not p.master_weights:
+        raise ConfigError(
+            "precision.loss_scaling=adaptive needs precision.weights=low_precision and precision.master_weights=true: "
+            "each gradient is unscaled by its own layer's scale on the FP32 master copy."
+        )
+    if p.adaptive_method not in METHODS:
+        raise ConfigError(f"precision.adaptive_method={p.adaptive_method!r} is not implemented (available: {', '.join(METHODS)}).")
+    if not 0 < p.adaptive_underflow_threshold < 1:
+        raise ConfigError(f"precision.adaptive_underflow_threshold must be in (0, 1) (got {p.adaptive_underflow_threshold}).")
+    for key in ("adaptive_scale_upper_bound", "adaptive_accum_upper_bound"):
+        v = getattr(p, key)
+        if not (v >= 1 and math.log2(v).is_integer()):
+            raise ConfigError(f"precision.{key} must be a power of two >= 1 (got {v}).")
+    if p.adaptive_update_interval < 1:
+        raise ConfigError(f"precision.adaptive_update_interval must be >= 1 (got {p.adaptive_update_interval}).")

@@ -1,0 +1,480 @@
+"""Adaptive layer-wise loss scaling (Zhao, Vogel, Ahmed, Luk 2019, arXiv 1910.12385).
+
+Each weighted layer L (Linear, Conv, ConvTranspose, LSTM/GRU/RNN) multiplies the gradient that
+arrives at its output by its own power of two s_L, chosen from the statistics of that gradient
+and of L's weights so that the expected fraction of underflowing products g_i * w_ij in L's
+backward stays below a threshold. The gradient below L therefore carries the *accumulated*
+scale S_prev * s_L; each parameter's gradient is unscaled by the accumulated scale it carries
+(on the FP32 master copy), and where a tensor is consumed by several layers the contributions
+are brought to one scale before autograd sums them. docs/adaptive.md has the full design.
+
+How it hooks into PyTorch autograd (nothing here edits a model):
+
+* a forward pre-hook on L wraps its input in ``_Rescale`` (an identity whose backward multiplies
+  by a factor): that is L's private edge into the input tensor, the one place where L's
+  contribution can be rescaled *before* autograd adds it to the other consumers' contributions;
+* a forward hook on L registers a pre-hook on the autograd node that produced L's output: it
+  multiplies L's incoming gradient by s_L (and records its statistics when due);
+* ``scale_loss`` (called right before backward) walks the autograd graph from the loss once and
+  solves for one consistent scale per node (``_plan``): the factors of the ``_Rescale`` edges,
+  the s_L to apply, and the scale every parameter's gradient will carry. All scales are powers
+  of two, kept as integer exponents, so every rescaling is exact.
+
+The statistics a layer's scale is computed from are those of the previous iteration's gradient
+(recorded in the backward, read when the next plan is made): the plan must be fixed before the
+backward starts, because a join needs the scales of all its branches. The reference computes
+s_L from the current gradient; with update_interval > 1 both reuse old values anyway.
+"""
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+from collections import defaultdict
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from mpt_repro.precision.scalers import LossScaler, register_scaler, unscale_and_check_
+
+U_MIN = 2.0**-24  # FP16's smallest subnormal (the reference writes 6e-8)
+U_MAX = 65504.0  # FP16's largest finite number
+WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
+            nn.ConvTranspose3d, nn.RNNBase)
+METHODS = ("approx_range",)
+
+
+# -- the per-layer scale formula ---------------------------------------------------------------
+def erfinv_sqrt2(threshold: float) -> float:
+    """sqrt(2) * erfinv(T): P(|X| < a) = T for X ~ N(0, sigma^2) at a = sigma * this."""
+    return math.sqrt(2.0) * torch.special.erfinv(torch.tensor(threshold, dtype=torch.float64)).item()
+
+
+def layer_scale_exponent(ms_g: float, g_max: float, g_min: float, ms_w: float, w_max: float, w_min: float,
+                         fan_in: int, prev_scale: float, threshold: float, scale_upper_bound: float,
+                         accum_upper_bound: float) -> int:
+    """log2 of the layer's scale s (approx_range, as the authors' code computes it).
+
+    The statistics are those of the gradient *as it arrives* at the layer (already carrying the
+    accumulated scale ``prev_scale``) and of the weights: ``ms_*`` is the mean square
+    (sigma^2 + mu^2), ``*_max``/``*_min`` the extreme elements.
+    """
+    s = 1.0
+    sigma_o = math.sqrt(ms_g * ms_w)  # std of one product term g_i*w_ij, modelled as zero-mean
+    if sigma_o > 0:
+        # the scale at which a fraction T of the product terms would fall below u_min
+        s = max(U_MIN / (sigma_o * erfinv_sqrt2(threshold)), 1.0)  # never below 1 for underflow
+    o_max = max(abs(g_max * w_max), abs(g_min * w_min), abs(g_max * w_min), abs(g_min * w_max))
+    if o_max > 0:
+        # worst case: fan_in terms of the largest product summed must stay below u_max (may be < 1)
+        s = min(s, (U_MAX / fan_in) / o_max)
+    s = min(s, scale_upper_bound, accum_upper_bound / prev_scale)  # the heuristic caps
+    return math.floor(math.log2(s))  # a power of two, rounded down: scaling is exact
+
+
+def fan_in(module: nn.Module) -> int:
+    """Number of terms summed per element of the *backward* (input-gradient) dot product."""
+    if isinstance(module, nn.Linear):
+        return module.weight.shape[0]
+    if isinstance(module, nn.modules.conv._ConvTransposeNd):
+        return module.weight.shape[1] * math.prod(module.weight.shape[2:])
+    if isinstance(module, nn.modules.conv._ConvNd):
+        return module.weight.shape[0] // module.groups * math.prod(module.weight.shape[2:])
+    if isinstance(module, nn.RNNBase):
+        return module.weight_ih_l0.shape[0]  # the gate rows (4H for an LSTM)
+    raise TypeError(type(module).__name__)
+
+
+# -- autograd plumbing -------------------------------------------------------------------------
+class _InCell:
+    """The factor of one layer's private edge into its input (set by the plan)."""
+
+    __slots__ = ("factor",)
+
+    def __init__(self):
+        self.factor = 1.0
+
+
+class _OutCell:
+    """One call of a layer: the factor for its incoming gradient, and whether to record stats."""
+
+    __slots__ = ("layer", "index", "factor", "record_scale")
+
+    def __init__(self, layer: "_Layer", index: int):
+        self.layer, self.index = layer, index
+        self.factor = 1.0
+        self.record_scale: Optional[float] = None  # the planned scale of the gradient, when recording
+
+
+class _Rescale(torch.autograd.Function):
+    """Identity forward; backward multiplies this one consumer's gradient contribution."""
+
+    @staticmethod
+    def forward(ctx, x, cell):
+        ctx.mpt_in_cell = cell  # the plan finds the cell on the graph node (ctx is the node)
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        f = ctx.mpt_in_cell.factor
+        return (grad if f == 1.0 else grad * f), None
+
+
+def _scale_incoming(cell: _OutCell, grads):
+    """Pre-hook on the node that produced a layer's output: record statistics, multiply by s_L."""
+    if cell.record_scale is not None:
+        g = grads[cell.index] if cell.index < len(grads) else None
+        if g is not None:
+            with torch.no_grad():
+                g32 = g.float()
+                sc = cell.record_scale
+                # statistics of the true (unscaled) gradient, no host sync: read at the next plan
+                cell.layer.g_stats = torch.stack([g32.square().mean() / (sc * sc), g32.max() / sc, g32.min() / sc])
+    if cell.factor == 1.0:
+        return None
+    return tuple(None if g is None else g * cell.factor for g in grads)
+
+
+class _Layer:
+    """One weighted layer: its current exponent, last gradient statistics and history."""
+
+    def __init__(self, name: str, module: nn.Module, owner: "AdaptiveScaler"):
+        self.name, self.module, self.owner = name, module, owner
+        self.weights = [p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")]
+        self.fan_in = fan_in(module)
+        # [E g^2, max g, min g, E W^2, max W, min W] of the true (unscaled) gradient and the
+        # weights at the last recomputation; s is re-derived from them at every plan
+        self.stats: Optional[List[float]] = None
+        self.applied: Optional[int] = None  # log2 s applied in the last plan (after the caps)
+        self.accum: Optional[int] = None  # log2 of the accumulated scale below the layer, last plan
+        self.min_exp: Optional[int] = None
+        self.max_exp: Optional[int] = None
+        self.g_stats: Optional[Tensor] = None
+
+    def w_stats(self) -> Tensor:
+        """[mean square, max, min] over all of the layer's weight matrices (LSTM: all of them)."""
+        n = sum(w.numel() for w in self.weights)
+        ms = sum(w.detach().float().square().sum() for w in self.weights) / n
+        return torch.stack([ms, torch.stack([w.detach().max() for w in self.weights]).max().float(),
+                            torch.stack([w.detach().min() for w in self.weights]).min().float()])
+
+
+class _Conflict(Exception):
+    pass
+
+
+class _Groups:
+    """Union-find over integer log2 scales. A group is a set of graph nodes whose scales are
+    fixed relative to each other; its base is free until pinned (a weighted layer needs its
+    incoming scale to be final before it computes s_L, the loss's group starts pinned)."""
+
+    def __init__(self):
+        self.parent: List[int] = []
+        self.delta: List[int] = []  # base(g) = base(parent) + delta
+        self.base: List[int] = []  # meaningful at roots
+        self.pinned: List[bool] = []
+
+    def new(self, base: int, pinned: bool = False) -> int:
+        self.parent.append(len(self.parent))
+        self.delta.append(0)
+        self.base.append(base)
+        self.pinned.append(pinned)
+        return len(self.parent) - 1
+
+    def find(self, g: int) -> Tuple[int, int]:
+        d = 0
+        while self.parent[g] != g:
+            d += self.delta[g]
+            g = self.parent[g]
+        return g, d
+
+    def value(self, g: int, off: int) -> int:
+        r, d = self.find(g)
+        return self.base[r] + d + off
+
+    def resolve(self, contribs: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
+        """All contributions to one node must arrive at one scale: shift the free groups to the
+        pinned value (or, if none is pinned, to the smallest: rescaling down cannot overflow),
+        merge them, and return (group, offset) of the node."""
+        by_root: Dict[int, set] = defaultdict(set)
+        for g, off in contribs:
+            r, d = self.find(g)
+            by_root[r].add(d + off)
+        pinned = {self.base[r] + o for r, offs in by_root.items() if self.pinned[r] for o in offs}
+        if len(pinned) > 1:
+            raise _Conflict(f"fixed scales {sorted(pinned)} meet")
+        target = pinned.pop() if pinned else min(self.base[r] + o for r, offs in by_root.items() for o in offs)
+        roots = list(by_root)
+        for r in roots:
+            if not self.pinned[r]:
+                if len(by_root[r]) > 1:
+                    raise _Conflict(f"one group arrives at offsets {sorted(by_root[r])}")
+                self.base[r] = target - next(iter(by_root[r]))
+        keep = next((r for r in roots if self.pinned[r]), roots[0])
+        for r in roots:
+            if r != keep:
+                self.parent[r] = keep
+                self.delta[r] = self.base[r] - self.base[keep]
+        return keep, target - self.base[keep]
+
+
+# -- the scaler --------------------------------------------------------------------------------
+@register_scaler("adaptive")
+class AdaptiveScaler(LossScaler):
+    """Layer-wise scales from gradient and weight statistics (Zhao et al. 2019).
+
+    ``scale`` (what the trainer logs as loss_scale) is the largest accumulated scale any layer's
+    gradient carried in the last step. On a non-finite gradient the step is skipped (the policy's
+    skip path), the accumulation cap is halved and the scales are recomputed at the next step;
+    after ``growth_interval`` clean steps the cap doubles back towards
+    ``adaptive_accum_upper_bound``. A cap of 1 that still overflows ``floor_patience`` times in a
+    row ends the run as Diverged.
+    """
+
+    def __init__(self, cfg, init_scale: Optional[float] = None):
+        super().__init__(cfg, 1.0)
+        a = cfg
+        self.threshold = float(a.adaptive_underflow_threshold)
+        self.scale_upper_bound = float(a.adaptive_scale_upper_bound)
+        self.max_cap_exp = math.floor(math.log2(a.adaptive_accum_upper_bound))
+        self.cap_exp = self.max_cap_exp  # log2 of the current accumulation cap
+        self.interval = int(a.adaptive_update_interval)
+        self.layers: Dict[str, _Layer] = {}
+        self._pairs: List[Tuple[Tensor, Tensor]] = []  # (model parameter, optimizer parameter)
+        self._nodes: Dict[int, Tuple[object, _OutCell]] = {}  # layer-output nodes since the last plan
+        self._param_exp: Dict[int, int] = {}  # id(model parameter) -> log2 scale of its gradient
+        self.iteration = 0  # plans made
+        self.updates = 0  # recomputations of the layer scales
+        self.fallback_steps = 0
+        self.force = False  # recompute at the next plan (after an overflow)
+        self._warned = False
+
+    # -- setup -------------------------------------------------------------------------------
+    def attach(self, model: nn.Module, names: List[str], params: List[Tensor]) -> None:
+        by_name = dict(model.named_parameters())
+        self._pairs += [(by_name[n], p) for n, p in zip(names, params)]
+        for mname, m in model.named_modules():
+            if not isinstance(m, WEIGHTED) or not any(p.requires_grad for p in m.parameters(recurse=False)):
+                continue
+            name = mname or type(m).__name__
+            while name in self.layers:  # a second model attached to a shared scaler
+                name = "+" + name
+            layer = _Layer(name, m, self)
+            self.layers[name] = layer
+            m.register_forward_pre_hook(functools.partial(self._wrap_input, layer))
+            m.register_forward_hook(functools.partial(self._hook_output, layer))
+
+    def _wrap_input(self, layer: _Layer, module, args):
+        if not torch.is_grad_enabled() or not args or not torch.is_tensor(args[0]) or not args[0].requires_grad:
+            return None  # evaluation, or the network's input: no gradient to rescale
+        return (_Rescale.apply(args[0], _InCell()),) + tuple(args[1:])
+
+    def _hook_output(self, layer: _Layer, module, args, out):
+        y = out[0] if isinstance(out, (tuple, list)) else out
+        if not torch.is_tensor(y) or y.grad_fn is None:
+            return None
+        node = y.grad_fn
+        cell = _OutCell(layer, y.output_nr)
+        node.register_prehook(functools.partial(_scale_incoming, cell))
+        self._nodes[id(node)] = (node, cell)  # a strong reference: the id cannot be reused
+        return None
+
+    # -- one step: plan, backward, unscale, update -------------------------------------------
+    def scale_loss(self, loss: Tensor) -> Tensor:
+        loss = loss.float()
+        nodes, self._nodes = self._nodes, {}
+        if loss.grad_fn is not None:
+            self._plan(loss.grad_fn, nodes)
+        self.iteration += 1
+        return loss  # the gradient reaching the loss has scale 2^0; the layers scale from there
+
+    def _due_recompute(self) -> bool:
+        # the first statistics arrive with the first backward: recompute at plan 2 in any case
+        return self.force or self.iteration == 1 or self.iteration % self.interval == 0
+
+    def _due_record(self) -> bool:
+        return self.iteration == 0 or self.force or (self.iteration + 1) % self.interval == 0
+
+    def _plan(self, root, out_nodes: Dict[int, Tuple[object, _OutCell]]) -> None:
+        """Walk the graph from the loss (every consumer before its producers) and give every node
+        one incoming scale; fill in the factors and the parameters' scales."""
+        consumers: Dict[int, int] = defaultdict(int)
+        stack, seen = [root], {id(root)}
+        while stack:
+            n = stack.pop()
+            for child, _ in n.next_functions:
+                if child is None:
+                    continue
+                consumers[id(child)] += 1
+                if id(child) not in seen:
+                    seen.add(id(child))
+                    stack.append(child)
+        if self._due_recompute():
+            self._recompute()
+        record = self._due_record()
+        try:
+            self._solve(root, consumers, out_nodes, record)
+        except _Conflict as e:
+            # Should not happen on the supported networks; never sum mixed scales: fall back to
+            # one uniform scale (2^0, i.e. no scaling) for this step and say so once.
+            self.fallback_steps += 1
+            if not self._warned:
+                warnings.warn(f"adaptive loss scaling: inconsistent scales at a join ({e}); this step runs unscaled")
+                self._warned = True
+            for _, cell in out_nodes.values():
+                cell.factor, cell.record_scale = 1.0, None
+            self._param_exp = {}
+            self._uniform_inputs(root)
+
+    def _solve(self, root, consumers, out_nodes, record: bool) -> None:
+        groups = _Groups()
+        contribs: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
+        contribs[id(root)].append((groups.new(0, pinned=True), 0))
+        ready, edges, leaves = [root], [], []
+        cap = self.cap_exp
+        while ready:
+            node = ready.pop()
+            g, off = groups.resolve(contribs.pop(id(node)))
+            out = (g, off)
+            entry = out_nodes.get(id(node))
+            in_cell = getattr(node, "mpt_in_cell", None)
+            if entry is not None and entry[1].layer.owner is self:
+                cell = entry[1]
+                r, d = groups.find(g)
+                groups.pinned[r] = True  # s_L depends on the incoming scale: it is final now
+                prev = groups.base[r] + d + off
+                layer = cell.layer
+                e = self._exponent(layer, prev, cap)
+                cell.factor = 2.0**e
+                cell.record_scale = 2.0**prev if record else None
+                layer.applied, layer.accum = e, prev + e
+                layer.min_exp = e if layer.min_exp is None else min(layer.min_exp, e)
+                layer.max_exp = e if layer.max_exp is None else max(layer.max_exp, e)
+                out = (g, off + e)
+            elif entry is not None:
+                entry[1].factor, entry[1].record_scale = 1.0, None  # another scaler's layer: pass through
+            elif isinstance(in_cell, _InCell):
+                # this consumer's edge: its output starts a free group, agreed at the join below
+                value = groups.value(g, off)
+                out = (groups.new(value), 0)
+                edges.append((in_cell, g, off, out[0]))
+            if hasattr(node, "variable"):  # AccumulateGrad: a parameter's gradient lands here
+                leaves.append((node.variable, g, off))
+            for child, _ in node.next_functions:
+                if child is None:
+                    continue
+                contribs[id(child)].append(out)
+                consumers[id(child)] -= 1
+                if consumers[id(child)] == 0:
+                    ready.append(child)
+        for cell, g, off, g_out in edges:
+            cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
+        self._param_exp = {id(p): groups.value(g, off) for p, g, off in leaves}
+        self.scale = 2.0 ** max([l.accum for l in self.layers.values() if l.accum is not None], default=0)
+
+    def _uniform_inputs(self, root) -> None:
+        stack, seen = [root], {id(root)}
+        while stack:
+            n = stack.pop()
+            cell = getattr(n, "mpt_in_cell", None)
+            if isinstance(cell, _InCell):
+                cell.factor = 1.0
+            for child, _ in n.next_functions:
+                if child is not None and id(child) not in seen:
+                    seen.add(id(child))
+                    stack.append(child)
+
+    def _recompute(self) -> None:
+        """Read the recorded gradient statistics and the current weights' (one host sync)."""
+        have = [l for l in self.layers.values() if l.g_stats is not None]
+        if not have:
+            return
+        with torch.no_grad():
+            stats = torch.stack([torch.cat([l.g_stats.to(l.weights[0].device), l.w_stats()]) for l in have]).tolist()
+        self.force = False
+        self.updates += 1
+        for layer, st in zip(have, stats):
+            layer.g_stats = None
+            if all(math.isfinite(v) for v in st):  # an overflowing step's statistics: keep the old ones
+                layer.stats = st
+
+    def _exponent(self, layer: _Layer, prev: int, cap: int) -> int:
+        """log2 s_L for a gradient arriving with scale 2^prev, under the accumulation cap 2^cap."""
+        if layer.stats is None:  # no statistics yet: pass through (s = 1), still under the cap
+            return min(0, cap - prev)
+        ms_g, g_max, g_min, ms_w, w_max, w_min = layer.stats
+        p = 2.0**prev  # the formula wants the gradient as it arrives, i.e. carrying its scale
+        return layer_scale_exponent(ms_g * p * p, g_max * p, g_min * p, ms_w, w_max, w_min, layer.fan_in, p,
+                                    self.threshold, self.scale_upper_bound, 2.0**cap)
+
+    def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
+        """Each gradient by its own accumulated scale (grouped by scale for the fused kernel)."""
+        mine = [(p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None]
+        if len(mine) != len(grads):
+            raise RuntimeError("adaptive scaler: the gradients to unscale are not those of its optimizer")
+        by_exp: Dict[int, List[Tensor]] = defaultdict(list)
+        for g, e in mine:
+            by_exp[e].append(g)
+        found = torch.zeros(1, device=grads[0].device if grads else "cpu")
+        for e, gs in by_exp.items():
+            found = found + unscale_and_check_(gs, 2.0**e).to(found.device)
+        return found
+
+    def _move(self, found_inf: bool) -> None:
+        c = self.cfg
+        if found_inf:
+            self.growth_tracker = 0
+            self.cap_exp = max(self.cap_exp - 1, 0)
+            self.force = True
+        else:
+            self.growth_tracker += 1
+            if self.growth_tracker >= c.growth_interval and self.cap_exp < self.max_cap_exp:
+                self.growth_tracker = 0
+                self.cap_exp += 1
+
+    def _floor(self) -> float:
+        return self.scale if self.cap_exp == 0 else 0.0  # at the floor: a cap of 1
+
+    # -- reporting and checkpoints -----------------------------------------------------------
+    def layer_scales(self) -> Dict[str, float]:
+        """{layer: its own scale s applied in the last step} (layers not yet run: 1.0)."""
+        return {n: 2.0 ** (l.applied or 0) for n, l in self.layers.items()}
+
+    def adaptive_summary(self) -> dict:
+        return {
+            "updates": self.updates, "fallback_steps": self.fallback_steps,
+            "accum_cap": 2.0**self.cap_exp,
+            "layers": {n: {"final": 2.0 ** (l.applied or 0),
+                           "min": 2.0 ** (l.min_exp if l.min_exp is not None else 0),
+                           "max": 2.0 ** (l.max_exp if l.max_exp is not None else 0),
+                           "accumulated_final": 2.0 ** (l.accum or 0)}
+                       for n, l in self.layers.items()},
+        }
+
+    def state_dict(self) -> dict:
+        sd = super().state_dict()
+        sd.update(cap_exp=self.cap_exp, iteration=self.iteration, updates=self.updates,
+                  fallback_steps=self.fallback_steps, force=self.force,
+                  layers={n: {"stats": l.stats, "applied": l.applied, "accum": l.accum, "min_exp": l.min_exp,
+                              "max_exp": l.max_exp,
+                              "g_stats": None if l.g_stats is None else l.g_stats.detach().cpu().clone()}
+                          for n, l in self.layers.items()})
+        return sd
+
+    def load_state_dict(self, sd: dict) -> None:
+        super().load_state_dict(sd)
+        self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
+        self.updates, self.fallback_steps, self.force = int(sd["updates"]), int(sd["fallback_steps"]), bool(sd["force"])
+        for n, s in sd["layers"].items():
+            if n not in self.layers:
+                raise ValueError(f"checkpoint has adaptive loss-scale state for layer {n!r}, which this model lacks")
+            l = self.layers[n]
+            l.stats, l.applied, l.accum, l.min_exp, l.max_exp = s["stats"], s["applied"], s["accum"], s["min_exp"], s["max_exp"]
+            l.g_stats = None if s["g_stats"] is None else s["g_stats"].to(l.weights[0].device)
+
+
+def describe(cfg) -> str:
+    return (f"adaptive layer-wise loss scaling (Zhao et al. 2019: {cfg.adaptive_method}, underflow threshold "
+            f"{cfg.adaptive_underflow_threshold:g}, per-layer cap {cfg.adaptive_scale_upper_bound:g}, accumulated "
+            f"cap {cfg.adaptive_accum_upper_bound:g}, recomputed every {cfg.adaptive_update_interval} iteration(s))")
