@@ -191,7 +191,7 @@ def metric_table(agg: pd.DataFrame, task: str, exclude: set[str], title: str, sl
 
 def claim_notes(experiment: str) -> list[str]:
     """The paper's qualitative claims about an experiment, labelled as the paper's."""
-    return [f"Paper ({cite(c)}): {c['outcome']} ({c['row_label']}; {c['note']})."
+    return [f"Paper ({cite(c)}), {c['column']}: {c['outcome']} ({c['row_label']}; {c['note']})."
             for _, c in claims_for(experiment).iterrows()]
 
 
@@ -200,8 +200,9 @@ def gan_table(agg: pd.DataFrame) -> list[Table]:
     gans = agg[agg["task"] == "gan"]
     tables = []
     for (budget, data, device), part in by_setting(gans):
-        metrics = sorted(c[len("metric_"):-len("_mean")] for c in part.columns
-                         if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any())
+        # in the order the records list them (the trainer puts the main losses first)
+        metrics = [c[len("metric_"):-len("_mean")] for c in part.columns
+                   if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()]
         rows, notes = [], []
         for experiment in sorted(part["experiment"].unique()):
             mine = _lookup(part, experiment)
@@ -245,7 +246,9 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
         if budget != "paper":
             notes.append("Below the paper budget start-up and first steps weigh heavily: compare ratios, not absolute speed.")
         if "cpu" in device:
-            notes.append("On a CPU, peak memory is the process's maximum resident set size (Python and libraries included).")
+            notes.append("On a CPU, peak memory is the process's maximum resident set size (Python and libraries "
+                         "included); a Hydra multirun runs its jobs in one process, so a later job carries the "
+                         "peak of the jobs before it.")
         memory = f"; memory measured as {', '.join(kinds)}" if kinds else ""
         tables.append(Table(slugify("cost", budget, device), "Cost: time, throughput and memory",
                             f"budget={budget}, device {device}, data set per row{memory}.",
