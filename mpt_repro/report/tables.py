@@ -245,7 +245,7 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
         notes = ["Completed runs only; means over seeds. Ratios divide by the fp32 run of the same experiment, data and device."]
         if budget != "paper":
             notes.append("Below the paper budget start-up and first steps weigh heavily: compare ratios, not absolute speed.")
-        if "cpu" in device:
+        if device.startswith("cpu"):
             notes.append("On a CPU, peak memory is the process's maximum resident set size (Python and libraries "
                          "included); a Hydra multirun runs its jobs in one process, so a later job carries the "
                          "peak of the jobs before it.")
