@@ -105,7 +105,7 @@ class LSTMLanguageModel(nn.Module):
         """Cross-entropy over the whole vocabulary. chunk_rows bounds the logits held at once (793K-word vocabularies)."""
         h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
         rows = chunk_rows or h.size(0)
-        total = sum(F.cross_entropy(self.decoder(h[i : i + rows]), t[i : i + rows], reduction="sum").float() for i in range(0, h.size(0), rows))
+        total = sum(F.cross_entropy(self.decoder(h[i : i + rows]).float(), t[i : i + rows], reduction="sum") for i in range(0, h.size(0), rows))
         return total / t.numel() if reduction == "mean" else total
 
     def sampled_loss(self, features: torch.Tensor, targets: torch.Tensor, sampler: LogUniformSampler, generator: torch.Generator) -> torch.Tensor:

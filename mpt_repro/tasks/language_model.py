@@ -13,8 +13,8 @@ from typing import Any, Iterator, Optional
 
 import torch
 
-from mpt_repro.errors import ConfigError
 from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches
+from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
 from mpt_repro.optim import optimizer_factory
