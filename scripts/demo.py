@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--precisions", default="fp32,amp,mixed")
-    parser.add_argument("--budget", default="paper")
+    parser.add_argument("--budget", default="short")
     parser.add_argument("--runs-dir", default="results/runs")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
