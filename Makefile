@@ -30,6 +30,10 @@ test: $(STAMP) ## run the test suite (CPU; under 10 minutes)
 test-full: $(STAMP) ## every test, the slow ones included
 	$(BIN)/python -m pytest -m "not gpu" -q
 
+NPROC ?=
+ddp: $(STAMP) ## one run over NPROC processes (default: every GPU): make ddp NPROC=2 ARGS="experiment=demo"
+	NPROC=$(NPROC) VENV=$(VENV) scripts/torchrun.sh $(ARGS)
+
 # BUDGET DATA DATA_ROOT SEEDS EXPERIMENTS PRECISIONS OTHERS: set on the make command line (make
 # exports them); defaults and meanings in scripts/reproduce_table.sh and docs/report.md.
 reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
@@ -44,4 +48,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install demo test test-full clean-runs reproduce-table report tensorboard
+.PHONY: help install demo test test-full clean-runs reproduce-table report tensorboard ddp

@@ -16,6 +16,9 @@
 #                include the paper's ablations (bigLSTM diverges without scaling; DCGAN needs none)
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
 #   DRY_RUN      [0]       1: print the commands, run nothing
+#   LAUNCHER     []        a Hydra launcher for the sweeps: slurm (submit every run to SLURM; fill in
+#                          conf/hydra/launcher/slurm.yaml) or local (submitit, this machine); see
+#                          docs/distributed.md. Empty: run the jobs one after another here.
 #
 # Idempotent: every run lands in results/runs/<experiment>/<precision>-<budget>/seed<N>/... and
 # resume=true leaves a completed run alone and continues an interrupted one.
@@ -33,6 +36,7 @@ RUNS_DIR=${RUNS_DIR:-results/runs}
 OUT=${OUT:-results/report}
 VENV=${VENV:-.venv}
 DRY_RUN=${DRY_RUN:-0}
+LAUNCHER=${LAUNCHER:-}
 
 die() { echo "reproduce-table: $*" >&2; exit 2; }
 
@@ -96,6 +100,7 @@ fi
 MPT_RUN="$VENV/bin/mpt-run"
 MPT_REPORT="$VENV/bin/mpt-report"
 common=("budget=$BUDGET" "seed=$SEEDS" "resume=true" "paths.runs_dir=$RUNS_DIR" "trainer.progress=false")
+[[ -z "$LAUNCHER" ]] || common+=("hydra/launcher=$LAUNCHER")
 
 run() {
     echo "+ $*"
