@@ -205,6 +205,21 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
     return tensor
 
 
+def all_reduce_columns_(table: torch.Tensor, ops: list[str]) -> torch.Tensor:
+    """Reduce each column of a 2-D table with its own op ("sum", "mean", "max", "min", or "none":
+    already identical on every rank), in place, one collective per distinct op. For per-layer
+    statistics, e.g. rows = layers, columns = (mean square, max, min): ops ["mean", "max", "min"]."""
+    if not is_distributed():
+        return table
+    if table.dim() != 2 or table.shape[1] != len(ops):
+        raise ValueError(f"all_reduce_columns_: {len(ops)} ops for a table of shape {tuple(table.shape)}")
+    for op in sorted(set(ops) - {"none"}):
+        cols = [i for i, o in enumerate(ops) if o == op]
+        part = table[:, cols].contiguous()  # collectives need contiguous memory
+        table[:, cols] = all_reduce_(part, op)
+    return table
+
+
 def reduce_sums(values: dict[str, float], device: torch.device | None = None) -> dict[str, float]:
     """{name: sum over ranks} for plain numbers (e.g. evaluation loss sums, correct counts), in
     float64 so that large counts stay exact."""

@@ -98,6 +98,8 @@ def _policy_worker(rank: int, port: int, precision: dict, out: dict) -> None:
         t = torch.tensor([float(rank + 1)])
         reduced = {op: float(distributed.all_reduce_(t.clone(), op)) for op in ("sum", "mean", "max", "min")}
         shards = distributed.all_gather_object(list(distributed.ShardSampler(7)))
+        table = distributed.all_reduce_columns_(torch.tensor([[1.0 + rank, 2.0 * rank, -rank, 7.0]]),
+                                                ["mean", "max", "min", "none"])
         # the policy: the same model on both ranks, different data, an overflow on rank 1 only at step 3
         torch.manual_seed(0)
         model = torch.nn.Linear(4, 3)
@@ -121,7 +123,7 @@ def _policy_worker(rank: int, port: int, precision: dict, out: dict) -> None:
                 p.grad = torch.where(torch.isfinite(p.grad), g, p.grad)
             stepped.append(policy.step(opt))
             scales.append(policy.loss_scale())
-        out[rank] = {"reduced": reduced, "shards": shards, "stepped": stepped, "scales": scales,
+        out[rank] = {"reduced": reduced, "shards": shards, "table": table.tolist(), "stepped": stepped, "scales": scales,
                      "weights": [p.detach().clone() for p in model.parameters()], "skipped": policy.summary()["skipped_steps"]}
     finally:
         distributed.teardown()
@@ -139,6 +141,7 @@ def test_overflow_on_one_rank_is_skipped_on_every_rank() -> None:
         r0, r1 = out[0], out[1]
     assert r0["reduced"] == r1["reduced"] == {"sum": 3.0, "mean": 1.5, "max": 2.0, "min": 1.0}
     assert sorted(r0["shards"][0] + r0["shards"][1]) == list(range(7))  # every eval example exactly once
+    assert r0["table"] == r1["table"] == [[1.5, 2.0, -1.0, 7.0]]  # per-column ops (adaptive scaler statistics)
     assert r0["stepped"] == r1["stepped"] == [True, True, True, False, True, True]  # rank 0's grads were finite
     assert r0["scales"] == r1["scales"]  # the dynamic scale moves identically
     assert r0["scales"][3] == r0["scales"][2] / 2  # backed off on the overflow
