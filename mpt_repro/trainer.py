@@ -185,6 +185,10 @@ class Trainer:
                "skipped_steps": skipped, "samples_per_s": samples_per_s, "wall_time_s": self.train_time}
         if self.metrics is not None:
             self.metrics.log(self.step, "train", row)
+            scales = self.policy.loss_scales()
+            if len(scales) > 1:  # several optimizers (the GAN): each loss has its own scale
+                for name, scale in scales.items():
+                    self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
         if progress is not None:
             progress.n = self.step
             progress.set_postfix(loss=f"{loss:.4g}", samples_s=f"{samples_per_s:.0f}", scale=f"{row['loss_scale']:g}")
