@@ -60,11 +60,12 @@ def layer_scale_exponent(ms_g: float, g_max: float, g_min: float, ms_w: float, w
     accumulated scale ``prev_scale``) and of the weights: ``ms_*`` is the mean square
     (sigma^2 + mu^2), ``*_max``/``*_min`` the extreme elements.
     """
-    s = 1.0
+    # A gradient that underflowed entirely has zero statistics: both bounds are then infinite
+    # and the caps decide, as in the reference (its divisions by zero give inf).
     sigma_o = math.sqrt(ms_g * ms_w)  # std of one product term g_i*w_ij, modelled as zero-mean
-    if sigma_o > 0:
-        # the scale at which a fraction T of the product terms would fall below u_min
-        s = max(U_MIN / (sigma_o * erfinv_sqrt2(threshold)), 1.0)  # never below 1 for underflow
+    # the scale at which a fraction T of the product terms would fall below u_min
+    s_uf = U_MIN / (sigma_o * erfinv_sqrt2(threshold)) if sigma_o > 0 else math.inf
+    s = max(s_uf, 1.0)  # never below 1 for underflow reasons
     o_max = max(abs(g_max * w_max), abs(g_min * w_min), abs(g_max * w_min), abs(g_min * w_max))
     if o_max > 0:
         # worst case: fan_in terms of the largest product summed must stay below u_max (may be < 1)
