@@ -24,6 +24,9 @@
 # resume=true leaves a completed run alone and continues an interrupted one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# The body is one { ... } block: bash reads it whole before running it, so editing this file
+# (a git pull) during an hours-long sweep cannot change what the running script does.
+{
 
 BUDGET=${BUDGET:-paper}
 DATA=${DATA:-imagenet}
@@ -122,3 +125,5 @@ if ((failed)); then
     exit 1
 fi
 echo "reproduce-table: done: $OUT/report.md (tables/ and plots/ beside it)"
+exit 0
+}

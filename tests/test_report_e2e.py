@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ("BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN")
+SETTINGS = ("BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN", "LAUNCHER")
 
 
 def reproduce(tmp_path: Path, command: list[str], timeout: int, **env) -> subprocess.CompletedProcess:

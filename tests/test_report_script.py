@@ -11,7 +11,7 @@ SCRIPT = ROOT / "scripts" / "reproduce_table.sh"
 
 def run_script(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items()
-             if k not in {"BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN"}}
+             if k not in {"BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN", "LAUNCHER"}}
     clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
     return subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=60)
 
