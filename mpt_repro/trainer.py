@@ -182,7 +182,8 @@ class Trainer:
         lr = next(iter(self.task.optimizers.values())).param_groups[0]["lr"]
         skipped = self.policy.summary()["skipped_steps"]
         row = {"epoch": self._epoch_float(), "loss": loss, "lr": lr, "loss_scale": self.policy.loss_scale(),
-               "skipped_steps": skipped, "samples_per_s": samples_per_s, "wall_time_s": self.train_time}
+               "skipped_steps": skipped, "samples_per_s": samples_per_s, "wall_time_s": self.train_time,
+               **self.window.mean_logs()}
         if self.metrics is not None:
             self.metrics.log(self.step, "train", row)
             scales = self.policy.loss_scales()
@@ -300,27 +301,36 @@ class Trainer:
 
 
 class LogWindow:
-    """The steps since the last train row of the log: their summed loss, samples and time.
+    """The steps since the last train row of the log: their summed loss, extra logs, samples, time.
 
     Part of the checkpoint, so that a resumed run logs exactly the rows of an uninterrupted one.
     """
 
-    def __init__(self, loss_sum: float = 0.0, count: int = 0, samples: int = 0, time: float = 0.0):
+    def __init__(self, loss_sum: float = 0.0, count: int = 0, samples: int = 0, time: float = 0.0,
+                 log_sums: dict[str, float] | None = None):
         self.loss_sum, self.count, self.samples, self.time = loss_sum, count, samples, time
+        self.log_sums: dict[str, Any] = dict(log_sums or {})  # a task's extra scalars (GAN: d_loss, g_loss)
 
     def add(self, result: Any) -> None:
         self.loss_sum = self.loss_sum + result.loss.float()  # stays on the device; a NaN shows as NaN
+        for key, value in result.logs.items():
+            value = value.detach().float() if torch.is_tensor(value) else float(value)
+            self.log_sums[key] = self.log_sums.get(key, 0.0) + value
         self.count += 1
         self.samples += result.samples
 
     def mean_loss(self) -> float:
         return float(self.loss_sum) / max(self.count, 1)
 
+    def mean_logs(self) -> dict[str, float]:
+        return {key: float(total) / max(self.count, 1) for key, total in self.log_sums.items()}
+
     def samples_per_s(self) -> float:
         return self.samples / max(self.time, 1e-9)
 
     def state(self) -> dict[str, Any]:
-        return {"loss_sum": float(self.loss_sum), "count": self.count, "samples": self.samples, "time": self.time}
+        return {"loss_sum": float(self.loss_sum), "count": self.count, "samples": self.samples, "time": self.time,
+                "log_sums": {k: float(v) for k, v in self.log_sums.items()}}
 
 
 def _in_main_thread() -> bool:
