@@ -65,6 +65,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
+    if device.type == "cuda":
+        # A multirun runs its jobs in one process: each run's peak must be its own.
+        torch.cuda.reset_peak_memory_stats(device)
     record = (RunRecord if main else _UnwrittenRecord)(run_dir, {
         "experiment": cfg.experiment_name, "task": cfg.task.name, "precision": cfg.precision.name,
         "precision_config": to_plain(cfg.precision), "seed": cfg.seed, "budget": cfg.budget.name,
