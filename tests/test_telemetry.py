@@ -379,3 +379,17 @@ def test_figures_entry_point(tmp_path, capsys):
     assert figures_main([str(tmp_path), "--out", str(out)]) == 0
     assert sorted(p.name for p in out.iterdir()) == sorted(FIGURES)
     assert figures_main([str(tmp_path / "nothing")]) == 2
+
+
+@pytest.mark.parametrize("scale", [1.0, 2.0 ** 10, 2.0 ** -3, 1000.0, 3.0])
+def test_histogram_shortcut_equals_direct_comparison(scale):
+    """Power-of-two scales read the ranges off the histogram; check against plain comparisons."""
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(5000, generator=g) * torch.exp2(torch.randint(-40, 20, (5000,), generator=g).float())
+    x[:50] = 0
+    d = nx.count_dict(nx.tensor_counts(x, scale=scale).tolist())
+    a, s = x.abs(), x.abs() * scale
+    for name, v in (("", a), ("_scaled", s)):
+        assert d["underflow" + name] == int(((v > 0) & (v < 2.0 ** -24)).sum())
+        assert d["subnormal" + name] == int(((v >= 2.0 ** -24) & (v < 2.0 ** -14)).sum())
+        assert d["overflow" + name] == int((v > 65504).sum())

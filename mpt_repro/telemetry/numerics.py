@@ -15,6 +15,8 @@ Every fraction is over all elements (zeros included), as the paper's "67% of val
 """
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import Tensor
 
@@ -53,6 +55,14 @@ def range_counts(a: Tensor) -> list[Tensor]:
     ]
 
 
+def _ranges_from_histogram(hist: Tensor, shift: int) -> list[Tensor]:
+    """[underflow, subnormal] counts of the values times 2^shift, from their exponent histogram."""
+    sub = FP16_MIN_SUBNORMAL_EXP - shift - EXP_MIN  # first bin that lands at or above 2^-24
+    normal = FP16_MIN_NORMAL_EXP - shift - EXP_MIN
+    clip = lambda i: min(max(i, 0), N_BINS)  # noqa: E731
+    return [hist[:clip(sub)].sum(), hist[clip(sub):clip(normal)].sum()]
+
+
 @torch.no_grad()
 def tensor_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tensor:
     """All counts of one tensor as one int64 vector on x's device (no host sync).
@@ -70,11 +80,18 @@ def tensor_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tens
     # that would need the host to know the selection's size)
     idx = torch.where(finite & nonzero, (exp.long() - 1).clamp(EXP_MIN, EXP_MAX) - EXP_MIN, N_BINS)
     hist = torch.bincount(idx.flatten(), minlength=N_BINS + 1)[:N_BINS]
-    scaled = a * scale if scale != 1.0 else a
+    unscaled = _ranges_from_histogram(hist, 0) + [(a > FP16_MAX).sum()]
+    mant, k = math.frexp(scale)
+    if mant == 0.5 and EXP_MIN < k - 1 < EXP_MAX:
+        # a power-of-two scale only shifts exponents: read the scaled ranges off the histogram too
+        # (exact), and compare once for overflow (65504 / 2^k is exact)
+        scaled = _ranges_from_histogram(hist, k - 1) + [(a > FP16_MAX / scale).sum()]
+    else:
+        scaled = range_counts(a * scale)
     extra = [
         torch.tensor(a.numel(), device=a.device),
         (a == 0).sum(), torch.isnan(a).sum(), torch.isinf(a).sum(),
-        *range_counts(a), *range_counts(scaled),
+        *unscaled, *scaled,
     ]
     return torch.cat([hist, torch.stack(extra)])
 
