@@ -202,8 +202,10 @@ def validate(cfg: DictConfig) -> None:
     _check(cfg.budget.name in ("paper", "short", "smoke"), "budget.name", cfg.budget.name, "must be paper, short or smoke")
     _check(cfg.paper_loss_scale is None or cfg.paper_loss_scale > 0, "paper_loss_scale", cfg.paper_loss_scale, "must be > 0 or null")
     from mpt_repro.precision.validate import validate_precision
+    from mpt_repro.telemetry.config import validate_telemetry
 
     validate_precision(cfg.precision, cfg.paper_loss_scale)
+    validate_telemetry(cfg.telemetry)
 
 
 def to_plain(cfg: DictConfig) -> dict:

@@ -92,12 +92,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         record.finish("completed", wall_time_s=_wall(record, start), **summary)
     except Diverged as e:
         step = e.step if e.step is not None else (trainer.step if trainer else None)
-        extra = trainer.summary() if trainer else {}
+        extra = trainer.final_summary() if trainer else {}
         extra.pop("metrics", None)
         record.finish("diverged", e.reason, diverged_at_step=step, wall_time_s=_wall(record, start), **extra)
         log.warning("diverged at step %s: %s", step, e.reason)
     except Stopped as e:
-        record.finish("failed", str(e), wall_time_s=_wall(record, start), **(trainer.summary() if trainer else {}))
+        record.finish("failed", str(e), wall_time_s=_wall(record, start), **(trainer.final_summary() if trainer else {}))
         raise
     except BaseException as e:  # noqa: BLE001 - the record must say how the run ended, then re-raise
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -119,7 +119,7 @@ class _UnwrittenRecord(RunRecord):
 
 def build_callbacks(cfg: DictConfig) -> list:
     callbacks = [distributed.DistributedCallback()] if distributed.is_distributed() else []
-    if cfg.telemetry.enabled:
+    if cfg.telemetry.enabled and distributed.is_main():  # rank 0's view; other ranks pay nothing
         from mpt_repro.telemetry import TelemetryCallback
 
         callbacks.append(TelemetryCallback(cfg.telemetry))

@@ -120,9 +120,14 @@ class Trainer:
                 signal.signal(signal.SIGTERM, previous_handler)
             if progress is not None:
                 progress.close()
-        summary = self.summary()
         if self.metrics is not None:
             self.metrics.hparams(self._hparams(), self.last_eval)
+        return self.final_summary()
+
+    def final_summary(self) -> dict[str, Any]:
+        """The run.json fields of this fit, with the callbacks' diagnostics; also for a run that
+        diverged or stopped, so that its record says what the telemetry saw."""
+        summary = self.summary()
         self._call("on_fit_end", summary.setdefault("diagnostics", {}))
         return summary
 
