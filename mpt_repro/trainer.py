@@ -195,6 +195,8 @@ class Trainer:
             if len(scales) > 1:  # several optimizers (the GAN): each loss has its own scale
                 for name, scale in scales.items():
                     self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
+            for layer, scale in self.policy.layer_scales().items():  # precision=adaptive: one per layer
+                self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
         if progress is not None:
             progress.n = self.step
             progress.set_postfix(loss=f"{loss:.4g}", samples_s=f"{samples_per_s:.0f}", scale=f"{row['loss_scale']:g}")

@@ -391,8 +391,15 @@ class AdaptiveScaler(LossScaler):
         have = [l for l in self.layers.values() if l.g_stats is not None]
         if not have:
             return
+        from mpt_repro import distributed
+
         with torch.no_grad():
-            stats = torch.stack([torch.cat([l.g_stats.to(l.weights[0].device), l.w_stats()]) for l in have]).tolist()
+            table = torch.stack([torch.cat([l.g_stats.to(l.weights[0].device), l.w_stats()]) for l in have])
+            # Under DDP every rank must plan the same scales: DDP averages gradients that must all
+            # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of the
+            # mean squares, max of the maxima, min of the minima. Weights are identical on all ranks.
+            distributed.all_reduce_columns_(table, ["mean", "max", "min", "none", "none", "none"])
+            stats = table.tolist()
         self.force = False
         self.updates += 1
         for layer, st in zip(have, stats):
