@@ -11,7 +11,7 @@
 #   SEEDS        [0]       comma-separated seeds, e.g. 0,1,2
 #   EXPERIMENTS  [alexnet,vgg16,googlenet,inception_v2,inception_v3,resnet50]  ("" skips them)
 #   PRECISIONS   [fp32,mixed,no_master,no_scaling]  presets for the ILSVRC models
-#   OTHERS       [lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed]
+#   OTHERS       [lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed scaling_matters:fp32,mixed,no_scaling,adaptive]
 #                space-separated experiment:presets for the rows on embedded data; the presets
 #                include the paper's ablations (bigLSTM diverges without scaling; DCGAN needs none)
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
@@ -34,7 +34,7 @@ DATA_ROOT=${DATA_ROOT:-}
 SEEDS=${SEEDS:-0}
 EXPERIMENTS=${EXPERIMENTS-alexnet,vgg16,googlenet,inception_v2,inception_v3,resnet50}
 PRECISIONS=${PRECISIONS:-fp32,mixed,no_master,no_scaling}
-OTHERS=${OTHERS-lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed}
+OTHERS=${OTHERS-lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed scaling_matters:fp32,mixed,no_scaling,adaptive}
 RUNS_DIR=${RUNS_DIR:-results/runs}
 OUT=${OUT:-results/report}
 VENV=${VENV:-.venv}
