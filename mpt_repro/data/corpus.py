@@ -131,6 +131,18 @@ def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     return ids[: steps * batch_size].view(batch_size, steps).t().contiguous()
 
 
+def shard_streams(streams: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
+    """This process's share of the parallel streams: the r-th of `world_size` contiguous blocks
+    of columns (as even as possible; empty when there are fewer streams than processes).
+
+    Data-parallel training batchifies the text into the global batch's streams and gives each
+    rank a disjoint block of them, so the ranks together train on exactly the windows a single
+    process with the global batch trains on. Every rank keeps all the rows (time steps): the
+    windows, and so the steps per epoch and a resumed run's skip, are the same on every rank.
+    """
+    return torch.tensor_split(streams, world_size, dim=1)[rank].contiguous()
+
+
 def num_bptt_batches(streams: torch.Tensor, seq_len: int) -> int:
     return -(-(streams.size(0) - 1) // seq_len)  # ceil: the last window may be shorter
 

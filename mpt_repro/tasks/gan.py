@@ -8,16 +8,24 @@ preset scales (precision.per_loss_scale): the two losses have different gradient
 The paper judges the result by eye only (uncurated samples, its Figure 6). So does this task:
 a fixed-noise sample grid is written at every evaluation. The numbers evaluate() returns describe
 the state of the game, not sample quality; see docs/experiments_lm_gan.md.
+
+Data-parallel (DDP): both networks train through DDP wrappers (gradient averaging) and each rank
+takes its shard of every global batch and draws its own noise; evaluation sums over the ranks'
+shards of the held-out images. The replicas stay identical; the run is not the one-process run
+with the global batch (other noise, per-process BatchNorm batch statistics).
 """
 from __future__ import annotations
 
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torch.utils.data import DataLoader
 
+from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import EpochSampler
 from mpt_repro.models import build_model
@@ -25,6 +33,20 @@ from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import StepResult, Task, register_task
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
+NOISE_SEED_PER_RANK = 1_000_003  # rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
+
+
+@contextmanager
+def frozen(module: nn.Module) -> Iterator[None]:
+    """No gradients for `module`'s parameters inside the block (gradients still flow through it
+    to its inputs); their requires_grad flags are restored after."""
+    flags = [p.requires_grad for p in module.parameters()]
+    module.requires_grad_(False)
+    try:
+        yield
+    finally:
+        for p, flag in zip(module.parameters(), flags):
+            p.requires_grad_(flag)
 
 
 @register_task("gan")
@@ -38,6 +60,7 @@ class GAN(Task):
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
+        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and all processes' batch
         self.data = build_image_data(d)
         self.image_size = d.image_size
         # Seed right before building the models: every precision preset starts from the same weights.
@@ -45,23 +68,33 @@ class GAN(Task):
         pair = build_model(cfg.model, channels=self.data.channels, image_size=self.image_size)
         self.generator = policy.prepare_model(pair.generator.to(device))
         self.discriminator = policy.prepare_model(pair.discriminator.to(device))
-        make = optimizer_factory(cfg.optim, d.batch_size)
+        make = optimizer_factory(cfg.optim, global_batch)
         # Discriminator first: policy.loss_scale() and the first-optimizer summaries report it.
         self.opt_d = policy.build_optimizer(self.discriminator, make, name="discriminator")
         self.opt_g = policy.build_optimizer(self.generator, make, name="generator")
         self.models = {"generator": self.generator, "discriminator": self.discriminator}
         self.optimizers = {"discriminator": self.opt_d, "generator": self.opt_g}
+        # Under DDP the training forwards/backwards go through the wrappers (gradient averaging);
+        # the bare networks are what the optimizers, checkpoints, evaluation and samples see.
+        self.train_g = distributed.wrap_model(self.generator, cfg.distributed)
+        self.train_d = distributed.wrap_model(self.discriminator, cfg.distributed)
         self.latent_dim = cfg.model.latent_dim
         # Noise has its own generator (saved with the task state), so a resumed run draws the same z.
-        self.noise_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1)
+        # One stream per rank: the ranks' shares of the global batch must not get the same noise.
+        self.noise_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1 + NOISE_SEED_PER_RANK * distributed.rank())
+        # Fixed and evaluation noise are the same on every rank (evaluation noise is per example).
         fixed = torch.Generator(device=device).manual_seed(cfg.seed + 2)
         self.fixed_noise = torch.randn(GRID_SAMPLES, self.latent_dim, generator=fixed, device=device)
         self.eval_noise = torch.randn(len(self.data.eval), self.latent_dim, generator=fixed, device=device)
-        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=d.batch_size)
+        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=batch,
+                                    rank=distributed.rank(), world_size=distributed.world_size())
         loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
                            persistent_workers=d.num_workers > 0)
-        self.train_loader = DataLoader(self.data.train, batch_size=d.batch_size, sampler=self.sampler, drop_last=True, **loader_args)
-        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or d.batch_size, shuffle=False, **loader_args)
+        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True, **loader_args)
+        # each rank evaluates its own slice of the held-out images; evaluate() sums over ranks
+        eval_shard = distributed.ShardSampler(len(self.data.eval))
+        self.eval_indices = torch.tensor(list(eval_shard), dtype=torch.long, device=device)  # which noise goes with which image
+        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch, sampler=eval_shard, **loader_args)
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()
@@ -89,8 +122,8 @@ class GAN(Task):
 
     @staticmethod
     def _zero_grads(*pairs: Any) -> None:
-        # Both the model's grads and the optimizer's (FP32 masters) grads: the generator step
-        # back-propagates through the discriminator, and those grads must not reach its next step.
+        # Both the model's grads and the optimizer's (FP32 masters) grads, so that each step sees
+        # only its own loss's gradients.
         for model, opt in pairs:
             model.zero_grad(set_to_none=True)
             opt.zero_grad(set_to_none=True)
@@ -98,10 +131,10 @@ class GAN(Task):
     def train_step(self, batch: Any) -> StepResult:
         real = self._real(batch)
         n = real.shape[0]
-        G, D = self.generator, self.discriminator
+        G, D = self.train_g, self.train_d  # the DDP wrappers (the networks themselves in one process)
         G.train()
         D.train()
-        pairs = ((G, self.opt_g), (D, self.opt_d))
+        pairs = ((self.generator, self.opt_g), (self.discriminator, self.opt_d))
 
         # Discriminator: maximise log D(x) + log(1 - D(G(z))).
         self._zero_grads(*pairs)
@@ -114,9 +147,13 @@ class GAN(Task):
         d_stepped = self.policy.step(self.opt_d, clip_grad_norm=self.cfg.optim.grad_clip)
 
         # Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
+        # Through the bare D with its parameters frozen: only G needs gradients here. D's DDP
+        # wrapper would expect (and all-reduce) D gradients nobody uses, and any D gradient
+        # left over could leak into D's next step. G's wrapper, whose forward made `fake`,
+        # averages G's gradients in this backward.
         self._zero_grads(*pairs)
-        with self.policy.autocast():
-            g_loss = self._bce(D(fake), True)
+        with frozen(self.discriminator), self.policy.autocast():
+            g_loss = self._bce(self.discriminator(fake), True)
         self.policy.backward(g_loss, self.opt_g)
         g_stepped = self.policy.step(self.opt_g, clip_grad_norm=self.cfg.optim.grad_clip)
 
@@ -135,6 +172,8 @@ class GAN(Task):
     def evaluate(self) -> dict[str, float]:
         """Both losses and the mean D outputs on the held-out images against fixed noise (eval-mode BN)."""
         G, D = self.generator, self.discriminator
+        for model in (G, D):
+            distributed.sync_buffers(model)  # every rank evaluates rank 0's BN statistics
         G.eval()
         D.eval()
         sums = torch.zeros(4, device=self.device)
@@ -142,7 +181,8 @@ class GAN(Task):
         for batch in self.eval_loader:
             real = self._real(batch)
             n = real.shape[0]
-            z = self.policy.cast_inputs(self.eval_noise[seen : seen + n])
+            # this rank's images in loader order, each with its own noise vector
+            z = self.policy.cast_inputs(self.eval_noise[self.eval_indices[seen : seen + n]])
             with self.policy.autocast():
                 d_real_logits = D(real)
                 d_fake_logits = D(G(z))
@@ -151,7 +191,9 @@ class GAN(Task):
             sums += n * torch.stack([d_loss, g_loss, torch.sigmoid(d_real_logits.float()).mean(),
                                      torch.sigmoid(d_fake_logits.float()).mean()])
             seen += n
-        d_loss, g_loss, d_real, d_fake = (sums / max(seen, 1)).tolist()
+        names = ("d_loss", "g_loss", "d_real", "d_fake")
+        s = distributed.reduce_sums({**dict(zip(names, sums.tolist())), "n": seen}, self.device)
+        d_loss, g_loss, d_real, d_fake = (s[k] / max(s["n"], 1) for k in names)
         return {"d_loss": d_loss, "g_loss": g_loss, "d_real": d_real, "d_fake": d_fake}
 
     @torch.no_grad()

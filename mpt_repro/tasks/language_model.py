@@ -5,6 +5,12 @@ Training is truncated back-propagation through time over `data.seq_len` steps, w
 from one window to the next (detached, so gradients stop at the window edge) and reset at the
 start of each epoch. The batch order is the text order, so an epoch is the same in every run;
 the carried state is saved with the task state, so a resumed run continues exactly.
+
+Data-parallel (DDP): the text is cut into the global batch's streams and each rank trains on its
+own block of them (`shard_streams`), carrying its own hidden state; evaluation does the same with
+the validation streams and sums token losses and counts over the ranks. N processes thus compute
+what one process with the global batch computes (up to the order of float additions; dropout
+masks differ).
 """
 from __future__ import annotations
 
@@ -12,8 +18,10 @@ import math
 from typing import Any, Iterator, Optional
 
 import torch
+from torch import nn
 
-from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches
+from mpt_repro import distributed
+from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches, shard_streams
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
@@ -23,6 +31,27 @@ from mpt_repro.tasks.base import StepResult, Task, register_task
 # Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
 # vocabulary does not need (seq_len x batch) x 793K logits at once.
 EVAL_LOGIT_ELEMENTS = 1 << 26
+
+
+class _LossForward(nn.Module):
+    """The training forward and its loss as one module, for DDP to wrap.
+
+    The softmax weights are used by the loss (full or sampled), not by the model's forward. DDP
+    must see the whole computation in the forward it wraps: with find_unused_parameters it walks
+    the graph from that forward's outputs and would count the decoder as unused (then fail when
+    its gradient arrives). Holds no parameters of its own, so the bare model stays what is saved.
+    """
+
+    def __init__(self, model: nn.Module, sampler: Optional[LogUniformSampler]):
+        super().__init__()
+        self.model, self.sampler = model, sampler
+
+    def forward(self, x: torch.Tensor, y: torch.Tensor, hidden: Hidden,
+                generator: torch.Generator) -> tuple[torch.Tensor, Hidden]:
+        features, hidden = self.model(x, hidden)
+        if self.sampler is None:
+            return self.model.full_loss(features, y), hidden
+        return self.model.sampled_loss(features, y, self.sampler, generator), hidden
 
 
 @register_task("language_model")
@@ -42,18 +71,34 @@ class LanguageModel(Task):
         # Budgets trim the text: train_limit / eval_limit count tokens for a corpus.
         train, valid = self.corpus.train[: d.train_limit], self.corpus.valid[: d.eval_limit]
         self.seq_len = d.seq_len
-        self.train_streams = batchify(train, d.batch_size).to(device)
-        self.eval_streams = batchify(valid, d.eval_batch_size or d.batch_size).to(device)
+        # The global batch is the number of streams the text is cut into (and the batch the
+        # optimizer's LR rule sees); each rank's batch is its block of those streams.
+        global_batch = distributed.batch_sizes(cfg)[1]
+        rank, world = distributed.rank(), distributed.world_size()
+        # The validation text is cut into as many streams as a one-process run with the global
+        # batch would cut it into (how the text is cut changes the perplexity); eval_batch_size
+        # counts like data.batch_size (per process or global, distributed.batch_size_is).
+        eval_global = d.eval_batch_size or d.batch_size
+        if cfg.distributed.batch_size_is == "per_process":
+            eval_global *= world
+        self.global_streams = global_batch
+        self.train_streams = shard_streams(batchify(train, global_batch), rank, world).to(device)
+        self.eval_streams = shard_streams(batchify(valid, eval_global), rank, world).to(device)
+        self.train_tokens, self.valid_tokens = self.train_streams.size(0) * global_batch, self.eval_streams.size(0) * eval_global
         vocab_size = len(self.corpus.vocab)
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         self.model = policy.prepare_model(build_model(m, vocab_size=vocab_size).to(device))
-        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, d.batch_size), name="model")
+        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, global_batch), name="model")
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
         self.sampler = LogUniformSampler(vocab_size, m.num_sampled) if m.num_sampled > 0 else None
+        # Trained through DDP (gradient averaging); the bare model is what is saved and evaluated.
+        self.train_model = distributed.wrap_model(_LossForward(self.model, self.sampler), cfg.distributed)
         # The candidate draws have their own generator (saved with the task state): resume is exact.
+        # Deliberately the same seed on every rank: one candidate set serves the whole global
+        # batch, as it serves all streams in one process, so N processes train what one does.
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        self.hidden: Optional[Hidden] = None
+        self.hidden: Optional[Hidden] = None  # this rank's streams' carried state
 
     def steps_per_epoch(self) -> int:
         return num_bptt_batches(self.train_streams, self.seq_len)
@@ -66,15 +111,13 @@ class LanguageModel(Task):
 
     def train_step(self, batch: Any) -> StepResult:
         x, y = batch
-        self.model.train()
+        self.train_model.train()
         self.model.zero_grad(set_to_none=True)
         self.optimizer.zero_grad(set_to_none=True)
         with self.policy.autocast():
-            features, hidden = self.model(x, self.hidden)
-            if self.sampler is None:
-                loss = self.model.full_loss(features, y)
-            else:
-                loss = self.model.sampled_loss(features, y, self.sampler, self.generator)
+            # Each rank's loss is the mean over its equal share of the window's tokens, so DDP's
+            # gradient average is the gradient of the global mean.
+            loss, hidden = self.train_model(x, y, self.hidden, self.generator)
         self.hidden = tuple(h.detach() for h in hidden)
         self.policy.backward(loss, self.optimizer)
         stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
@@ -83,17 +126,22 @@ class LanguageModel(Task):
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Full-softmax cross-entropy per token on the validation text, and its exponential."""
+        """Full-softmax cross-entropy per token on the validation text, and its exponential.
+
+        Each rank evaluates its own block of the validation streams; the token-loss sums and
+        token counts are summed over the ranks, so the result is the one-process one."""
         self.model.eval()
-        hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
         chunk_rows = max(1, EVAL_LOGIT_ELEMENTS // len(self.corpus.vocab))
         total, tokens = torch.zeros((), device=self.device), 0
-        for x, y in bptt_batches(self.eval_streams, self.seq_len):
-            with self.policy.autocast():
-                features, hidden = self.model(x, hidden)
-                total += self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
-            tokens += y.numel()
-        loss = float(total) / max(tokens, 1)
+        if self.eval_streams.size(1) > 0:  # more processes than validation streams: nothing here
+            hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
+            for x, y in bptt_batches(self.eval_streams, self.seq_len):
+                with self.policy.autocast():
+                    features, hidden = self.model(x, hidden)
+                    total += self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
+                tokens += y.numel()
+        s = distributed.reduce_sums({"loss": float(total), "tokens": tokens}, self.device)
+        loss = s["loss"] / max(s["tokens"], 1)
         return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows a float past ~709
 
     def state_dict(self) -> dict:
@@ -114,11 +162,12 @@ class LanguageModel(Task):
             "description": "embedded: King James Bible, Genesis + Exodus (mpt_repro/data/embedded/README.md)"
             if c.embedded else f"word-level corpus at {c.root}",
             "vocab_size": len(c.vocab),
-            "train_tokens": int(self.train_streams.numel()),
-            "valid_tokens": int(self.eval_streams.numel()),
+            "train_tokens": int(self.train_tokens),  # all ranks' streams together
+            "valid_tokens": int(self.valid_tokens),
             "valid_unk_rate": round(c.unk_rate("valid"), 4),
             "seq_len": self.seq_len,
-            "streams": self.train_streams.size(1),
+            "streams": self.global_streams,
+            "streams_per_process": self.train_streams.size(1),
         }
 
     def describe_model(self) -> dict:
