@@ -10,11 +10,11 @@ import sys
 import time
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR, MPT_RUN, ROOT, read_run
+import conftest
+from conftest import MPT_RUN, ROOT, read_run
 from test_distributed import free_port
 
 # demo (digits CNN with BatchNorm), 2 processes x batch 16: 3 epochs of 32 steps, a checkpoint
@@ -76,16 +76,8 @@ def test_killed_two_process_run_resumes_to_identical_metrics(tmp_path: Path) -> 
 
 
 def test_slurm_launcher_config_composes() -> None:
-    from hydra.core.global_hydra import GlobalHydra
-
-    from mpt_repro.config import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()  # a fresh Hydra (another test may have left one initialised)
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        cfg = compose(config_name="config", return_hydra_config=True,
-                      overrides=["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=4",
-                                 "hydra.launcher.account=proj42", "experiment=demo"])
+    cfg = conftest.compose(["hydra/launcher=slurm", "hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=4",
+                            "hydra.launcher.account=proj42", "experiment=demo"], return_hydra_config=True)
     HydraConfig.instance().set_config(cfg)  # the launcher's fields interpolate hydra.* values
     launcher = OmegaConf.to_container(cfg.hydra.launcher, resolve=True)
     assert launcher["_target_"].endswith("SlurmLauncher")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CONF_DIR, MPT_RUN, ROOT, read_run
+from conftest import MPT_RUN, ROOT, compose, read_run
 from mpt_repro.data.corpus import batchify, bptt_batches, shard_streams
 from test_distributed import free_port, train_rows
 
@@ -32,21 +32,6 @@ def mpt_run(args: list[str], nproc: int, run_dir: Path, timeout: int = 300) -> N
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
     assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
-
-
-def compose(overrides: list[str]):
-    """The config of `mpt-run overrides`, leaving no Hydra initialised behind (test_lm and
-    test_gan initialise their own)."""
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from mpt_repro.config import register_configs
-
-    register_configs()
-    GlobalHydra.instance().clear()  # conftest.compose may have left one initialised
-    with initialize_config_dir(config_dir=CONF_DIR, version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=overrides)
 
 
 def csv_rows(run_dir: Path) -> list[dict]:

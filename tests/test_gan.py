@@ -14,19 +14,14 @@ from torch import nn
 from mpt_repro.errors import DataError
 from mpt_repro.models.dcgan import Discriminator, Generator
 
+import conftest
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
 def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from mpt_repro.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return conftest.compose(list(overrides))
 
 
 def build(*overrides: str):

@@ -17,19 +17,14 @@ from mpt_repro.data.corpus import EOS, UNK, Corpus, batchify, bptt_batches, buil
 from mpt_repro.errors import ConfigError, DataError
 from mpt_repro.models.lstm_lm import LogUniformSampler, LSTMLanguageModel
 
+import conftest
+
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
 
 
 def compose(*overrides: str):
-    from hydra import compose as hydra_compose
-    from hydra import initialize_config_dir
-
-    from mpt_repro.config import register_configs
-
-    register_configs()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return hydra_compose(config_name="config", overrides=list(overrides))
+    return conftest.compose(list(overrides))
 
 
 def build(*overrides: str):

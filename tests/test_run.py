@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 import csv
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
