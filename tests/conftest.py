@@ -49,5 +49,30 @@ def read_run(run_dir: Path) -> dict:
 
 
 @pytest.fixture
+def one_thread():
+    """Tiny tensors: with several threads a loaded 2-core machine spends ~30x longer in thread
+    hand-offs than in arithmetic. One thread for the test, restored afterwards."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+def build_task(*overrides: str):
+    """(task, policy) on the CPU from the real config of `mpt-run <overrides>`, without a run."""
+    import torch
+
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.tasks.base import build_task as build
+
+    cfg = compose([*overrides, "trainer.device=cpu"])
+    cpu = torch.device("cpu")
+    policy = PrecisionPolicy(cfg.precision, cpu, paper_loss_scale=cfg.paper_loss_scale)
+    return build(cfg, cpu, policy), policy
+
+
+@pytest.fixture
 def smoke_overrides() -> list[str]:
     return ["experiment=demo", "budget=smoke"]

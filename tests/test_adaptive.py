@@ -19,12 +19,7 @@ from mpt_repro.precision.adaptive import U_MAX, U_MIN, erfinv_sqrt2, layer_scale
 from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest)
 
 
 def fp16_policy(kind: str, **knobs) -> PrecisionPolicy:

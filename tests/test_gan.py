@@ -25,12 +25,7 @@ def compose(*overrides: str):
 
 
 def build(*overrides: str):
-    from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
-
-    cfg = compose("experiment=dcgan", "budget=smoke", "trainer.device=cpu", *overrides)
-    policy = PrecisionPolicy(cfg.precision, CPU, paper_loss_scale=cfg.paper_loss_scale)
-    return build_task(cfg, CPU, policy), policy
+    return conftest.build_task("experiment=dcgan", "budget=smoke", *overrides)
 
 
 def count(module: nn.Module, kind: type) -> int:

@@ -29,12 +29,7 @@ def compose(*overrides: str):
 
 def build(*overrides: str):
     """A language-model task on the CPU from the real config (experiment=lstm_lm budget=smoke)."""
-    from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
-
-    cfg = compose("experiment=lstm_lm", "budget=smoke", "trainer.device=cpu", *overrides)
-    policy = PrecisionPolicy(cfg.precision, CPU, paper_loss_scale=cfg.paper_loss_scale)
-    return build_task(cfg, CPU, policy), policy
+    return conftest.build_task("experiment=lstm_lm", "budget=smoke", *overrides)
 
 
 def write_corpus(root: Path, train: str, valid: str = "a b\n", test: str = "b a\n") -> Path:

@@ -17,14 +17,7 @@ from mpt_repro.errors import ConfigError, Diverged
 from mpt_repro.precision import PrecisionConfig, PrecisionPolicy
 from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    # These tensors are tiny: with several threads a loaded 2-core machine spends 30x longer in
-    # thread hand-offs than in arithmetic. One thread, restored afterwards.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest)
 
 
 F16, F32 = Dtype.float16, Dtype.float32

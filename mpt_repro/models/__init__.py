@@ -18,6 +18,18 @@ def register_model(name: str) -> Callable:
     return add
 
 
+def he_init_(model: nn.Module) -> nn.Module:
+    """He et al. 2015 initialisation for convolutions (fan-out, ReLU gain) and unit/zero batch-norm
+    affine parameters: what the BVLC/fb.resnet.torch recipes and torchvision use."""
+    for m in model.modules():
+        if isinstance(m, nn.Conv2d):
+            nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+        elif isinstance(m, nn.BatchNorm2d):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
+    return model
+
+
 def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
     """Build `model_cfg.name`; data_info carries shapes from the data (num_classes, channels, vocab_size...)."""
     _load_all()

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from mpt_repro.models import register_model
+from mpt_repro.models import he_init_, register_model
 
 
 def conv_bn(cin: int, cout: int, k: int, stride: int = 1) -> nn.Sequential:
@@ -90,12 +90,7 @@ class BNInception(nn.Module):
         self.inception = nn.Sequential(*modules)  # 28 -> 14 (3c) -> 7 (4e), 1024 channels
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout))
         self.fc = nn.Linear(cin, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        he_init_(self)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.pool(self.inception(self.stem(x))))

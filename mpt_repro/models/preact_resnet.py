@@ -17,6 +17,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from mpt_repro.models import he_init_
+
 
 class PreActBottleneck(nn.Module):
     expansion = 4
@@ -66,13 +68,7 @@ class PreActResNet(nn.Module):
         # The last unit's output has not been normalised: one BN-ReLU before pooling.
         self.head = nn.Sequential(nn.BatchNorm2d(in_ch), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.fc = nn.Linear(in_ch, num_classes)
-        for m in self.modules():
-            if isinstance(m, nn.Conv2d):
-                # He et al. 2015 initialisation, as fb.resnet.torch and torchvision use.
-                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
-            elif isinstance(m, nn.BatchNorm2d):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+        he_init_(self)  # He et al. 2015, as fb.resnet.torch and torchvision
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc(self.head(self.layers(self.stem(x))))
