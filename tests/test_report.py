@@ -306,7 +306,8 @@ def test_reference_has_every_table1_value():
     assert set(t1["confidence"]) == {"P"}
 
 
-NOTES = Path("/work/shared/reference/papers.md")
+# the team's research notes, beside the repository (not part of the product)
+NOTES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "papers.md"
 
 
 @pytest.mark.skipif(not NOTES.exists(), reason="reference notes not on this machine")

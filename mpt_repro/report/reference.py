@@ -1,6 +1,6 @@
 """The paper's reference values (paper_reference.csv, package data).
 
-Every value in that file is copied from the paper via /work/shared/reference/papers.md, with the
+Every value in that file is copied from the paper via ../shared/reference/papers.md, with the
 section it comes from and how sure we are of it: P = read in the paper's own text, S = from
 secondary notes that agree, U = unconfirmed. Nothing else in the reporter types a number.
 """
