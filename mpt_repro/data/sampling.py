@@ -18,12 +18,17 @@ class EpochSampler(Sampler[int]):
     def __init__(self, size: int, seed: int, batch_size: int, rank: int = 0, world_size: int = 1):
         self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
         self.epoch, self.skip = 0, 0
+        # Give this to the DataLoader (generator=...): it draws its workers' base seed from it
+        # instead of the global RNG, so the extra iter() of a resumed run cannot shift dropout,
+        # and worker augmentation seeds are fixed per (seed, epoch, rank).
+        self.loader_generator = torch.Generator()
 
     def batches_per_epoch(self) -> int:
         return self.size // (self.batch_size * self.world_size)
 
     def set_epoch(self, epoch: int, skip_batches: int = 0) -> None:
         self.epoch, self.skip = epoch, skip_batches
+        self.loader_generator.manual_seed((self.seed * 100_003 + epoch) * 1_009 + self.rank)
 
     def _order(self) -> list[int]:
         g = torch.Generator().manual_seed(self.seed * 100_003 + self.epoch)

@@ -90,11 +90,13 @@ class GAN(Task):
                                     rank=distributed.rank(), world_size=distributed.world_size())
         loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
                            persistent_workers=d.num_workers > 0)
-        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True, **loader_args)
+        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True,
+                                       generator=self.sampler.loader_generator, **loader_args)
         # each rank evaluates its own slice of the held-out images; evaluate() sums over ranks
         eval_shard = distributed.ShardSampler(len(self.data.eval))
         self.eval_indices = torch.tensor(list(eval_shard), dtype=torch.long, device=device)  # which noise goes with which image
-        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch, sampler=eval_shard, **loader_args)
+        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch, sampler=eval_shard,
+                                      generator=torch.Generator().manual_seed(0), **loader_args)  # eval never draws from the global RNG
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()
