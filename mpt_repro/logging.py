@@ -26,8 +26,10 @@ class MetricsLogger:
         self._csv.writeheader()
         self._csv.writerows(rows)
         self._file.flush()
-        # purge_step: TensorBoard hides events past the resume step that the killed run wrote
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"), purge_step=resume_step)
+        # purge_step: TensorBoard hides the events the killed run wrote after its checkpoint (the
+        # rows at the checkpoint's own step were written before it and stay)
+        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"),
+                                    purge_step=None if resume_step is None else resume_step + 1)
 
     def _rows_up_to(self, step: int) -> list[dict[str, str]]:
         if not self.csv_path.exists():

@@ -51,13 +51,16 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     main = distributed.is_main()
     run_dir = Path(distributed.broadcast_object(str(run_dir)))
     previous = read_record(run_dir) if main else None
-    done = bool(cfg.resume and previous and previous.get("status") == "completed")
+    # diverged is a result too: re-running a sweep must not train it again
+    done = bool(cfg.resume and previous and previous.get("status") in ("completed", "diverged"))
     if main and not done and not cfg.resume:
         _clear_previous_run(run_dir)
     previous, done, resuming = distributed.broadcast_object(
         (previous, done, bool(cfg.resume and (run_dir / CHECKPOINT).exists())) if main else None)
+    if cfg.resume and previous:
+        _refuse_other_data(previous, cfg, run_dir)
     if done:
-        log.info("%s already completed; nothing to do (resume=true)", run_dir)
+        log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
         return previous
 
     from mpt_repro.precision import PrecisionPolicy
@@ -75,7 +78,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "distributed": distributed.describe(cfg),
     })
     if resuming and previous:
-        record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=previous.get("wall_time_s"))
+        # a hard-killed run left no wall_time_s: carry what earlier segments had carried
+        before = previous.get("wall_time_s") or previous.get("wall_time_s_before_resume")
+        record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=before)
     record.write()
     start = time.perf_counter()
     trainer = None
@@ -115,6 +120,18 @@ class _UnwrittenRecord(RunRecord):
 
     def write(self) -> None:
         pass
+
+
+def _refuse_other_data(previous: dict, cfg: DictConfig, run_dir: Path) -> None:
+    """data.root is not part of the run directory's name: a resume must not continue (or accept as
+    done) a run that trained on other data."""
+    old = (previous.get("config") or {}).get("data") or {}
+    for key in ("name", "root", "num_classes"):
+        if key in old and old[key] != cfg.data[key]:
+            raise UserError(
+                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; resume=true would "
+                f"mix the two. Use another paths.runs_dir, or resume=false to start this run afresh there."
+            )
 
 
 def build_callbacks(cfg: DictConfig) -> list:

@@ -70,6 +70,8 @@ class Trainer:
         self._call("on_fit_start")
         bad_streak = torch.zeros((), dtype=torch.long, device=self.task.device)  # consecutive non-finite losses
         streak_start = torch.zeros_like(bad_streak)
+        # the longest streak since the last log row: one that ended between two rows still counts
+        worst, worst_start = torch.zeros_like(bad_streak), torch.zeros_like(bad_streak)
         progress = self._progress_bar()
         previous_handler = signal.signal(signal.SIGTERM, self._request_stop) if _in_main_thread() else None
         try:
@@ -88,13 +90,16 @@ class Trainer:
                     bad = ~torch.isfinite(result.loss)
                     streak_start = torch.where(bad & (bad_streak == 0), self.step, streak_start)
                     bad_streak = (bad_streak + 1) * bad
+                    worst_start = torch.where(bad_streak > worst, streak_start, worst_start)
+                    worst = torch.maximum(worst, bad_streak)
                     self.window.add(result)
                     self._call("on_step_end", self.step, result)
                     last = self.step >= self.total_steps
                     if self.step % t.log_every == 0 or last:
                         self._close_segment(tic)
                         self._log_train(*self._window_over_ranks(), progress)
-                        self._check_divergence(*self._streak_over_ranks(bad_streak, streak_start))
+                        self._check_divergence(*self._streak_over_ranks(worst, worst_start))
+                        worst, worst_start = torch.zeros_like(worst), torch.zeros_like(worst)
                         self.window = LogWindow()
                         tic = time.perf_counter()
                     epoch_end = self.batch_in_epoch >= self.steps_per_epoch
@@ -150,13 +155,13 @@ class Trainer:
         distributed.all_reduce_(t, "sum")
         return float(t[0]) / (world * max(w.count, 1)), float(t[1]) / max(w.time, 1e-9)
 
-    def _streak_over_ranks(self, bad_streak: torch.Tensor, streak_start: torch.Tensor) -> tuple[int, int]:
-        """Consecutive non-finite losses on any rank: all ranks must end the run together."""
+    def _streak_over_ranks(self, worst: torch.Tensor, worst_start: torch.Tensor) -> tuple[int, int]:
+        """The longest run of non-finite losses on any rank since the last log row, and where it
+        began (under DDP: the latest start among ranks): all ranks must end the run together."""
         if not distributed.is_distributed():
-            return int(bad_streak), int(streak_start)
-        longest = distributed.all_reduce_(bad_streak.clone(), "max")
-        n = int(longest)
-        return n, self.step - n + 1 if n else 0  # an ongoing streak of n ends at this step
+            return int(worst), int(worst_start)
+        both = distributed.all_reduce_(torch.stack([worst, worst_start]), "max")
+        return int(both[0]), int(both[1])
 
     def _stop_agreed(self) -> bool:
         """A stop (SIGTERM) on any rank stops every rank at the same step: torchrun and SLURM

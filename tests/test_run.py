@@ -153,3 +153,19 @@ def test_same_seed_gives_same_initial_weights_under_every_preset() -> None:
         for a, b in zip(reference, ws, strict=True):
             # low-precision storage holds the same initial weights, rounded once: compare in its dtype
             assert torch.equal(a.to(b.dtype), b), preset
+
+
+def test_resume_leaves_a_diverged_run_alone(tmp_path: Path) -> None:
+    args = ("experiment=demo", "budget=smoke", "optim.lr=1e30", "trainer.log_every=1", "trainer.diverge_patience=2")
+    run_cli(*args, run_dir=tmp_path)
+    before = (tmp_path / "run.json").read_text()
+    assert read_run(tmp_path)["status"] == "diverged"
+    run_cli(*args, "resume=true", run_dir=tmp_path)  # a re-run sweep: the result stands
+    assert (tmp_path / "run.json").read_text() == before
+
+
+def test_resume_refuses_a_run_directory_that_trained_on_other_data(tmp_path: Path) -> None:
+    run_cli("experiment=demo", "budget=smoke", run_dir=tmp_path)
+    proc = run_cli("experiment=demo", "budget=smoke", "resume=true", f"data.root={tmp_path}", run_dir=tmp_path, check=False)
+    assert proc.returncode == 2 and "data.root" in proc.stderr and "Traceback" not in proc.stderr
+    assert read_run(tmp_path)["status"] == "completed"  # the earlier result is untouched
