@@ -14,6 +14,10 @@
 #   OTHERS       [lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed scaling_matters:fp32,mixed,no_scaling,adaptive]
 #                space-separated experiment:presets for the rows on embedded data; the presets
 #                include the paper's ablations (bigLSTM diverges without scaling; DCGAN needs none)
+#   LM_ROOT      []        at BUDGET=paper, the One Billion Word corpus as train.txt/valid.txt/test.txt
+#                          (docs/experiments_lm_gan.md); unset: the lstm_lm row is skipped, with a note
+#   CELEBA_ROOT  []        at BUDGET=paper, CelebA as an ImageFolder; unset: the dcgan row is skipped
+#                          (smoke and short budgets use the embedded corpus and digits instead)
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
 #   DRY_RUN      [0]       1: print the commands, run nothing
 #   LAUNCHER     []        a Hydra launcher for the sweeps: slurm (submit every run to SLURM; fill in
@@ -40,6 +44,8 @@ OUT=${OUT:-results/report}
 VENV=${VENV:-.venv}
 DRY_RUN=${DRY_RUN:-0}
 LAUNCHER=${LAUNCHER:-}
+LM_ROOT=${LM_ROOT:-}
+CELEBA_ROOT=${CELEBA_ROOT:-}
 
 die() { echo "reproduce-table: $*" >&2; exit 2; }
 
@@ -114,8 +120,25 @@ failed=0
 if [[ -n "$EXPERIMENTS" ]]; then
     run "$MPT_RUN" -m "experiment=$EXPERIMENTS" "precision=$PRECISIONS" "${common[@]}" "${ilsvrc_data[@]}" || failed=1
 fi
+# At the paper budget the language model and the DCGAN need their own data sets (the embedded
+# ones stand in only for smoke and short); without them those rows are skipped, not failed.
+other_data() {  # experiment -> extra overrides, or return 1 to skip it
+    local root="" var what
+    case "$1" in
+        lstm_lm) root=$LM_ROOT; var=LM_ROOT; what="the One Billion Word corpus as train.txt, valid.txt, test.txt" ;;
+        dcgan) root=$CELEBA_ROOT; var=CELEBA_ROOT; what="CelebA as an ImageFolder" ;;
+        *) return 0 ;;
+    esac
+    if [[ -n "$root" ]]; then extra=("data.root=$root"); return 0; fi
+    if [[ "$BUDGET" == paper ]]; then
+        echo "reproduce-table: skipping $1 at budget=paper: set $var to a folder with $what (docs/experiments_lm_gan.md)" >&2
+        return 1
+    fi
+}
 for pair in $OTHERS; do
-    run "$MPT_RUN" -m "experiment=${pair%%:*}" "precision=${pair#*:}" "${common[@]}" || failed=1
+    extra=()
+    other_data "${pair%%:*}" || continue
+    run "$MPT_RUN" -m "experiment=${pair%%:*}" "precision=${pair#*:}" "${common[@]}" "${extra[@]}" || failed=1
 done
 # the report lists failed and interrupted runs, so it runs even when a sweep failed
 run "$MPT_REPORT" "$RUNS_DIR" --out "$OUT" || failed=1
