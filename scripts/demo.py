@@ -9,6 +9,7 @@ import argparse
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,17 +27,24 @@ def main() -> int:
     command = [str(mpt_run), "-m", "experiment=demo", f"precision={args.precisions}", f"budget={args.budget}",
                f"paths.runs_dir={args.runs_dir}", "trainer.progress=false", *args.overrides]
     print("$", " ".join(command), flush=True)
+    launched = time.time()
     if subprocess.run(command, cwd=ROOT).returncode != 0:
         print("demo: the training sweep failed; see the messages above", file=sys.stderr)
         return 1
 
     rows = []
     for precision in args.precisions.split(","):
-        path = ROOT / args.runs_dir / "demo" / f"{precision}-{args.budget}" / "seed0" / "run.json"
-        rows.append(json.loads(path.read_text()))
+        # this launch's record: extra overrides (seed=1, trainer.epochs=5) move it into another
+        # folder, and an older run may sit where the default one would be
+        found = [p for p in (ROOT / args.runs_dir / "demo" / f"{precision}-{args.budget}").rglob("run.json")
+                 if p.stat().st_mtime >= launched]
+        if not found:
+            print(f"demo: no run record of this launch for precision={precision}", file=sys.stderr)
+            return 1
+        rows.append(json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text()))
     print()
     print(format_table(rows))
-    print(f"\nrun records: {args.runs_dir}/demo/<precision>-{args.budget}/seed0/run.json"
+    print(f"\nrun records: {args.runs_dir}/demo/<precision>-{args.budget}/seed<N>/.../run.json"
           f"   curves: tensorboard --logdir {args.runs_dir}/demo")
     return 0
 
@@ -53,8 +61,9 @@ def format_table(records: list[dict]) -> str:
                  _f(delta, 2, signed=True), str(r.get("steps")), str(r.get("skipped_steps")),
                  _f((r.get("loss_scale") or {}).get("final"), 0), _f(r.get("samples_per_s"), 0)]
         lines.append("| " + " | ".join(cells) + " |")
-    device = records[0]["device"]["type"] if records else "?"
-    lines.append(f"\nbudget={records[0]['budget']}, data=scikit-learn digits (360 validation images), device={device}")
+    first = records[0]
+    lines.append(f"\nbudget={first['budget']}, data=scikit-learn digits ({first['data']['eval_size']} validation images), "
+                 f"device={first['device']['type']}")
     return "\n".join(lines)
 
 
