@@ -342,3 +342,15 @@ def test_paper_tables_show_the_papers_digits(results):
     assert (english["fp32"], english["mixed"]) == ("2.20", "1.99")
     claims = read_csv(out, "claims_paper")
     assert "diverges after ~300K iterations" in set(claims["Claim"])
+
+
+def test_runs_differing_only_in_overrides_are_not_averaged_as_seeds(tmp_path):
+    from mpt_repro.report.collect import load_runs
+
+    plain = write_run(tmp_path, make_record("demo", "fp32", 0, data="digits", metrics={"top1": 90.0}))
+    other = plain / "optim.lr=0.5"  # the same settings and seed, plus an extra override
+    other.mkdir()
+    (other / "run.json").write_text(json.dumps(make_record("demo", "fp32", 0, data="digits", metrics={"top1": 10.0})))
+    runs, problems = load_runs(tmp_path)
+    assert runs["metric_top1"].tolist() == [90.0]  # not 50 = the mean of two "seeds"
+    assert [(p.path, p.status) for p in problems] == [(str(other), "variant")]

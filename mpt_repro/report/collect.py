@@ -133,7 +133,21 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
                                     f"completed with non-finite final metrics ({values}); kept in the tables"))
     columns = ["path", *GROUP_KEYS, "seed", "status"]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
-    return runs, problems
+    return _without_override_variants(runs, problems), problems
+
+
+def _without_override_variants(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
+    """Runs that differ only in extra overrides (e.g. optim.lr=0.5, a sub-folder of seed<N>/)
+    share a grouping key and a seed: averaging them as if they were seeds would be wrong. Keep the
+    run with the fewest overrides (the shortest path) and list the others."""
+    if runs.empty:
+        return runs
+    order = runs["path"].str.len().sort_values(kind="stable").index
+    dup = runs.loc[order].duplicated(subset=[*GROUP_KEYS, "seed"], keep="first")
+    for path in runs.loc[order][dup]["path"]:
+        problems.append(Problem(path, "variant", "same experiment, preset, budget, data, device and seed as "
+                                "another run, with other overrides: not averaged as a seed (report its folder on its own)"))
+    return runs.drop(index=dup[dup].index).sort_index()
 
 
 def load_metrics_csv(run_dir: str) -> pd.DataFrame | None:
