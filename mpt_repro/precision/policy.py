@@ -75,8 +75,7 @@ class PrecisionPolicy:
         self._shared: Optional[LossScaler] = None
         self._shared_pending: Dict[str, bool] = {}  # shared scaler: found_inf per optimizer this round
         self._diag: dict = {"first_nonfinite_layer": None, "first_nonfinite_step": None,
-                            "last_nonfinite_layer": None, "last_nonfinite_kind": None,
-                            "last_finite_grad_norm": None}
+                            "last_nonfinite_layer": None, "last_nonfinite_kind": None}
         self._apply_tf32()
 
     # -- construction -----------------------------------------------------------------------
