@@ -83,8 +83,8 @@ class Trainer:
                     self.step += 1
                     self.batch_in_epoch += 1
                     self.samples += result.samples
-                    if result.stepped or not self.policy.hold_lr_on_skip:
-                        for scheduler in self.schedulers.values():
+                    for name, scheduler in self.schedulers.items():
+                        if result.stepped_by.get(name, result.stepped) or not self.policy.hold_lr_on_skip:
                             scheduler.step()
                     # Divergence bookkeeping stays on the device: no host sync on ordinary steps.
                     bad = ~torch.isfinite(result.loss)

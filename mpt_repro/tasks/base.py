@@ -29,6 +29,9 @@ class StepResult:
     stepped: bool  # False when the precision policy skipped the update (overflow)
     samples: int  # examples processed (for samples/s)
     logs: dict[str, torch.Tensor] = field(default_factory=dict)  # extra scalars (e.g. GAN losses)
+    # with several optimizers: which of them stepped (keys as in Task.optimizers); each LR schedule
+    # is held only when its own optimizer skipped
+    stepped_by: dict[str, bool] = field(default_factory=dict)
 
 
 class Task:

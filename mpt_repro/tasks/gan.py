@@ -168,7 +168,8 @@ class GAN(Task):
             "g_stepped": torch.tensor(float(g_stepped)),
         }
         # loss: the sum of both, so a non-finite value in either one ends the run as diverged.
-        return StepResult(loss=(d_loss + g_loss).detach(), stepped=d_stepped and g_stepped, samples=n, logs=logs)
+        return StepResult(loss=(d_loss + g_loss).detach(), stepped=d_stepped and g_stepped, samples=n, logs=logs,
+                          stepped_by={"discriminator": d_stepped, "generator": g_stepped})
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
