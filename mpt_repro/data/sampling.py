@@ -1,10 +1,11 @@
 """The order of training examples: fixed by (seed, epoch), resumable mid-epoch, shardable across ranks."""
 from __future__ import annotations
 
-from typing import Iterator
+from dataclasses import dataclass
+from typing import Any, Iterator
 
 import torch
-from torch.utils.data import Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 
 class EpochSampler(Sampler[int]):
@@ -45,3 +46,32 @@ class EpochSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return (self.batches_per_epoch() - self.skip) * self.batch_size
+
+
+@dataclass
+class EpochLoaders:
+    sampler: EpochSampler  # set_epoch(epoch, skip) before iterating `train`
+    train: DataLoader
+    eval: DataLoader
+    eval_shard: Sampler[int]  # the eval examples this rank evaluates (evaluate() sums over ranks)
+
+
+def build_epoch_loaders(train: Dataset, eval: Dataset, d: Any, batch: int, seed: int,
+                        device: torch.device) -> EpochLoaders:
+    """The loaders of an image task: training in the (seed, epoch) order of an EpochSampler,
+    sharded over ranks; evaluation on this rank's slice. Neither draws from the global RNG."""
+    from mpt_repro import distributed
+
+    sampler = EpochSampler(len(train), seed=seed, batch_size=batch,
+                           rank=distributed.rank(), world_size=distributed.world_size())
+    args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
+                persistent_workers=d.num_workers > 0)
+    shard = distributed.ShardSampler(len(eval))
+    return EpochLoaders(
+        sampler=sampler,
+        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True,
+                         generator=sampler.loader_generator, **args),
+        eval=DataLoader(eval, batch_size=d.eval_batch_size or batch, sampler=shard,
+                        generator=torch.Generator().manual_seed(0), **args),
+        eval_shard=shard,
+    )

@@ -5,11 +5,10 @@ from typing import Any, Iterator
 
 import torch
 import torch.nn.functional as F
-from torch.utils.data import DataLoader
 
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
-from mpt_repro.data.sampling import EpochSampler
+from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import StepResult, Task, register_task
@@ -43,16 +42,8 @@ class Classification(Task):
         # model is what the optimizer, the checkpoints and evaluation see.
         self.train_model = distributed.wrap_model(self.model, cfg.distributed)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
-        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=batch,
-                                    rank=distributed.rank(), world_size=distributed.world_size())
-        loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
-                           persistent_workers=d.num_workers > 0)
-        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True,
-                                       generator=self.sampler.loader_generator, **loader_args)
-        # each rank evaluates its own slice of the eval set; evaluate() sums over ranks
-        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch,
-                                      sampler=distributed.ShardSampler(len(self.data.eval)),
-                                      generator=torch.Generator().manual_seed(0), **loader_args)  # eval never draws from the global RNG
+        loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
+        self.sampler, self.train_loader, self.eval_loader = loaders.sampler, loaders.train, loaders.eval
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()

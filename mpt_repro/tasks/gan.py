@@ -23,11 +23,10 @@ from typing import Any, Iterator
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
-from mpt_repro.data.sampling import EpochSampler
+from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import StepResult, Task, register_task
@@ -86,17 +85,10 @@ class GAN(Task):
         fixed = torch.Generator(device=device).manual_seed(cfg.seed + 2)
         self.fixed_noise = torch.randn(GRID_SAMPLES, self.latent_dim, generator=fixed, device=device)
         self.eval_noise = torch.randn(len(self.data.eval), self.latent_dim, generator=fixed, device=device)
-        self.sampler = EpochSampler(len(self.data.train), seed=cfg.seed, batch_size=batch,
-                                    rank=distributed.rank(), world_size=distributed.world_size())
-        loader_args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
-                           persistent_workers=d.num_workers > 0)
-        self.train_loader = DataLoader(self.data.train, batch_size=batch, sampler=self.sampler, drop_last=True,
-                                       generator=self.sampler.loader_generator, **loader_args)
-        # each rank evaluates its own slice of the held-out images; evaluate() sums over ranks
-        eval_shard = distributed.ShardSampler(len(self.data.eval))
-        self.eval_indices = torch.tensor(list(eval_shard), dtype=torch.long, device=device)  # which noise goes with which image
-        self.eval_loader = DataLoader(self.data.eval, batch_size=d.eval_batch_size or batch, sampler=eval_shard,
-                                      generator=torch.Generator().manual_seed(0), **loader_args)  # eval never draws from the global RNG
+        loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
+        self.sampler, self.train_loader, self.eval_loader = loaders.sampler, loaders.train, loaders.eval
+        # which evaluation noise goes with which image of this rank's slice
+        self.eval_indices = torch.tensor(list(loaders.eval_shard), dtype=torch.long, device=device)
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()
