@@ -24,7 +24,15 @@ install: $(STAMP) ## build .venv and install mpt-repro (editable, with test extr
 demo: $(STAMP) ## train the demo (digits CNN) in fp32 and amp, then print the comparison table
 	$(BIN)/python scripts/demo.py
 
-test: $(STAMP) ## run the test suite (CPU; under 10 minutes)
+lint: $(STAMP) ## ruff: formatting, lint, import order (configured in pyproject.toml)
+	$(BIN)/ruff format --check .
+	$(BIN)/ruff check .
+
+format: $(STAMP) ## ruff: rewrite the code in the house format and sort the imports
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+test: $(STAMP) lint ## lint, then the test suite (CPU; under 10 minutes)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
 test-full: $(STAMP) ## every test, the slow ones included
@@ -48,4 +56,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install demo test test-full clean-runs reproduce-table report tensorboard ddp
+.PHONY: help install lint format demo test test-full clean-runs reproduce-table report tensorboard ddp

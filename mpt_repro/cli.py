@@ -1,8 +1,9 @@
 """`mpt-run`: the Hydra application. All settings come from conf/ and the command line.
 
-    mpt-run experiment=resnet50 precision=mixed budget=smoke
-    mpt-run -m experiment=demo precision=fp32,amp seed=0,1,2
+mpt-run experiment=resnet50 precision=mixed budget=smoke
+mpt-run -m experiment=demo precision=fp32,amp seed=0,1,2
 """
+
 from __future__ import annotations
 
 import logging
@@ -35,7 +36,13 @@ def _main(cfg: DictConfig) -> None:
         print(f"mpt-run: error: {e}", file=sys.stderr)
         sys.exit(2)
     metrics = ", ".join(f"{k}={v:.4g}" for k, v in (record.get("metrics") or {}).items())
-    log.info("%s: %s %s -> %s", record["status"], record["experiment"], record["precision"], metrics or record.get("reason"))
+    log.info(
+        "%s: %s %s -> %s",
+        record["status"],
+        record["experiment"],
+        record["precision"],
+        metrics or record.get("reason"),
+    )
     log.info("run record: %s", run_dir / "run.json")
 
 

@@ -5,11 +5,12 @@ wrong type is refused by Hydra before any work starts. `validate` then checks th
 types cannot (a negative learning rate, a batch size of 0, contradictory precision knobs) and
 raises ConfigError naming the key.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, List, Optional
+from typing import Any
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
@@ -28,25 +29,25 @@ class TaskKind(Enum):
 @dataclass
 class DataConfig:
     name: str = "digits"  # digits | synthetic | imagenet | corpus | images
-    root: Optional[str] = None  # data folder (imagenet: holds train/ and val/)
+    root: str | None = None  # data folder (imagenet: holds train/ and val/)
     num_classes: int = 10
     channels: int = 1
     image_size: int = 8  # training crop
-    resize_size: Optional[int] = None  # validation: resize shorter side, then center-crop image_size
+    resize_size: int | None = None  # validation: resize shorter side, then center-crop image_size
     augmentation: str = "none"  # none | caffe | torchvision | inception
     batch_size: int = 64
-    eval_batch_size: Optional[int] = None  # null: same as batch_size
+    eval_batch_size: int | None = None  # null: same as batch_size
     num_workers: int = 0
     pin_memory: bool = True
-    train_limit: Optional[int] = None  # use only the first N training examples (budgets)
-    eval_limit: Optional[int] = None
+    train_limit: int | None = None  # use only the first N training examples (budgets)
+    eval_limit: int | None = None
     # synthetic data: random tensors of the configured shape, for speed measurements
     synthetic_train_size: int = 2048
     synthetic_eval_size: int = 256
     # word-level corpora (train.txt / valid.txt / test.txt)
     seq_len: int = 35  # truncated back-propagation through time
     min_freq: int = 1  # words seen fewer times become <unk>
-    max_vocab: Optional[int] = None
+    max_vocab: int | None = None
 
 
 @dataclass
@@ -58,7 +59,9 @@ class ModelConfig:
     width: int = 32
     dropout: float = 0.0
     aux_logits: bool = False
-    channels_last: bool = False  # NHWC memory format on CUDA (faster convolutions with tensor cores)
+    channels_last: bool = (
+        False  # NHWC memory format on CUDA (faster convolutions with tensor cores)
+    )
     # language model (LSTM with projection, optional sampled softmax)
     embed_dim: int = 64
     hidden_size: int = 128
@@ -78,30 +81,30 @@ class OptimConfig:
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.999])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
     eps: float = 1e-8
     initial_accumulator_value: float = 0.0  # adagrad
     # LR schedule, in epochs (fractions allowed); stepped every iteration
     schedule: str = "constant"  # constant | step | multistep | poly | cosine | exponential
     step_size: float = 30.0
-    milestones: List[float] = field(default_factory=list)
+    milestones: list[float] = field(default_factory=list)
     gamma: float = 0.1
     power: float = 1.0  # poly
     warmup_epochs: float = 0.0
     # scale the LR with the global batch: lr * global_batch / base_batch_size (linear rule)
     lr_scaling: str = "none"  # none | linear
     base_batch_size: int = 256
-    grad_clip: Optional[float] = None  # max global grad norm, applied to unscaled gradients
+    grad_clip: float | None = None  # max global grad norm, applied to unscaled gradients
 
 
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
     epochs: int = 1
-    max_steps: Optional[int] = None  # stop after this many iterations (budgets)
+    max_steps: int | None = None  # stop after this many iterations (budgets)
     log_every: int = 10
-    eval_every: Optional[int] = None  # iterations; null: at the end of each epoch
-    checkpoint_every: Optional[int] = None  # iterations; null: at the end of each epoch
+    eval_every: int | None = None  # iterations; null: at the end of each epoch
+    checkpoint_every: int | None = None  # iterations; null: at the end of each epoch
     diverge_patience: int = 10  # consecutive non-finite losses that end a run as diverged
     progress: bool = True
     deterministic: bool = False
@@ -139,7 +142,7 @@ class Config:
     task: TaskKind = TaskKind.classification
     seed: int = 0
     resume: bool = False
-    paper_loss_scale: Optional[float] = None
+    paper_loss_scale: float | None = None
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -157,7 +160,10 @@ def register_configs() -> None:
 
 def _check(ok: bool, key: str, value: Any, must: str) -> None:
     if not ok:
-        raise ConfigError(f"{key} {must} (got {value!r}). Fix it in the config or on the command line, e.g. {key}=...")
+        raise ConfigError(
+            f"{key} {must} (got {value!r}). Fix it in the config or on the command line, e.g. "
+            f"{key}=..."
+        )
 
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
@@ -169,13 +175,33 @@ def validate(cfg: DictConfig) -> None:
     """Check what the types cannot; raise ConfigError naming the key."""
     d, o, t = cfg.data, cfg.optim, cfg.trainer
     _check(d.batch_size > 0, "data.batch_size", d.batch_size, "must be a positive integer")
-    _check(d.eval_batch_size is None or d.eval_batch_size > 0, "data.eval_batch_size", d.eval_batch_size, "must be positive")
+    _check(
+        d.eval_batch_size is None or d.eval_batch_size > 0,
+        "data.eval_batch_size",
+        d.eval_batch_size,
+        "must be positive",
+    )
     _check(d.image_size > 0, "data.image_size", d.image_size, "must be positive")
     _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "must be >= 0")
     _check(d.seq_len > 0, "data.seq_len", d.seq_len, "must be positive")
-    _check(d.train_limit is None or d.train_limit > 0, "data.train_limit", d.train_limit, "must be positive or null")
-    _check(d.eval_limit is None or d.eval_limit > 0, "data.eval_limit", d.eval_limit, "must be positive or null")
-    _check(d.augmentation in AUGMENTATIONS, "data.augmentation", d.augmentation, f"must be one of {AUGMENTATIONS}")
+    _check(
+        d.train_limit is None or d.train_limit > 0,
+        "data.train_limit",
+        d.train_limit,
+        "must be positive or null",
+    )
+    _check(
+        d.eval_limit is None or d.eval_limit > 0,
+        "data.eval_limit",
+        d.eval_limit,
+        "must be positive or null",
+    )
+    _check(
+        d.augmentation in AUGMENTATIONS,
+        "data.augmentation",
+        d.augmentation,
+        f"must be one of {AUGMENTATIONS}",
+    )
     _check(o.name in OPTIMIZERS, "optim.name", o.name, f"must be one of {OPTIMIZERS}")
     _check(o.schedule in SCHEDULES, "optim.schedule", o.schedule, f"must be one of {SCHEDULES}")
     _check(o.lr > 0, "optim.lr", o.lr, "must be > 0")
@@ -184,23 +210,79 @@ def validate(cfg: DictConfig) -> None:
     _check(o.eps > 0, "optim.eps", o.eps, "must be > 0")
     _check(0 < o.gamma <= 1, "optim.gamma", o.gamma, "must be in (0, 1]")
     _check(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "must be >= 0")
-    _check(o.lr_scaling in ("none", "linear"), "optim.lr_scaling", o.lr_scaling, "must be none or linear")
-    _check(o.grad_clip is None or o.grad_clip > 0, "optim.grad_clip", o.grad_clip, "must be > 0 or null")
-    _check(len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas), "optim.betas", list(o.betas), "must be two numbers in [0, 1)")
+    _check(
+        o.lr_scaling in ("none", "linear"),
+        "optim.lr_scaling",
+        o.lr_scaling,
+        "must be none or linear",
+    )
+    _check(
+        o.grad_clip is None or o.grad_clip > 0,
+        "optim.grad_clip",
+        o.grad_clip,
+        "must be > 0 or null",
+    )
+    _check(
+        len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),
+        "optim.betas",
+        list(o.betas),
+        "must be two numbers in [0, 1)",
+    )
     _check(t.epochs > 0, "trainer.epochs", t.epochs, "must be positive")
-    _check(t.max_steps is None or t.max_steps > 0, "trainer.max_steps", t.max_steps, "must be positive or null")
+    _check(
+        t.max_steps is None or t.max_steps > 0,
+        "trainer.max_steps",
+        t.max_steps,
+        "must be positive or null",
+    )
     _check(t.log_every > 0, "trainer.log_every", t.log_every, "must be positive")
-    _check(t.eval_every is None or t.eval_every > 0, "trainer.eval_every", t.eval_every, "must be positive or null")
-    _check(t.checkpoint_every is None or t.checkpoint_every > 0, "trainer.checkpoint_every", t.checkpoint_every, "must be positive or null")
-    _check(t.diverge_patience > 0, "trainer.diverge_patience", t.diverge_patience, "must be positive")
-    _check(t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"), "trainer.device", t.device, "must be auto, cpu, cuda or cuda:N")
+    _check(
+        t.eval_every is None or t.eval_every > 0,
+        "trainer.eval_every",
+        t.eval_every,
+        "must be positive or null",
+    )
+    _check(
+        t.checkpoint_every is None or t.checkpoint_every > 0,
+        "trainer.checkpoint_every",
+        t.checkpoint_every,
+        "must be positive or null",
+    )
+    _check(
+        t.diverge_patience > 0, "trainer.diverge_patience", t.diverge_patience, "must be positive"
+    )
+    _check(
+        t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+        "trainer.device",
+        t.device,
+        "must be auto, cpu, cuda or cuda:N",
+    )
     dd = cfg.distributed
-    _check(dd.backend in ("auto", "nccl", "gloo"), "distributed.backend", dd.backend, "must be auto, nccl or gloo")
-    _check(dd.batch_size_is in ("per_process", "global"), "distributed.batch_size_is", dd.batch_size_is,
-           "must be per_process or global")
+    _check(
+        dd.backend in ("auto", "nccl", "gloo"),
+        "distributed.backend",
+        dd.backend,
+        "must be auto, nccl or gloo",
+    )
+    _check(
+        dd.batch_size_is in ("per_process", "global"),
+        "distributed.batch_size_is",
+        dd.batch_size_is,
+        "must be per_process or global",
+    )
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
-    _check(cfg.budget.name in ("paper", "short", "smoke"), "budget.name", cfg.budget.name, "must be paper, short or smoke")
-    _check(cfg.paper_loss_scale is None or cfg.paper_loss_scale > 0, "paper_loss_scale", cfg.paper_loss_scale, "must be > 0 or null")
+    _check(
+        cfg.budget.name in ("paper", "short", "smoke"),
+        "budget.name",
+        cfg.budget.name,
+        "must be paper, short or smoke",
+    )
+    _check(
+        cfg.paper_loss_scale is None or cfg.paper_loss_scale > 0,
+        "paper_loss_scale",
+        cfg.paper_loss_scale,
+        "must be > 0 or null",
+    )
     from mpt_repro.precision.validate import validate_precision
     from mpt_repro.telemetry.config import validate_telemetry
 

@@ -21,6 +21,7 @@ What stays identical on every rank, and why:
 What differs per rank: the data shard, the random streams (`decorrelate_rng`), and BatchNorm's
 batch statistics in training unless distributed.sync_bn=true (CUDA only).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -28,9 +29,10 @@ import logging
 import os
 import random
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Iterator, Optional
+from typing import Any
 
 import numpy as np
 import torch
@@ -51,8 +53,8 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     launcher: str = "none"  # torchrun | slurm | submitit_local | none
-    master_addr: Optional[str] = None
-    master_port: Optional[int] = None
+    master_addr: str | None = None
+    master_port: int | None = None
 
     @property
     def enabled(self) -> bool:
@@ -60,7 +62,7 @@ class DistEnv:
 
 
 _ENV = DistEnv()  # this process's identity, set by setup()
-_BACKEND: Optional[str] = None
+_BACKEND: str | None = None
 
 
 def _int(environ: Any, key: str, default: int = 0) -> int:
@@ -75,29 +77,50 @@ def detect_env(environ: Any = os.environ) -> DistEnv:
     submitit's local executor; then SLURM tasks. A single task of any launcher is not distributed.
     """
     if "RANK" in environ and "WORLD_SIZE" in environ:
-        return DistEnv(_int(environ, "RANK"), _int(environ, "WORLD_SIZE", 1), _int(environ, "LOCAL_RANK"), "torchrun",
-                       environ.get("MASTER_ADDR"), _int(environ, "MASTER_PORT") or None)
+        return DistEnv(
+            _int(environ, "RANK"),
+            _int(environ, "WORLD_SIZE", 1),
+            _int(environ, "LOCAL_RANK"),
+            "torchrun",
+            environ.get("MASTER_ADDR"),
+            _int(environ, "MASTER_PORT") or None,
+        )
     if _int(environ, "SUBMITIT_LOCAL_NTASKS", 1) > 1:
         # one machine: the controller's pid makes a port that concurrent local jobs do not share
-        port = _int(environ, "MASTER_PORT") or 20000 + _int(environ, "SUBMITIT_LOCAL_JOB_ID") % 20000
-        return DistEnv(_int(environ, "SUBMITIT_LOCAL_GLOBALID"), _int(environ, "SUBMITIT_LOCAL_NTASKS"),
-                       _int(environ, "SUBMITIT_LOCAL_LOCALID"), "submitit_local",
-                       environ.get("MASTER_ADDR", "127.0.0.1"), port)
+        port = (
+            _int(environ, "MASTER_PORT") or 20000 + _int(environ, "SUBMITIT_LOCAL_JOB_ID") % 20000
+        )
+        return DistEnv(
+            _int(environ, "SUBMITIT_LOCAL_GLOBALID"),
+            _int(environ, "SUBMITIT_LOCAL_NTASKS"),
+            _int(environ, "SUBMITIT_LOCAL_LOCALID"),
+            "submitit_local",
+            environ.get("MASTER_ADDR", "127.0.0.1"),
+            port,
+        )
     if _int(environ, "SLURM_NTASKS", 1) > 1 and "SLURM_PROCID" in environ:
         # the same port on every task of the job, and different jobs on one node rarely collide
         port = _int(environ, "MASTER_PORT") or 20000 + _int(environ, "SLURM_JOB_ID") % 20000
         addr = environ.get("MASTER_ADDR") or first_slurm_host(environ.get("SLURM_JOB_NODELIST", ""))
-        return DistEnv(_int(environ, "SLURM_PROCID"), _int(environ, "SLURM_NTASKS"), _int(environ, "SLURM_LOCALID"),
-                       "slurm", addr, port)
+        return DistEnv(
+            _int(environ, "SLURM_PROCID"),
+            _int(environ, "SLURM_NTASKS"),
+            _int(environ, "SLURM_LOCALID"),
+            "slurm",
+            addr,
+            port,
+        )
     return DistEnv()
 
 
 def first_slurm_host(nodelist: str) -> str:
-    """The first host of a SLURM node list ("gpu[012-015],cpu3" -> "gpu012"): the rendezvous host."""
+    """The first host of a SLURM node list ("gpu[012-015],cpu3" -> "gpu012"): the rendezvous."""
     if not nodelist:
         return "127.0.0.1"
     try:  # scontrol knows every form of the syntax
-        out = subprocess.run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30)
+        out = subprocess.run(
+            ["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30
+        )
         if out.returncode == 0 and out.stdout.split():
             return out.stdout.split()[0]
     except (OSError, subprocess.TimeoutExpired):
@@ -122,9 +145,14 @@ def setup(cfg: Any, device: torch.device) -> torch.device:
         device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL and every later .cuda() use this rank's GPU
-    backend = cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    backend = (
+        cfg.backend if cfg.backend != "auto" else ("nccl" if device.type == "cuda" else "gloo")
+    )
     if backend == "nccl" and device.type != "cuda":
-        raise ConfigError("distributed.backend=nccl needs CUDA devices; use distributed.backend=gloo (or auto) on the CPU")
+        raise ConfigError(
+            "distributed.backend=nccl needs CUDA devices; use distributed.backend=gloo (or auto) "
+            "on the CPU"
+        )
     if not dist.is_initialized():
         # env:// rendezvous; torchrun exports MASTER_* itself, SLURM and submitit do not
         os.environ.setdefault("MASTER_ADDR", env.master_addr or "127.0.0.1")
@@ -132,14 +160,25 @@ def setup(cfg: Any, device: torch.device) -> torch.device:
         os.environ.setdefault("RANK", str(env.rank))
         os.environ.setdefault("WORLD_SIZE", str(env.world_size))
         os.environ.setdefault("LOCAL_RANK", str(env.local_rank))
-        dist.init_process_group(backend, rank=env.rank, world_size=env.world_size,
-                                timeout=timedelta(seconds=cfg.timeout_s))
+        dist.init_process_group(
+            backend,
+            rank=env.rank,
+            world_size=env.world_size,
+            timeout=timedelta(seconds=cfg.timeout_s),
+        )
         atexit.register(teardown)
     _ENV, _BACKEND = env, dist.get_backend()
     if not is_main():
         _quiet_logging()
-    log.info("distributed: rank %d of %d (local rank %d, %s, %s backend) on %s",
-             env.rank, env.world_size, env.local_rank, env.launcher, _BACKEND, device)
+    log.info(
+        "distributed: rank %d of %d (local rank %d, %s, %s backend) on %s",
+        env.rank,
+        env.world_size,
+        env.local_rank,
+        env.launcher,
+        _BACKEND,
+        device,
+    )
     return device
 
 
@@ -176,7 +215,7 @@ def world_size() -> int:
 
 
 def is_main() -> bool:
-    """Rank 0 (or the only process): the one that writes run.json, logs, TensorBoard, checkpoints."""
+    """Rank 0 (or the only process): the one that writes run.json, logs, TensorBoard, checkpoint."""
     return rank() == 0
 
 
@@ -195,7 +234,11 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
         return tensor
     if op not in _OPS and op != "mean":
         raise ValueError(f"all_reduce_: op must be sum, mean, max or min, not {op!r}")
-    comm = torch.device("cuda", torch.cuda.current_device()) if _BACKEND == "nccl" else torch.device("cpu")
+    comm = (
+        torch.device("cuda", torch.cuda.current_device())
+        if _BACKEND == "nccl"
+        else torch.device("cpu")
+    )
     buf = tensor if tensor.device == comm else tensor.to(comm)
     dist.all_reduce(buf, op=_OPS.get(op, dist.ReduceOp.SUM))
     if op == "mean":
@@ -208,11 +251,14 @@ def all_reduce_(tensor: torch.Tensor, op: str = "sum") -> torch.Tensor:
 def all_reduce_columns_(table: torch.Tensor, ops: list[str]) -> torch.Tensor:
     """Reduce each column of a 2-D table with its own op ("sum", "mean", "max", "min", or "none":
     already identical on every rank), in place, one collective per distinct op. For per-layer
-    statistics, e.g. rows = layers, columns = (mean square, max, min): ops ["mean", "max", "min"]."""
+    statistics, e.g. rows = layers, columns = (mean square, max, min): ops ["mean", "max", "min"].
+    """
     if not is_distributed():
         return table
     if table.dim() != 2 or table.shape[1] != len(ops):
-        raise ValueError(f"all_reduce_columns_: {len(ops)} ops for a table of shape {tuple(table.shape)}")
+        raise ValueError(
+            f"all_reduce_columns_: {len(ops)} ops for a table of shape {tuple(table.shape)}"
+        )
     for op in sorted(set(ops) - {"none"}):
         cols = [i for i, o in enumerate(ops) if o == op]
         part = table[:, cols].contiguous()  # collectives need contiguous memory
@@ -261,8 +307,10 @@ def maybe_sync_bn(model: nn.Module, cfg: Any, device: torch.device) -> nn.Module
     if not (cfg.sync_bn and is_distributed()):
         return model
     if device.type != "cuda":
-        raise ConfigError("distributed.sync_bn=true needs CUDA (PyTorch's SyncBatchNorm has no CPU kernel); "
-                          "use distributed.sync_bn=false (per-process BatchNorm statistics) on the CPU")
+        raise ConfigError(
+            "distributed.sync_bn=true needs CUDA (PyTorch's SyncBatchNorm has no CPU kernel); "
+            "use distributed.sync_bn=false (per-process BatchNorm statistics) on the CPU"
+        )
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
@@ -282,12 +330,20 @@ def wrap_model(model: nn.Module, cfg: Any) -> nn.Module:
 
     device = next(model.parameters()).device
     ids = [device.index] if device.type == "cuda" else None
-    return DDP(model, device_ids=ids, output_device=ids[0] if ids else None,
-               find_unused_parameters=bool(cfg.find_unused_parameters))
+    return DDP(
+        model,
+        device_ids=ids,
+        output_device=ids[0] if ids else None,
+        find_unused_parameters=bool(cfg.find_unused_parameters),
+    )
 
 
 def unwrap(model: nn.Module) -> nn.Module:
-    return model.module if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel) else model
+    return (
+        model.module
+        if hasattr(model, "module") and isinstance(model, nn.parallel.DistributedDataParallel)
+        else model
+    )
 
 
 @torch.no_grad()
@@ -318,8 +374,11 @@ def batch_sizes(cfg: Any) -> tuple[int, int]:
     b, w = cfg.data.batch_size, world_size()
     if cfg.distributed.batch_size_is == "global":
         if b % w:
-            raise ConfigError(f"data.batch_size={b} is the global batch (distributed.batch_size_is=global) and must "
-                              f"divide evenly over {w} processes")
+            raise ConfigError(
+                f"data.batch_size={b} is the global batch (distributed.batch_size_is=global) and "
+                "must "
+                f"divide evenly over {w} processes"
+            )
         return b // w, b
     return b, b * w
 
@@ -359,10 +418,16 @@ def describe(cfg: Any) -> dict[str, Any]:
     per_process, global_batch = batch_sizes(cfg)
     e = _ENV if is_distributed() else DistEnv()
     return {
-        "world_size": world_size(), "launcher": e.launcher, "backend": _BACKEND if is_distributed() else None,
-        "batch_size_is": cfg.distributed.batch_size_is, "per_process_batch_size": per_process,
-        "global_batch_size": global_batch, "lr": scaled_lr(cfg.optim, global_batch), "base_lr": cfg.optim.lr,
-        "lr_scaling": cfg.optim.lr_scaling, "base_batch_size": cfg.optim.base_batch_size,
+        "world_size": world_size(),
+        "launcher": e.launcher,
+        "backend": _BACKEND if is_distributed() else None,
+        "batch_size_is": cfg.distributed.batch_size_is,
+        "per_process_batch_size": per_process,
+        "global_batch_size": global_batch,
+        "lr": scaled_lr(cfg.optim, global_batch),
+        "base_lr": cfg.optim.lr,
+        "lr_scaling": cfg.optim.lr_scaling,
+        "base_batch_size": cfg.optim.base_batch_size,
         "sync_bn": bool(cfg.distributed.sync_bn) and is_distributed(),
     }
 
@@ -373,7 +438,9 @@ class DistributedCallback:
 
     def on_fit_end(self, trainer: Any, summary: dict) -> None:
         params = [p for m in trainer.task.models.values() for p in m.parameters()]
-        params += [p for o in trainer.task.optimizers.values() for g in o.param_groups for p in g["params"]]
+        params += [
+            p for o in trainer.task.optimizers.values() for g in o.param_groups for p in g["params"]
+        ]
         mine = params_checksum(params)
         every = all_gather_object(mine)
         diff = max(float((t - every[0]).abs().max()) if t.numel() else 0.0 for t in every)

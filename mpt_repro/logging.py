@@ -1,11 +1,22 @@
 """Where numbers go during a run: TensorBoard event files and metrics.csv in the run directory."""
+
 from __future__ import annotations
 
 import csv
 from pathlib import Path
 from typing import Any
 
-BASE_COLUMNS = ["step", "epoch", "split", "loss", "lr", "loss_scale", "skipped_steps", "samples_per_s", "wall_time_s"]
+BASE_COLUMNS = [
+    "step",
+    "epoch",
+    "split",
+    "loss",
+    "lr",
+    "loss_scale",
+    "skipped_steps",
+    "samples_per_s",
+    "wall_time_s",
+]
 
 
 class MetricsLogger:
@@ -28,8 +39,10 @@ class MetricsLogger:
         self._file.flush()
         # purge_step: TensorBoard hides the events the killed run wrote after its checkpoint (the
         # rows at the checkpoint's own step were written before it and stay)
-        self.writer = SummaryWriter(log_dir=str(Path(run_dir) / "tb"),
-                                    purge_step=None if resume_step is None else resume_step + 1)
+        self.writer = SummaryWriter(
+            log_dir=str(Path(run_dir) / "tb"),
+            purge_step=None if resume_step is None else resume_step + 1,
+        )
 
     def _rows_up_to(self, step: int) -> list[dict[str, str]]:
         if not self.csv_path.exists():
@@ -45,11 +58,15 @@ class MetricsLogger:
         self._file.flush()
 
     def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
-        """HParams in the run's own event file, so TensorBoard compares runs by precision, seed..."""
+        """HParams in the run's own event file: TensorBoard compares runs by precision, seed..."""
         from torch.utils.tensorboard.summary import hparams as hparams_summary
 
-        clean = {k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()}
-        metric_tags = {f"hparam/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+        clean = {
+            k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()
+        }
+        metric_tags = {
+            f"hparam/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))
+        }
         exp, ssi, sei = hparams_summary(clean, metric_tags)
         fw = self.writer._get_file_writer()
         for summary in (exp, ssi, sei):

@@ -1,43 +1,60 @@
 """Optimizer and LR schedule from cfg.optim: the same recipe under every precision preset."""
+
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import torch
 
 
-def optimizer_factory(o: Any, world_batch: int | None = None) -> Callable[[Iterable], torch.optim.Optimizer]:
+def optimizer_factory(
+    o: Any, world_batch: int | None = None
+) -> Callable[[Iterable], torch.optim.Optimizer]:
     """A function params -> optimizer, so the precision policy can hand it FP32 master copies."""
     lr = scaled_lr(o, world_batch)
 
     def make(params: Iterable) -> torch.optim.Optimizer:
         if o.name == "sgd":
-            return torch.optim.SGD(params, lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay)
+            return torch.optim.SGD(
+                params, lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay
+            )
         if o.name == "adam":
-            return torch.optim.Adam(params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+            return torch.optim.Adam(
+                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            )
         if o.name == "adamw":
-            return torch.optim.AdamW(params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay)
+            return torch.optim.AdamW(
+                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+            )
         if o.name == "adagrad":
             return torch.optim.Adagrad(
-                params, lr=lr, eps=o.eps, weight_decay=o.weight_decay, initial_accumulator_value=o.initial_accumulator_value
+                params,
+                lr=lr,
+                eps=o.eps,
+                weight_decay=o.weight_decay,
+                initial_accumulator_value=o.initial_accumulator_value,
             )
         if o.name == "rmsprop":
-            return torch.optim.RMSprop(params, lr=lr, momentum=o.momentum, eps=o.eps, weight_decay=o.weight_decay)
+            return torch.optim.RMSprop(
+                params, lr=lr, momentum=o.momentum, eps=o.eps, weight_decay=o.weight_decay
+            )
         raise ValueError(f"unknown optimizer {o.name}")  # validate() refuses it first
 
     return make
 
 
 def scaled_lr(o: Any, global_batch: int | None) -> float:
-    """The linear scaling rule (Goyal et al. 2017) when optim.lr_scaling=linear: lr * batch / base."""
+    """The linear scaling rule (Goyal et al. 2017) if lr_scaling=linear: lr * batch / base."""
     if o.lr_scaling == "linear" and global_batch:
         return o.lr * global_batch / o.base_batch_size
     return o.lr
 
 
 def lr_multiplier(o: Any, steps_per_epoch: int, total_steps: int) -> Callable[[int], float]:
-    """The LR factor at iteration i (schedules in epochs, applied per iteration, with linear warm-up)."""
+    """The LR factor at iteration i (schedules in epochs, applied per iteration, with a linear
+    warm-up)."""
     warmup = o.warmup_epochs * steps_per_epoch
 
     def factor(i: int) -> float:
@@ -62,5 +79,9 @@ def lr_multiplier(o: Any, steps_per_epoch: int, total_steps: int) -> Callable[[i
     return factor
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, o: Any, steps_per_epoch: int, total_steps: int):
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_multiplier(o, steps_per_epoch, total_steps))
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, o: Any, steps_per_epoch: int, total_steps: int
+):
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lr_multiplier(o, steps_per_epoch, total_steps)
+    )

@@ -3,6 +3,7 @@
 The reporter, the tests and users' own scripts read it; its schema is documented in README.md
 ("The run record"). Bump SCHEMA_VERSION when a field changes meaning.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,9 @@ def versions() -> dict[str, str | None]:
         "torchvision": tv,
         "hydra": hydra.__version__,
         "cuda": torch.version.cuda,
-        "cudnn": str(torch.backends.cudnn.version()) if torch.backends.cudnn.is_available() else None,
+        "cudnn": str(torch.backends.cudnn.version())
+        if torch.backends.cudnn.is_available()
+        else None,
     }
 
 
@@ -62,12 +65,19 @@ def git_commit() -> str | None:
     """The commit of the code that ran, with '+dirty' when the work tree had changes."""
     repo = Path(__file__).resolve().parents[1]
     try:
-        sha = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10)
+        sha = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if sha.returncode != 0:
             return None
         dirty = subprocess.run(
             ["git", "-C", str(repo), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=10,
+            capture_output=True,
+            text=True,
+            timeout=10,
         )
         return sha.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):

@@ -3,6 +3,7 @@
 Whatever happens, run.json says so: `completed`, `diverged` (a result, not a crash: a sweep goes
 on), or `failed` with the reason (then the error propagates and the exit status is non-zero).
 """
+
 from __future__ import annotations
 
 import logging
@@ -29,16 +30,26 @@ def pick_device(spec: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(spec)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise UserError(f"trainer.device={spec} but no CUDA device is visible; use trainer.device=cpu or auto")
+        raise UserError(
+            f"trainer.device={spec} but no CUDA device is visible; use trainer.device=cpu or auto"
+        )
     return device
 
 
 def describe_device(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
-        return {"type": "cuda", "name": torch.cuda.get_device_name(device), "count": torch.cuda.device_count()}
+        return {
+            "type": "cuda",
+            "name": torch.cuda.get_device_name(device),
+            "count": torch.cuda.device_count(),
+        }
     import platform
 
-    return {"type": "cpu", "name": platform.processor() or platform.machine(), "count": torch.get_num_threads()}
+    return {
+        "type": "cpu",
+        "name": platform.processor() or platform.machine(),
+        "count": torch.get_num_threads(),
+    }
 
 
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
@@ -56,7 +67,8 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if main and not done and not cfg.resume:
         _clear_previous_run(run_dir)
     previous, done, resuming = distributed.broadcast_object(
-        (previous, done, bool(cfg.resume and (run_dir / CHECKPOINT).exists())) if main else None)
+        (previous, done, bool(cfg.resume and (run_dir / CHECKPOINT).exists())) if main else None
+    )
     if cfg.resume and previous:
         _refuse_other_data(previous, cfg, run_dir)
     if done:
@@ -71,12 +83,22 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if device.type == "cuda":
         # A multirun runs its jobs in one process: each run's peak must be its own.
         torch.cuda.reset_peak_memory_stats(device)
-    record = (RunRecord if main else _UnwrittenRecord)(run_dir, {
-        "experiment": cfg.experiment_name, "task": cfg.task.name, "precision": cfg.precision.name,
-        "precision_config": to_plain(cfg.precision), "seed": cfg.seed, "budget": cfg.budget.name,
-        "device": describe_device(device), "run_dir": str(run_dir), "resumed": resuming, "config": to_plain(cfg),
-        "distributed": distributed.describe(cfg),
-    })
+    record = (RunRecord if main else _UnwrittenRecord)(
+        run_dir,
+        {
+            "experiment": cfg.experiment_name,
+            "task": cfg.task.name,
+            "precision": cfg.precision.name,
+            "precision_config": to_plain(cfg.precision),
+            "seed": cfg.seed,
+            "budget": cfg.budget.name,
+            "device": describe_device(device),
+            "run_dir": str(run_dir),
+            "resumed": resuming,
+            "config": to_plain(cfg),
+            "distributed": distributed.describe(cfg),
+        },
+    )
     if resuming and previous:
         # a hard-killed run left no wall_time_s: carry what earlier segments had carried
         before = previous.get("wall_time_s") or previous.get("wall_time_s_before_resume")
@@ -89,8 +111,12 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         log.info("precision %s", policy.describe())
         task = build_task(cfg, device, policy)
         distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
-        record.update(data=task.describe_data(), model=task.describe_model(),
-                      primary_metric=task.primary_metric, higher_is_better=task.higher_is_better)
+        record.update(
+            data=task.describe_data(),
+            model=task.describe_model(),
+            primary_metric=task.primary_metric,
+            higher_is_better=task.higher_is_better,
+        )
         record.write()
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
         summary = trainer.fit()
@@ -99,10 +125,17 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         step = e.step if e.step is not None else (trainer.step if trainer else None)
         extra = trainer.final_summary() if trainer else {}
         extra.pop("metrics", None)
-        record.finish("diverged", e.reason, diverged_at_step=step, wall_time_s=_wall(record, start), **extra)
+        record.finish(
+            "diverged", e.reason, diverged_at_step=step, wall_time_s=_wall(record, start), **extra
+        )
         log.warning("diverged at step %s: %s", step, e.reason)
     except Stopped as e:
-        record.finish("failed", str(e), wall_time_s=_wall(record, start), **(trainer.final_summary() if trainer else {}))
+        record.finish(
+            "failed",
+            str(e),
+            wall_time_s=_wall(record, start),
+            **(trainer.final_summary() if trainer else {}),
+        )
         raise
     except BaseException as e:  # noqa: BLE001 - the record must say how the run ended, then re-raise
         reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
@@ -116,7 +149,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
 
 class _UnwrittenRecord(RunRecord):
-    """A rank other than 0 keeps the same record in memory but never writes it: run.json is rank 0's."""
+    """A rank other than 0 keeps the same record in memory but never writes it: run.json is rank
+    0's.
+    """
 
     def write(self) -> None:
         pass
@@ -129,8 +164,10 @@ def _refuse_other_data(previous: dict, cfg: DictConfig, run_dir: Path) -> None:
     for key in ("name", "root", "num_classes"):
         if key in old and old[key] != cfg.data[key]:
             raise UserError(
-                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; resume=true would "
-                f"mix the two. Use another paths.runs_dir, or resume=false to start this run afresh there."
+                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; "
+                "resume=true would "
+                "mix the two. Use another paths.runs_dir, or resume=false to start this run "
+                "afresh there."
             )
 
 
@@ -150,9 +187,17 @@ def _wall(record: RunRecord, start: float) -> float:
 
 def _clear_previous_run(run_dir: Path) -> None:
     """A fresh (non-resumed) run in a used directory starts clean: old results would mix in."""
-    stale = [run_dir / n for n in ("checkpoints", "tb", "metrics.csv", "run.json") if (run_dir / n).exists()]
+    stale = [
+        run_dir / n
+        for n in ("checkpoints", "tb", "metrics.csv", "run.json")
+        if (run_dir / n).exists()
+    ]
     if stale:
-        log.warning("starting afresh in %s: removing the previous run's %s (use resume=true to continue it)",
-                    run_dir, ", ".join(p.name for p in stale))
+        log.warning(
+            "starting afresh in %s: removing the previous run's %s (use resume=true to continue "
+            "it)",
+            run_dir,
+            ", ".join(p.name for p in stale),
+        )
     for path in stale:
         shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -4,6 +4,7 @@ What differs between experiments lives in the Task; what differs between precisi
 PrecisionPolicy. The loop itself only counts steps, schedules the LR, logs, evaluates,
 checkpoints, and notices divergence.
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,8 +32,15 @@ class Stopped(Exception):
 
 
 class Trainer:
-    def __init__(self, cfg: Any, task: Any, policy: Any, run_dir: Path, callbacks: list | None = None,
-                 is_main: bool = True):
+    def __init__(
+        self,
+        cfg: Any,
+        task: Any,
+        policy: Any,
+        run_dir: Path,
+        callbacks: list | None = None,
+        is_main: bool = True,
+    ):
         self.cfg, self.task, self.policy, self.run_dir = cfg, task, policy, Path(run_dir)
         self.callbacks = callbacks or []
         self.is_main = is_main  # only the main process writes files (distributed runs)
@@ -53,9 +61,12 @@ class Trainer:
             )
         t = cfg.trainer
         self.steps_per_epoch = spe
-        self.total_steps = spe * t.epochs if t.max_steps is None else min(spe * t.epochs, t.max_steps)
+        self.total_steps = (
+            spe * t.epochs if t.max_steps is None else min(spe * t.epochs, t.max_steps)
+        )
         self.schedulers = {
-            name: build_scheduler(opt, cfg.optim, spe, self.total_steps) for name, opt in task.optimizers.items()
+            name: build_scheduler(opt, cfg.optim, spe, self.total_steps)
+            for name, opt in task.optimizers.items()
         }
         self.metrics: MetricsLogger | None = None
         self.writer = None
@@ -65,15 +76,21 @@ class Trainer:
         t = self.cfg.trainer
         resumed = self._maybe_resume()
         if self.is_main:
-            self.metrics = MetricsLogger(self.run_dir, self.task.metric_names, resume_step=self.step if resumed else None)
+            self.metrics = MetricsLogger(
+                self.run_dir, self.task.metric_names, resume_step=self.step if resumed else None
+            )
             self.writer = self.metrics.writer
         self._call("on_fit_start")
-        bad_streak = torch.zeros((), dtype=torch.long, device=self.task.device)  # consecutive non-finite losses
+        bad_streak = torch.zeros(
+            (), dtype=torch.long, device=self.task.device
+        )  # consecutive non-finite losses
         streak_start = torch.zeros_like(bad_streak)
         # the longest streak since the last log row: one that ended between two rows still counts
         worst, worst_start = torch.zeros_like(bad_streak), torch.zeros_like(bad_streak)
         progress = self._progress_bar()
-        previous_handler = signal.signal(signal.SIGTERM, self._request_stop) if _in_main_thread() else None
+        previous_handler = (
+            signal.signal(signal.SIGTERM, self._request_stop) if _in_main_thread() else None
+        )
         try:
             while self.step < self.total_steps:
                 tic = time.perf_counter()
@@ -84,7 +101,10 @@ class Trainer:
                     self.batch_in_epoch += 1
                     self.samples += result.samples
                     for name, scheduler in self.schedulers.items():
-                        if result.stepped_by.get(name, result.stepped) or not self.policy.hold_lr_on_skip:
+                        if (
+                            result.stepped_by.get(name, result.stepped)
+                            or not self.policy.hold_lr_on_skip
+                        ):
                             scheduler.step()
                     # Divergence bookkeeping stays on the device: no host sync on ordinary steps.
                     bad = ~torch.isfinite(result.loss)
@@ -113,7 +133,9 @@ class Trainer:
                         self.save_checkpoint(epoch_done=epoch_end)
                         tic = time.perf_counter()
                         if stop:
-                            raise Stopped(f"stopped by SIGTERM at step {self.step}; resume with resume=true")
+                            raise Stopped(
+                                f"stopped by SIGTERM at step {self.step}; resume with resume=true"
+                            )
                     if last:
                         break
                 self._close_segment(tic)  # the loader's epoch tail counts as training time
@@ -176,7 +198,10 @@ class Trainer:
 
     def _check_divergence(self, bad_streak: int, streak_start: int) -> None:
         if bad_streak >= self.cfg.trainer.diverge_patience:
-            raise Diverged(f"loss was non-finite for {bad_streak} consecutive steps from step {streak_start}", streak_start)
+            raise Diverged(
+                f"loss was non-finite for {bad_streak} consecutive steps from step {streak_start}",
+                streak_start,
+            )
 
     def _evaluate(self) -> None:
         metrics = self.task.evaluate()
@@ -191,20 +216,32 @@ class Trainer:
     def _log_train(self, loss: float, samples_per_s: float, progress: Any) -> None:
         lr = next(iter(self.task.optimizers.values())).param_groups[0]["lr"]
         skipped = self.policy.summary()["skipped_steps"]
-        row = {"epoch": self._epoch_float(), "loss": loss, "lr": lr, "loss_scale": self.policy.loss_scale(),
-               "skipped_steps": skipped, "samples_per_s": samples_per_s, "wall_time_s": self.train_time,
-               **self.window.mean_logs()}
+        row = {
+            "epoch": self._epoch_float(),
+            "loss": loss,
+            "lr": lr,
+            "loss_scale": self.policy.loss_scale(),
+            "skipped_steps": skipped,
+            "samples_per_s": samples_per_s,
+            "wall_time_s": self.train_time,
+            **self.window.mean_logs(),
+        }
         if self.metrics is not None:
             self.metrics.log(self.step, "train", row)
             scales = self.policy.loss_scales()
             if len(scales) > 1:  # several optimizers (the GAN): each loss has its own scale
                 for name, scale in scales.items():
                     self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
-            for layer, scale in self.policy.layer_scales().items():  # precision=adaptive: one per layer
+            for (
+                layer,
+                scale,
+            ) in self.policy.layer_scales().items():  # precision=adaptive: one per layer
                 self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
         if progress is not None:
             progress.n = self.step
-            progress.set_postfix(loss=f"{loss:.4g}", samples_s=f"{samples_per_s:.0f}", scale=f"{row['loss_scale']:g}")
+            progress.set_postfix(
+                loss=f"{loss:.4g}", samples_s=f"{samples_per_s:.0f}", scale=f"{row['loss_scale']:g}"
+            )
             progress.refresh()
 
     def _epoch_float(self) -> float:
@@ -229,15 +266,24 @@ class Trainer:
 
     def _hparams(self) -> dict[str, Any]:
         c = self.cfg
-        return {"experiment": c.experiment_name, "precision": c.precision.name, "budget": c.budget.name,
-                "seed": c.seed, "model": c.model.name, "optimizer": c.optim.name, "lr": c.optim.lr,
-                "batch_size": c.data.batch_size}
+        return {
+            "experiment": c.experiment_name,
+            "precision": c.precision.name,
+            "budget": c.budget.name,
+            "seed": c.seed,
+            "model": c.model.name,
+            "optimizer": c.optim.name,
+            "lr": c.optim.lr,
+            "batch_size": c.data.batch_size,
+        }
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, epoch_done: bool = False) -> None:
         # Every rank's own random streams and task state (e.g. an LM's hidden state) go into the
         # one checkpoint that rank 0 writes; the model, optimizer and scale are the same on all.
-        per_rank = distributed.all_gather_object({"rng": rng_state(), "task": self.task.state_dict()})
+        per_rank = distributed.all_gather_object(
+            {"rng": rng_state(), "task": self.task.state_dict()}
+        )
         if self.is_main:
             self._write_checkpoint(epoch_done, per_rank)
         distributed.barrier()  # no rank runs (or exits) ahead of a checkpoint that is half written
@@ -245,8 +291,13 @@ class Trainer:
     def _write_checkpoint(self, epoch_done: bool, per_rank: list[dict]) -> None:
         epoch, batch = (self.epoch + 1, 0) if epoch_done else (self.epoch, self.batch_in_epoch)
         state = {
-            "step": self.step, "epoch": epoch, "batch_in_epoch": batch, "samples": self.samples,
-            "train_time": self.train_time, "last_eval": self.last_eval, "window": self.window.state(),
+            "step": self.step,
+            "epoch": epoch,
+            "batch_in_epoch": batch,
+            "samples": self.samples,
+            "train_time": self.train_time,
+            "last_eval": self.last_eval,
+            "window": self.window.state(),
             "models": {k: m.state_dict() for k, m in self.task.models.items()},
             "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
             "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
@@ -274,13 +325,29 @@ class Trainer:
             s.load_state_dict(state["schedulers"][k])
         self.policy.load_state_dict(state["policy"])
         mine = state.get("per_rank") or []
-        mine = mine[distributed.rank()] if len(mine) == distributed.world_size() else state  # else: rank 0's
+        mine = (
+            mine[distributed.rank()] if len(mine) == distributed.world_size() else state
+        )  # else: rank 0's
         self.task.load_state_dict(mine["task"])
         set_rng_state(mine["rng"])
-        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        self.samples, self.train_time, self.last_eval = state["samples"], state["train_time"], state["last_eval"]
+        self.step, self.epoch, self.batch_in_epoch = (
+            state["step"],
+            state["epoch"],
+            state["batch_in_epoch"],
+        )
+        self.samples, self.train_time, self.last_eval = (
+            state["samples"],
+            state["train_time"],
+            state["last_eval"],
+        )
         self.window = LogWindow(**state["window"])
-        self.log.info("resumed from %s at step %d (epoch %d, batch %d)", path, self.step, self.epoch, self.batch_in_epoch)
+        self.log.info(
+            "resumed from %s at step %d (epoch %d, batch %d)",
+            path,
+            self.step,
+            self.epoch,
+            self.batch_in_epoch,
+        )
         return True
 
     def close(self) -> None:
@@ -308,8 +375,14 @@ class Trainer:
             return None
         from tqdm.auto import tqdm
 
-        return tqdm(total=self.total_steps, initial=self.step, desc=f"{self.cfg.experiment_name}/{self.cfg.precision.name}",
-                    unit="step", dynamic_ncols=True, mininterval=1.0)
+        return tqdm(
+            total=self.total_steps,
+            initial=self.step,
+            desc=f"{self.cfg.experiment_name}/{self.cfg.precision.name}",
+            unit="step",
+            dynamic_ncols=True,
+            mininterval=1.0,
+        )
 
 
 class LogWindow:
@@ -318,13 +391,23 @@ class LogWindow:
     Part of the checkpoint, so that a resumed run logs exactly the rows of an uninterrupted one.
     """
 
-    def __init__(self, loss_sum: float = 0.0, count: int = 0, samples: int = 0, time: float = 0.0,
-                 log_sums: dict[str, float] | None = None):
+    def __init__(
+        self,
+        loss_sum: float = 0.0,
+        count: int = 0,
+        samples: int = 0,
+        time: float = 0.0,
+        log_sums: dict[str, float] | None = None,
+    ):
         self.loss_sum, self.count, self.samples, self.time = loss_sum, count, samples, time
-        self.log_sums: dict[str, Any] = dict(log_sums or {})  # a task's extra scalars (GAN: d_loss, g_loss)
+        self.log_sums: dict[str, Any] = dict(
+            log_sums or {}
+        )  # a task's extra scalars (GAN: d_loss, g_loss)
 
     def add(self, result: Any) -> None:
-        self.loss_sum = self.loss_sum + result.loss.float()  # stays on the device; a NaN shows as NaN
+        self.loss_sum = (
+            self.loss_sum + result.loss.float()
+        )  # stays on the device; a NaN shows as NaN
         for key, value in result.logs.items():
             value = value.detach().float() if torch.is_tensor(value) else float(value)
             self.log_sums[key] = self.log_sums.get(key, 0.0) + value
@@ -341,8 +424,13 @@ class LogWindow:
         return self.samples / max(self.time, 1e-9)
 
     def state(self) -> dict[str, Any]:
-        return {"loss_sum": float(self.loss_sum), "count": self.count, "samples": self.samples, "time": self.time,
-                "log_sums": {k: float(v) for k, v in self.log_sums.items()}}
+        return {
+            "loss_sum": float(self.loss_sum),
+            "count": self.count,
+            "samples": self.samples,
+            "time": self.time,
+            "log_sums": {k: float(v) for k, v in self.log_sums.items()},
+        }
 
 
 def _in_main_thread() -> bool:
@@ -354,8 +442,14 @@ def _in_main_thread() -> bool:
 def peak_memory(device: torch.device) -> dict[str, Any]:
     """Peak memory of the run: CUDA allocator peak on a GPU; the process's peak RSS on the CPU."""
     if device.type == "cuda":
-        return {"peak_memory_bytes": torch.cuda.max_memory_allocated(device), "peak_memory_kind": "cuda_max_allocated"}
-    return {"peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "peak_memory_kind": "host_max_rss"}
+        return {
+            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
+            "peak_memory_kind": "cuda_max_allocated",
+        }
+    return {
+        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "peak_memory_kind": "host_max_rss",
+    }
 
 
 def rng_state() -> dict[str, Any]:

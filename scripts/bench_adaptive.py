@@ -6,6 +6,7 @@ Trains the demo model (digits_cnn) and the scaling_matters model (small_grad_mlp
 for --steps steps under each preset, after a few warm-up steps, and prints steps/s and the ratio.
 The presets alternate in rounds so that a load change on a shared machine hits both alike.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,22 +23,34 @@ from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
 
 MODELS = {
     "demo (digits_cnn, width 32)": dict(name="digits_cnn", width=32, dropout=0.0),
-    "scaling_matters (small_grad_mlp)": dict(name="small_grad_mlp", width=16, num_layers=4, variant="log2k=-6"),
+    "scaling_matters (small_grad_mlp)": dict(
+        name="small_grad_mlp", width=16, num_layers=4, variant="log2k=-6"
+    ),
 }
 
 
 def setup(model_cfg: dict, scaling: LossScaling, device: str):
-    pol = PrecisionPolicy(PrecisionConfig(name=scaling.name, compute_dtype=Dtype.float16, weights=WeightStorage.low_precision,
-                                          master_weights=True, loss_scaling=scaling), device)
+    pol = PrecisionPolicy(
+        PrecisionConfig(
+            name=scaling.name,
+            compute_dtype=Dtype.float16,
+            weights=WeightStorage.low_precision,
+            master_weights=True,
+            loss_scaling=scaling,
+        ),
+        device,
+    )
     torch.manual_seed(0)
-    model = pol.prepare_model(build_model(OmegaConf.create(model_cfg), num_classes=10, channels=1, image_size=8))
+    model = pol.prepare_model(
+        build_model(OmegaConf.create(model_cfg), num_classes=10, channels=1, image_size=8)
+    )
     opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.01, momentum=0.9))
     return pol, model, opt
 
 
 def run(pol, model, opt, x, y, steps: int) -> float:
     tic = time.perf_counter()
-    for i in range(steps):
+    for _i in range(steps):
         opt.zero_grad(set_to_none=True)
         with pol.autocast():
             loss = nn.functional.cross_entropy(model(pol.cast_inputs(x)), y)
@@ -60,9 +73,12 @@ def main() -> None:
     d = load_digits()
     x = (torch.tensor(d.images[: a.batch], dtype=torch.float32).unsqueeze(1) / 16.0).to(a.device)
     y = torch.tensor(d.target[: a.batch]).to(a.device)
-    print(f"device {a.device}, batch {a.batch}, {a.steps} steps x {a.rounds} rounds per preset, {a.threads} thread(s)")
-    print(f"| model | mixed steps/s | adaptive steps/s | adaptive / mixed |")
-    print(f"| --- | --- | --- | --- |")
+    print(
+        f"device {a.device}, batch {a.batch}, {a.steps} steps x {a.rounds} rounds per preset, "
+        f"{a.threads} thread(s)"
+    )
+    print("| model | mixed steps/s | adaptive steps/s | adaptive / mixed |")
+    print("| --- | --- | --- | --- |")
     for label, cfg in MODELS.items():
         runs = {k: setup(cfg, k, a.device) for k in (LossScaling.dynamic, LossScaling.adaptive)}
         for r in runs.values():

@@ -1,4 +1,5 @@
 """Shared helpers: compose the real config, and run the installed `mpt-run` in a subprocess."""
+
 from __future__ import annotations
 
 import json
@@ -28,19 +29,35 @@ def compose(overrides: list[str] | None = None, return_hydra_config: bool = Fals
     register_configs()
     if not GlobalHydra.instance().is_initialized():
         initialize_config_dir(config_dir=CONF_DIR, version_base="1.3").__enter__()
-    return hydra_compose(config_name="config", overrides=overrides or [], return_hydra_config=return_hydra_config)
+    return hydra_compose(
+        config_name="config", overrides=overrides or [], return_hydra_config=return_hydra_config
+    )
 
 
-def run_cli(*overrides: str, run_dir: Path | None = None, timeout: int = 300, check: bool = True,
-            env: dict | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *overrides: str,
+    run_dir: Path | None = None,
+    timeout: int = 300,
+    check: bool = True,
+    env: dict | None = None,
+) -> subprocess.CompletedProcess:
     """Run the installed mpt-run; with run_dir, pin the run directory (hydra.run.dir)."""
     args = [MPT_RUN, *overrides, "trainer.progress=false"]
     if run_dir is not None:
         args.append(f"hydra.run.dir={run_dir}")
-    proc = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})})
+    proc = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})},
+    )
     if check and proc.returncode != 0:
-        raise AssertionError(f"mpt-run {' '.join(overrides)} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}")
+        raise AssertionError(
+            f"mpt-run {' '.join(overrides)} failed "
+            f"({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+        )
     return proc
 
 

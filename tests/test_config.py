@@ -1,12 +1,13 @@
 """The configuration: every option composes, the schema refuses typos and bad values."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from conftest import CONF_DIR, compose, run_cli
 from omegaconf import OmegaConf
 
-from conftest import CONF_DIR, compose, run_cli
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import ConfigError
 
@@ -22,7 +23,9 @@ def test_every_group_option_composes(group: str, option: str) -> None:
     cfg = compose([f"{group}={option}"])
     assert OmegaConf.select(cfg, "experiment_name")
     if group == "precision":
-        assert cfg.precision.name == option  # a preset names itself: run dirs and reports rely on it
+        assert (
+            cfg.precision.name == option
+        )  # a preset names itself: run dirs and reports rely on it
     if group == "budget":
         assert cfg.budget.name == option
 
@@ -49,14 +52,17 @@ def test_wrong_type_is_refused() -> None:
         compose(["data.batch_size=many"])
 
 
-@pytest.mark.parametrize("override,key", [
-    ("optim.lr=-0.1", "optim.lr"),
-    ("data.batch_size=0", "data.batch_size"),
-    ("trainer.epochs=0", "trainer.epochs"),
-    ("optim.name=adamax", "optim.name"),
-    ("optim.schedule=wavy", "optim.schedule"),
-    ("trainer.device=tpu", "trainer.device"),
-])
+@pytest.mark.parametrize(
+    "override,key",
+    [
+        ("optim.lr=-0.1", "optim.lr"),
+        ("data.batch_size=0", "data.batch_size"),
+        ("trainer.epochs=0", "trainer.epochs"),
+        ("optim.name=adamax", "optim.name"),
+        ("optim.schedule=wavy", "optim.schedule"),
+        ("trainer.device=tpu", "trainer.device"),
+    ],
+)
 def test_invalid_values_name_the_key(override: str, key: str) -> None:
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose([override]))
@@ -66,7 +72,11 @@ def test_bad_inputs_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
     typo = run_cli("experiment=demo", "optim.lrr=0.1", run_dir=tmp_path / "a", check=False)
     assert typo.returncode != 0 and "lrr" in typo.stderr
     unknown = run_cli("experiment=demo", "precision=fp64", run_dir=tmp_path / "b", check=False)
-    assert unknown.returncode != 0 and "fp64" in unknown.stderr and "Available options" in unknown.stderr
+    assert (
+        unknown.returncode != 0
+        and "fp64" in unknown.stderr
+        and "Available options" in unknown.stderr
+    )
     negative = run_cli("experiment=demo", "optim.lr=-1", run_dir=tmp_path / "c", check=False)
     assert negative.returncode == 2 and "optim.lr must be > 0" in negative.stderr
     assert "Traceback" not in negative.stderr
@@ -75,7 +85,10 @@ def test_bad_inputs_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
 def test_run_directory_names_experiment_precision_budget_seed() -> None:
     from hydra.core.hydra_config import HydraConfig
 
-    cfg = compose(["experiment=demo", "precision=amp", "budget=smoke", "seed=3", "optim.lr=0.2"], return_hydra_config=True)
+    cfg = compose(
+        ["experiment=demo", "precision=amp", "budget=smoke", "seed=3", "optim.lr=0.2"],
+        return_hydra_config=True,
+    )
 
     HydraConfig.instance().set_config(cfg)
     run_dir = OmegaConf.to_container(cfg.hydra.run, resolve=True)["dir"]
@@ -90,11 +103,15 @@ def test_resolved_config_is_plain_json() -> None:
 
 
 @pytest.mark.parametrize("experiment", options("experiment"))
-def test_switching_precision_changes_nothing_outside_precision_in_every_experiment(experiment: str) -> None:
+def test_switching_precision_changes_nothing_outside_precision_in_every_experiment(
+    experiment: str,
+) -> None:
     """Same schedule, data and model under every preset: never per-precision hyperparameters."""
 
     def without_precision(preset: str, budget: str) -> dict:
-        plain = to_plain(compose([f"experiment={experiment}", f"precision={preset}", f"budget={budget}"]))
+        plain = to_plain(
+            compose([f"experiment={experiment}", f"precision={preset}", f"budget={budget}"])
+        )
         plain.pop("precision")
         return plain
 

@@ -1,4 +1,5 @@
 """The ImageNet ImageFolder pipeline on a tiny tree of real image files written with PIL."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,7 +19,7 @@ GREEN, RED = (0, 200, 0), (200, 0, 0)
 
 
 def write_image(path: Path, size=(120, 40), fmt="JPEG") -> None:
-    """A wide image: outer thirds green, middle third red (tells crops of different recipes apart)."""
+    """A wide image: outer thirds green, middle third red (tells the recipes' crops apart)."""
     w, h = size
     img = Image.new("RGB", size, GREEN)
     img.paste(Image.new("RGB", (w // 3, h), RED), (w // 3, 0))
@@ -39,8 +40,15 @@ def make_tree(root: Path, n_train=4, n_val=2, classes=CLASSES) -> Path:
 
 
 def data_cfg(root, **kw):
-    base = dict(name="imagenet", root=str(root) if root is not None else None, num_classes=3, channels=3,
-                image_size=32, resize_size=36, augmentation="caffe")
+    base = dict(
+        name="imagenet",
+        root=str(root) if root is not None else None,
+        num_classes=3,
+        channels=3,
+        image_size=32,
+        resize_size=36,
+        augmentation="caffe",
+    )
     base.update(kw)
     return OmegaConf.structured(DataConfig(**base))
 
@@ -76,11 +84,13 @@ def test_validation_crop_follows_the_recipe(tmp_path):
     """Caffe squashes to resize x resize (the crop sees the green sides); torchvision resizes the
     shorter side (a centre crop of the wide image is all red)."""
     root = make_tree(tmp_path / "wide", n_train=1, n_val=1)  # index 0 of each class: the wide JPEG
+
     def red_fraction(aug: str) -> float:
         x, _ = build_image_data(data_cfg(root, augmentation=aug)).eval[0]
         std, mean = torch.tensor([0.229, 0.224, 0.225]), torch.tensor([0.485, 0.456, 0.406])
         rgb = x * std[:, None, None] + mean[:, None, None]
         return float((rgb[0] > rgb[1]).float().mean())
+
     assert red_fraction("torchvision") > 0.95
     assert red_fraction("caffe") < 0.6
 

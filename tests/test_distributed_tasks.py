@@ -5,6 +5,7 @@ LM: the text's streams are split over the ranks, so 2 processes compute what 1 p
 same global batch computes; a resumed 2-process run continues exactly. DCGAN: both networks'
 replicas stay identical, each rank draws its own noise, evaluation covers every held-out image once.
 """
+
 from __future__ import annotations
 
 import csv
@@ -16,22 +17,36 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import MPT_RUN, ROOT, compose, read_run
-from mpt_repro.data.corpus import batchify, bptt_batches, shard_streams
 from test_distributed import free_port, train_rows
+
+from mpt_repro.data.corpus import batchify, bptt_batches, shard_streams
 
 CPU = torch.device("cpu")
 
 
 def mpt_run(args: list[str], nproc: int, run_dir: Path, timeout: int = 300) -> None:
     """`mpt-run args`, or `torchrun --nproc_per_node=N $(which mpt-run) args`."""
-    torchrun = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
-    cmd = [*(torchrun if nproc > 1 else []), MPT_RUN, *args, "trainer.progress=false", "trainer.device=cpu",
-           f"hydra.run.dir={run_dir}"]
+    torchrun = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc_per_node={nproc}",
+        f"--master_port={free_port()}",
+    ]
+    cmd = [
+        *(torchrun if nproc > 1 else []),
+        MPT_RUN,
+        *args,
+        "trainer.progress=false",
+        "trainer.device=cpu",
+        f"hydra.run.dir={run_dir}",
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout, env=env)
-    assert proc.returncode == 0, f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    assert proc.returncode == 0, (
+        f"{' '.join(cmd)} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}"
+    )
 
 
 def csv_rows(run_dir: Path) -> list[dict]:
@@ -56,7 +71,9 @@ def test_rank_shards_of_the_streams_make_up_the_global_windows():
             mine = list(bptt_batches(shard, 5, skip))
             assert len(mine) == len(whole)
             for (x, y), (gx, gy) in zip(mine, whole):
-                assert torch.equal(x, gx[:, 2 * r : 2 * r + 2]) and torch.equal(y, gy[:, 2 * r : 2 * r + 2])
+                assert torch.equal(x, gx[:, 2 * r : 2 * r + 2]) and torch.equal(
+                    y, gy[:, 2 * r : 2 * r + 2]
+                )
     # more processes than (validation) streams: the extra ranks get none, nothing is repeated
     few = [shard_streams(batchify(ids, 2), r, 3) for r in range(3)]
     assert [s.size(1) for s in few] == [1, 1, 0]
@@ -65,8 +82,17 @@ def test_rank_shards_of_the_streams_make_up_the_global_windows():
 # -- the LM: 2 processes against 1 -------------------------------------------------------------
 # Global batch 4 (2 streams per process), 6 BPTT windows, a mid-way evaluation, sampled softmax.
 # Dropout off: its masks are per-rank random streams, which 1 process cannot reproduce.
-LM = ["experiment=lstm_lm", "budget=smoke", "precision=fp32", "model.dropout=0.0", "distributed.batch_size_is=global",
-      "data.batch_size=4", "data.eval_batch_size=4", "trainer.log_every=2", "trainer.eval_every=3"]
+LM = [
+    "experiment=lstm_lm",
+    "budget=smoke",
+    "precision=fp32",
+    "model.dropout=0.0",
+    "distributed.batch_size_is=global",
+    "data.batch_size=4",
+    "data.eval_batch_size=4",
+    "trainer.log_every=2",
+    "trainer.eval_every=3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +107,15 @@ def lm_runs(tmp_path_factory) -> dict[str, Path]:
 def test_lm_two_processes_compute_what_one_process_computes(lm_runs):
     a, b = read_run(lm_runs["one"]), read_run(lm_runs["two"])
     assert a["status"] == b["status"] == "completed" and a["steps"] == b["steps"] == 6
-    assert b["distributed"] == {**b["distributed"], "world_size": 2, "per_process_batch_size": 2, "global_batch_size": 4}
-    assert a["data"]["streams"] == b["data"]["streams"] == 4 and b["data"]["streams_per_process"] == 2
+    assert b["distributed"] == {
+        **b["distributed"],
+        "world_size": 2,
+        "per_process_batch_size": 2,
+        "global_batch_size": 4,
+    }
+    assert (
+        a["data"]["streams"] == b["data"]["streams"] == 4 and b["data"]["streams_per_process"] == 2
+    )
     assert a["data"]["train_tokens"] == b["data"]["train_tokens"]
     # The same windows, the same candidates, averaged gradients, summed token losses: equal up to
     # the order of float additions (measured: ~1e-7 relative).
@@ -90,10 +123,13 @@ def test_lm_two_processes_compute_what_one_process_computes(lm_runs):
     assert b["metrics"]["loss"] == pytest.approx(a["metrics"]["loss"], rel=1e-5)
     ra, rb = train_rows(lm_runs["one"]), train_rows(lm_runs["two"])
     assert [s for s, _ in ra] == [s for s, _ in rb] == [2, 4, 6]
-    assert [l for _, l in rb] == pytest.approx([l for _, l in ra], rel=1e-5)
+    assert [loss for _, loss in rb] == pytest.approx([loss for _, loss in ra], rel=1e-5)
     assert b["diagnostics"]["distributed"] == {"world_size": 2, "replica_max_abs_diff": 0.0}
     # the mid-way evaluation too (at step 3)
-    evals = [[r["perplexity"] for r in csv_rows(d) if r["split"] == "eval"] for d in (lm_runs["one"], lm_runs["two"])]
+    evals = [
+        [r["perplexity"] for r in csv_rows(d) if r["split"] == "eval"]
+        for d in (lm_runs["one"], lm_runs["two"])
+    ]
     assert len(evals[0]) == len(evals[1]) == 2
     assert [float(v) for v in evals[1]] == pytest.approx([float(v) for v in evals[0]], rel=1e-5)
     # each rank carried the hidden state of its own 2 streams
@@ -124,8 +160,14 @@ def test_lm_two_process_run_resumes_exactly(lm_runs, tmp_path):
 # Mixed precision: DDP averages the FP16 gradients of both networks, the policy steps FP32 masters.
 # Global batch 16 (8 per process) over 64 images: 4 steps an epoch, 6 steps cross an epoch end
 # (with an evaluation there).
-GAN = ["experiment=dcgan", "budget=smoke", "precision=mixed", "distributed.batch_size_is=global", "data.batch_size=16",
-       "trainer.epochs=2"]
+GAN = [
+    "experiment=dcgan",
+    "budget=smoke",
+    "precision=mixed",
+    "distributed.batch_size_is=global",
+    "data.batch_size=16",
+    "trainer.epochs=2",
+]
 
 
 def test_dcgan_two_processes_keep_identical_replicas(tmp_path):
@@ -133,7 +175,10 @@ def test_dcgan_two_processes_keep_identical_replicas(tmp_path):
     mpt_run(GAN, 2, run_dir)
     record = read_run(run_dir)
     assert record["status"] == "completed" and record["steps"] == 6
-    assert record["distributed"]["world_size"] == 2 and record["distributed"]["per_process_batch_size"] == 8
+    assert (
+        record["distributed"]["world_size"] == 2
+        and record["distributed"]["per_process_batch_size"] == 8
+    )
     # G's and D's weights and FP32 masters are the same on both ranks, bit for bit
     assert record["diagnostics"]["distributed"] == {"world_size": 2, "replica_max_abs_diff": 0.0}
     per_opt = record["diagnostics"]["per_optimizer"]
@@ -152,7 +197,9 @@ def sensitive_gan(overrides: list[str]):
     from mpt_repro.tasks.base import build_task
 
     cfg = compose(overrides)
-    task = build_task(cfg, CPU, PrecisionPolicy(cfg.precision, CPU, paper_loss_scale=cfg.paper_loss_scale))
+    task = build_task(
+        cfg, CPU, PrecisionPolicy(cfg.precision, CPU, paper_loss_scale=cfg.paper_loss_scale)
+    )
     gen = torch.Generator().manual_seed(7)  # the same weights on every rank
     with torch.no_grad():
         for p in [*task.generator.parameters(), *task.discriminator.parameters()]:
@@ -163,7 +210,13 @@ def sensitive_gan(overrides: list[str]):
 def _gan_eval_worker(rank: int, port: int, overrides: list[str], out: dict) -> None:
     from mpt_repro import distributed
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
     torch.set_num_threads(1)
     cfg = compose(overrides)
     distributed.setup(cfg.distributed, CPU)
@@ -178,7 +231,13 @@ def test_dcgan_evaluation_over_two_ranks_is_the_one_process_evaluation():
     vector; the sums over ranks give what one process computes."""
     import torch.multiprocessing as mp
 
-    overrides = ["experiment=dcgan", "budget=smoke", "precision=fp32", "trainer.device=cpu", "data.eval_batch_size=8"]
+    overrides = [
+        "experiment=dcgan",
+        "budget=smoke",
+        "precision=fp32",
+        "trainer.device=cpu",
+        "data.eval_batch_size=8",
+    ]
     expected = sensitive_gan(overrides).evaluate()
     with mp.Manager() as manager:
         out = manager.dict()

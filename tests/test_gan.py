@@ -1,4 +1,7 @@
-"""DCGAN task: network shapes and depth, the image-folder loader, training through the Task interface."""
+"""DCGAN task: network shapes and depth, the image-folder loader, training through the Task
+interface.
+"""
+
 from __future__ import annotations
 
 import json
@@ -7,14 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 from torch import nn
 
 from mpt_repro.errors import DataError
 from mpt_repro.models.dcgan import Discriminator, Generator
-
-import conftest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -65,7 +67,9 @@ def test_image_folder_loader(tmp_path):
 
     from mpt_repro.data import build_image_data
 
-    cfg = compose("experiment=dcgan", "budget=paper", "data.image_size=16").data  # conf/data/celeba.yaml
+    cfg = compose(
+        "experiment=dcgan", "budget=paper", "data.image_size=16"
+    ).data  # conf/data/celeba.yaml
     assert cfg.name == "images" and cfg.root is None
     with pytest.raises(DataError, match="needs data.root"):
         build_image_data(cfg)
@@ -97,8 +101,13 @@ def test_training_steps_through_the_task_interface(precision, tmp_path):
     for i, batch in enumerate(task.train_batches(0)):
         result = task.train_step(batch)
         assert result.stepped and result.samples == 16
-        assert {"d_loss", "g_loss", "d_real", "d_fake", "d_stepped", "g_stepped"} <= set(result.logs)
-        assert torch.isfinite(result.loss) and result.logs["d_stepped"].item() == result.logs["g_stepped"].item() == 1
+        assert {"d_loss", "g_loss", "d_real", "d_fake", "d_stepped", "g_stepped"} <= set(
+            result.logs
+        )
+        assert (
+            torch.isfinite(result.loss)
+            and result.logs["d_stepped"].item() == result.logs["g_stepped"].item() == 1
+        )
         if i == 2:
             break
     for name, model in task.models.items():  # both networks were updated
@@ -173,9 +182,20 @@ def test_paper_config():
 def test_mpt_run_smoke(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("mpt-run")), "experiment=dcgan", "budget=smoke", "precision=fp32",
-         "trainer.progress=false", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        [
+            str(Path(sys.executable).with_name("mpt-run")),
+            "experiment=dcgan",
+            "budget=smoke",
+            "precision=fp32",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed"

@@ -1,4 +1,5 @@
 """Language-model task: corpus loading, BPTT batches, the bigLSTM model, sampled softmax, resume."""
+
 from __future__ import annotations
 
 import copy
@@ -10,14 +11,21 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import conftest
 import pytest
 import torch
 
-from mpt_repro.data.corpus import EOS, UNK, Corpus, batchify, bptt_batches, build_vocab, num_bptt_batches
+from mpt_repro.data.corpus import (
+    EOS,
+    UNK,
+    Corpus,
+    batchify,
+    bptt_batches,
+    build_vocab,
+    num_bptt_batches,
+)
 from mpt_repro.errors import ConfigError, DataError
 from mpt_repro.models.lstm_lm import LogUniformSampler, LSTMLanguageModel
-
-import conftest
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -41,13 +49,27 @@ def write_corpus(root: Path, train: str, valid: str = "a b\n", test: str = "b a\
 
 # -- corpus ---------------------------------------------------------------------------------------
 def test_vocab_cutoff_unk_and_eos(tmp_path):
-    root = write_corpus(tmp_path / "c", "the cat sat\nthe dog sat\n\nthe rare\n", valid="the unseen cat\n")
+    root = write_corpus(
+        tmp_path / "c", "the cat sat\nthe dog sat\n\nthe rare\n", valid="the unseen cat\n"
+    )
     c = Corpus(root, min_freq=2)
     # kept: the (3), sat (2); <eos> 3 lines (the blank line is skipped); <unk>: cat, dog, rare
     assert c.vocab.words == [EOS, UNK, "the", "sat"]  # by count, ties alphabetical
     assert c.vocab.counts == [3, 3, 3, 2]
     v = c.vocab.index
-    assert c.train.tolist() == [v["the"], v[UNK], v["sat"], v[EOS], v["the"], v[UNK], v["sat"], v[EOS], v["the"], v[UNK], v[EOS]]
+    assert c.train.tolist() == [
+        v["the"],
+        v[UNK],
+        v["sat"],
+        v[EOS],
+        v["the"],
+        v[UNK],
+        v["sat"],
+        v[EOS],
+        v["the"],
+        v[UNK],
+        v[EOS],
+    ]
     assert c.valid.tolist() == [v["the"], v[UNK], v[UNK], v[EOS]]
     assert c.unk_rate("valid") == pytest.approx(0.5)
 
@@ -73,7 +95,7 @@ def test_batchify_and_bptt_targets_are_shifted_by_one():
     assert torch.equal(y0[:-1], x0[1:]) and torch.equal(y0[-1], x1[0])
     assert x0.dtype == torch.long
     # resume: skip=1 gives exactly the second window
-    (xs, ys), = list(bptt_batches(streams, seq_len=3, skip=1))
+    ((xs, ys),) = list(bptt_batches(streams, seq_len=3, skip=1))
     assert torch.equal(xs, x1) and torch.equal(ys, y1)
 
 
@@ -93,12 +115,17 @@ def test_embedded_corpus_is_the_documented_one():
     c = Corpus(None, min_freq=2)
     assert c.embedded
     # The numbers in mpt_repro/data/embedded/README.md: 65,579 words + 2,166 <eos> in train.
-    assert (c.train.numel(), c.valid.numel(), c.test.numel()) == (65579 + 2166, 9380 + 307, 7635 + 273)
+    assert (c.train.numel(), c.valid.numel(), c.test.numel()) == (
+        65579 + 2166,
+        9380 + 307,
+        7635 + 273,
+    )
     assert len(c.vocab) == 1908 + 2
     assert c.unk_rate("valid") < 0.1
 
 
-# -- model and sampled softmax ----------------------------------------------------------------------
+# -- model and sampled softmax
+# ----------------------------------------------------------------------
 def test_projection_shapes():
     m = LSTMLanguageModel(vocab_size=50, embed_dim=12, hidden_size=32, num_layers=2, proj_size=8)
     p = dict(m.named_parameters())
@@ -142,7 +169,9 @@ def test_sampled_softmax_over_the_whole_vocabulary_is_the_full_softmax():
     # softmax would be the target counted twice, which the accidental-hit removal prevents.
     m, features, y = _model_and_batch()
     full = m.full_loss(features, y)
-    sampled = m.sampled_loss(features, y, LogUniformSampler(40, 40), torch.Generator().manual_seed(0))
+    sampled = m.sampled_loss(
+        features, y, LogUniformSampler(40, 40), torch.Generator().manual_seed(0)
+    )
     assert sampled.item() == pytest.approx(full.item(), rel=1e-5)
 
 
@@ -150,7 +179,10 @@ def test_log_uniform_sampler_expected_counts_match_inclusion_frequencies():
     vocab, n, draws = 30, 6, 3000
     sampler = LogUniformSampler(vocab, n)
     g = torch.Generator().manual_seed(1)
-    hits, expected = torch.zeros(vocab, dtype=torch.float64), torch.zeros(vocab, dtype=torch.float64)
+    hits, expected = (
+        torch.zeros(vocab, dtype=torch.float64),
+        torch.zeros(vocab, dtype=torch.float64),
+    )
     for _ in range(draws):
         ids, q, tries = sampler.sample(g, CPU)
         assert ids.numel() == n and ids.unique().numel() == n  # distinct candidates
@@ -163,7 +195,8 @@ def test_log_uniform_sampler_expected_counts_match_inclusion_frequencies():
     assert sampler.prob(torch.arange(vocab)).sum().item() == pytest.approx(1.0)
 
 
-# -- the task ------------------------------------------------------------------------------------------
+# -- the task
+# ------------------------------------------------------------------------------------------
 def test_evaluation_uses_the_full_softmax():
     full, _ = build("model.num_sampled=0")
     sampled, _ = build("model.num_sampled=8")
@@ -189,7 +222,9 @@ def test_training_steps_through_the_task_interface(precision):
 
 
 def test_resume_mid_epoch_is_exact():
-    """Training 4 windows == 2 windows, checkpoint, a new task, 2 more windows (hidden state carried)."""
+    """Training 4 windows == 2 windows, checkpoint, a new task, 2 more windows (hidden state
+    carried).
+    """
     overrides = ("model.dropout=0.0",)
 
     def train(task, skip, n):
@@ -203,15 +238,23 @@ def test_resume_mid_epoch_is_exact():
 
     first, first_policy = build(*overrides)
     train(first, 0, 2)
-    saved = copy.deepcopy({"model": first.model.state_dict(), "opt": first.optimizer.state_dict(),
-                           "policy": first_policy.state_dict(), "task": first.state_dict()})
+    saved = copy.deepcopy(
+        {
+            "model": first.model.state_dict(),
+            "opt": first.optimizer.state_dict(),
+            "policy": first_policy.state_dict(),
+            "task": first.state_dict(),
+        }
+    )
     resumed, policy = build(*overrides)
     resumed.model.load_state_dict(saved["model"])
     resumed.optimizer.load_state_dict(saved["opt"])
     policy.load_state_dict(saved["policy"])
     resumed.load_state_dict(saved["task"])
     train(resumed, 2, 2)
-    for (name, a), b in zip(straight.model.state_dict().items(), resumed.model.state_dict().values()):
+    for (name, a), b in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values(), strict=False
+    ):
         assert torch.equal(a, b), name
 
 
@@ -230,9 +273,20 @@ def test_paper_budget_config_is_the_papers_model():
 def test_mpt_run_smoke(tmp_path):
     run_dir = tmp_path / "run"
     proc = subprocess.run(
-        [str(Path(sys.executable).with_name("mpt-run")), "experiment=lstm_lm", "budget=smoke", "precision=fp32",
-         "trainer.progress=false", f"hydra.run.dir={run_dir}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONWARNINGS": "ignore"})
+        [
+            str(Path(sys.executable).with_name("mpt-run")),
+            "experiment=lstm_lm",
+            "budget=smoke",
+            "precision=fp32",
+            "trainer.progress=false",
+            f"hydra.run.dir={run_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed"

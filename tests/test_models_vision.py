@@ -1,17 +1,18 @@
 """The Table 1 ImageNet models and experiments: architecture sizes, tiny forward/backward passes,
 config composition under every budget, and (when the trainer exists) smoke runs through mpt-run."""
+
 from __future__ import annotations
 
 import time
 
 import pytest
 import torch
+from conftest import ROOT, compose, read_run, run_cli
 from omegaconf import OmegaConf
 
 from mpt_repro.config import ModelConfig, validate
 from mpt_repro.errors import ConfigError, DataError
 from mpt_repro.models import build_model
-from conftest import ROOT, compose, read_run, run_cli
 
 EXPERIMENTS = ["alexnet", "vgg16", "googlenet", "inception_v2", "inception_v3", "resnet50"]
 
@@ -21,7 +22,11 @@ def model_cfg(name: str, **kw) -> ModelConfig:
 
 
 def n_params(model: torch.nn.Module, skip_aux: bool = True) -> int:
-    return sum(p.numel() for k, p in model.named_parameters() if not (skip_aux and k.lower().startswith("aux")))
+    return sum(
+        p.numel()
+        for k, p in model.named_parameters()
+        if not (skip_aux and k.lower().startswith("aux"))
+    )
 
 
 # Published sizes at 1000 classes (torchvision's model cards; BN-Inception: our count of the BN
@@ -37,7 +42,9 @@ PUBLISHED = [
 ]
 
 
-@pytest.mark.parametrize("name,kw,expected", PUBLISHED, ids=[f"{n}-{k.get('variant', '')}" for n, k, _ in PUBLISHED])
+@pytest.mark.parametrize(
+    "name,kw,expected", PUBLISHED, ids=[f"{n}-{k.get('variant', '')}" for n, k, _ in PUBLISHED]
+)
 def test_parameter_counts_match_published(name, kw, expected):
     # The meta device allocates nothing: counting 138 M parameters costs no memory or init time.
     with torch.device("meta"):
@@ -47,8 +54,12 @@ def test_parameter_counts_match_published(name, kw, expected):
 
 def test_aux_heads_add_their_published_size():
     with torch.device("meta"):
-        g = build_model(model_cfg("googlenet", aux_logits=True), num_classes=1000, channels=3, image_size=224)
-        v3 = build_model(model_cfg("inception_v3", aux_logits=True), num_classes=1000, channels=3, image_size=299)
+        g = build_model(
+            model_cfg("googlenet", aux_logits=True), num_classes=1000, channels=3, image_size=224
+        )
+        v3 = build_model(
+            model_cfg("inception_v3", aux_logits=True), num_classes=1000, channels=3, image_size=299
+        )
     assert n_params(g, skip_aux=False) == pytest.approx(13.0e6, rel=0.01)
     assert n_params(v3, skip_aux=False) == pytest.approx(27.16e6, rel=0.01)
 
@@ -67,7 +78,12 @@ def test_bn_inception_follows_the_paper_table():
             shapes.append(tuple(x.shape[1:]))
     widths = [s[0] for s in shapes]
     assert widths == [256, 320, 576, 576, 576, 608, 608, 1056, 1024, 1024]
-    assert shapes[1][1:] == (28, 28) and shapes[2][1:] == (14, 14) and shapes[7][1:] == (7, 7) and shapes[9][1:] == (7, 7)
+    assert (
+        shapes[1][1:] == (28, 28)
+        and shapes[2][1:] == (14, 14)
+        and shapes[7][1:] == (7, 7)
+        and shapes[9][1:] == (7, 7)
+    )
     # Every convolution is followed by batch norm and has no bias (BN makes it redundant).
     convs = [m for m in net.modules() if isinstance(m, torch.nn.Conv2d)]
     assert convs and all(c.bias is None for c in convs)
@@ -82,7 +98,8 @@ def test_preact_resnet_is_pre_activation():
     assert len(blocks) == 16  # [3, 4, 6, 3]
     # The first unit reuses the stem's BN-ReLU; every other unit normalises its own input.
     assert blocks[0].bn1 is None and all(b.bn1 is not None for b in blocks[1:])
-    # Nothing after the addition: a unit's output can be negative (a post-activation ResNet's cannot).
+    # Nothing after the addition: a unit's output can be negative (a post-activation ResNet's
+    # cannot).
     torch.manual_seed(0)
     out = blocks[1](torch.randn(2, 256, 8, 8))
     assert (out < 0).any()
@@ -101,7 +118,9 @@ TINY = [
 ]
 
 
-@pytest.mark.parametrize("name,kw,size", TINY, ids=[f"{n}-{k.get('variant', '')}" for n, k, _ in TINY])
+@pytest.mark.parametrize(
+    "name,kw,size", TINY, ids=[f"{n}-{k.get('variant', '')}" for n, k, _ in TINY]
+)
 def test_forward_backward_at_smallest_size(name, kw, size):
     torch.manual_seed(0)
     model = build_model(model_cfg(name, **kw), num_classes=10, channels=3, image_size=size).train()
@@ -121,17 +140,23 @@ def test_too_small_or_wrong_input_is_a_config_error():
     with pytest.raises(ConfigError, match="image_size >= 75"):
         build_model(model_cfg("inception_v3"), num_classes=10, channels=3, image_size=64)
     with pytest.raises(ConfigError, match="image_size >= 299"):
-        build_model(model_cfg("inception_v3", aux_logits=True), num_classes=10, channels=3, image_size=224)
+        build_model(
+            model_cfg("inception_v3", aux_logits=True), num_classes=10, channels=3, image_size=224
+        )
     with pytest.raises(ConfigError, match="RGB"):
         build_model(model_cfg("resnet50"), num_classes=10, channels=1, image_size=224)
     with pytest.raises(ConfigError, match="model.variant"):
-        build_model(model_cfg("resnet50", variant="resnext"), num_classes=10, channels=3, image_size=224)
+        build_model(
+            model_cfg("resnet50", variant="resnext"), num_classes=10, channels=3, image_size=224
+        )
 
 
 def test_resnet50_variant_defaults_to_preact():
     from mpt_repro.models.preact_resnet import PreActResNet
 
-    assert isinstance(build_model(model_cfg("resnet50"), num_classes=10, channels=3, image_size=32), PreActResNet)
+    assert isinstance(
+        build_model(model_cfg("resnet50"), num_classes=10, channels=3, image_size=32), PreActResNet
+    )
     assert compose(["experiment=resnet50"]).model.variant == "preact"
 
 
@@ -158,14 +183,20 @@ def test_experiment_composes_and_validates(exp, budget):
     assert cfg.data.num_classes == 1000 and cfg.data.channels == 3 and cfg.data.root is None
     assert cfg.optim.lr == lr  # the recipe's LR under every budget
     if budget == "paper":
-        assert (cfg.data.image_size, cfg.data.batch_size, cfg.trainer.epochs) == (size, batch, epochs)
+        assert (cfg.data.image_size, cfg.data.batch_size, cfg.trainer.epochs) == (
+            size,
+            batch,
+            epochs,
+        )
         assert cfg.trainer.max_steps is None and cfg.data.train_limit is None
     elif budget == "short":
         assert (cfg.data.image_size, cfg.data.batch_size) == (size, batch)
         assert cfg.trainer.epochs <= 5 and cfg.data.train_limit == 128000
     else:
         assert cfg.data.image_size <= 75 and cfg.data.batch_size <= 4
-        assert cfg.trainer.max_steps <= 4 and cfg.data.train_limit <= 8 and cfg.data.num_workers == 0
+        assert (
+            cfg.trainer.max_steps <= 4 and cfg.data.train_limit <= 8 and cfg.data.num_workers == 0
+        )
         # The smoke size must be one the model accepts.
         with torch.device("meta"):
             build_model(cfg.model, num_classes=1000, channels=3, image_size=cfg.data.image_size)
@@ -175,7 +206,11 @@ def test_experiment_composes_and_validates(exp, budget):
 def test_synthetic_data_keeps_the_experiment_shape(exp):
     cfg = compose([f"experiment={exp}", "data=synthetic"])
     assert cfg.data.name == "synthetic"
-    assert (cfg.data.image_size, cfg.data.num_classes, cfg.data.channels) == (PAPER[exp][1], 1000, 3)
+    assert (cfg.data.image_size, cfg.data.num_classes, cfg.data.channels) == (
+        PAPER[exp][1],
+        1000,
+        3,
+    )
 
 
 @pytest.mark.parametrize("exp", EXPERIMENTS)
@@ -184,7 +219,10 @@ def test_same_recipe_under_every_precision(exp):
     for preset in ("mixed", "amp"):
         other = compose([f"experiment={exp}", f"precision={preset}"])
         for group in ("data", "model", "optim", "trainer"):
-            assert OmegaConf.to_container(other[group]) == OmegaConf.to_container(base[group]), (preset, group)
+            assert OmegaConf.to_container(other[group]) == OmegaConf.to_container(base[group]), (
+                preset,
+                group,
+            )
 
 
 def test_missing_root_is_a_data_error_that_names_the_fix():
@@ -197,7 +235,9 @@ def test_missing_root_is_a_data_error_that_names_the_fix():
 
 
 def test_cli_without_root_exits_with_the_message(tmp_path):
-    proc = run_cli("experiment=resnet50", "budget=smoke", run_dir=tmp_path / "run", check=False, timeout=120)
+    proc = run_cli(
+        "experiment=resnet50", "budget=smoke", run_dir=tmp_path / "run", check=False, timeout=120
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "data.root" in proc.stderr and "data=synthetic" in proc.stderr
     assert "Traceback" not in proc.stderr
@@ -209,7 +249,14 @@ def test_cli_without_root_exits_with_the_message(tmp_path):
 def smoke_run(exp: str, precision: str, tmp_path) -> dict:
     run_dir = tmp_path / f"{exp}-{precision}"
     start = time.time()
-    run_cli(f"experiment={exp}", "budget=smoke", "data=synthetic", f"precision={precision}", run_dir=run_dir, timeout=600)
+    run_cli(
+        f"experiment={exp}",
+        "budget=smoke",
+        "data=synthetic",
+        f"precision={precision}",
+        run_dir=run_dir,
+        timeout=600,
+    )
     record = read_run(run_dir)
     record["_wall_s"] = time.time() - start
     return record
@@ -225,7 +272,9 @@ def check_record(record: dict, exp: str, precision: str) -> None:
 def test_resnet50_smoke_fp32_runs_end_to_end(tmp_path):
     record = smoke_run("resnet50", "fp32", tmp_path)
     check_record(record, "resnet50", "fp32")
-    assert record["model"]["variant"] == "preact" and record["model"]["parameters"] == pytest.approx(25.55e6, rel=0.01)
+    assert record["model"]["variant"] == "preact" and record["model"][
+        "parameters"
+    ] == pytest.approx(25.55e6, rel=0.01)
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ The tiny models here make every gradient a hand-computable number, so each test 
 value the paper's argument predicts (underflow below 2^-24, lost updates below half an ulp,
 skipped overflowing steps) and checks it exactly.
 """
+
 from __future__ import annotations
 
 import copy
@@ -23,19 +24,39 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (
 F16, F32 = Dtype.float16, Dtype.float32
 LOW, AUTO = WeightStorage.low_precision, WeightStorage.fp32_autocast
 
-PRESETS = {  # the knobs of conf/precision/*.yaml (tests/test_precision_presets.py checks they agree)
-    "fp32": dict(compute_dtype=F32, weights=AUTO, master_weights=False, loss_scaling=LossScaling.none),
-    "amp": dict(compute_dtype=F16, weights=AUTO, master_weights=False, loss_scaling=LossScaling.dynamic),
-    "mixed": dict(compute_dtype=F16, weights=LOW, master_weights=True, loss_scaling=LossScaling.paper),
-    "no_master": dict(compute_dtype=F16, weights=LOW, master_weights=False, loss_scaling=LossScaling.paper),
-    "no_scaling": dict(compute_dtype=F16, weights=LOW, master_weights=True, loss_scaling=LossScaling.none),
-    "fp16": dict(compute_dtype=F16, weights=LOW, master_weights=False, loss_scaling=LossScaling.none),
-    "bf16": dict(compute_dtype=Dtype.bfloat16, weights=AUTO, master_weights=False, loss_scaling=LossScaling.none),
+# the knobs of conf/precision/*.yaml (tests/test_precision_presets.py checks they agree)
+PRESETS = {
+    "fp32": dict(
+        compute_dtype=F32, weights=AUTO, master_weights=False, loss_scaling=LossScaling.none
+    ),
+    "amp": dict(
+        compute_dtype=F16, weights=AUTO, master_weights=False, loss_scaling=LossScaling.dynamic
+    ),
+    "mixed": dict(
+        compute_dtype=F16, weights=LOW, master_weights=True, loss_scaling=LossScaling.paper
+    ),
+    "no_master": dict(
+        compute_dtype=F16, weights=LOW, master_weights=False, loss_scaling=LossScaling.paper
+    ),
+    "no_scaling": dict(
+        compute_dtype=F16, weights=LOW, master_weights=True, loss_scaling=LossScaling.none
+    ),
+    "fp16": dict(
+        compute_dtype=F16, weights=LOW, master_weights=False, loss_scaling=LossScaling.none
+    ),
+    "bf16": dict(
+        compute_dtype=Dtype.bfloat16,
+        weights=AUTO,
+        master_weights=False,
+        loss_scaling=LossScaling.none,
+    ),
 }
 
 
 def policy(preset: str = "mixed", paper_loss_scale=None, **knobs) -> PrecisionPolicy:
-    return PrecisionPolicy(PrecisionConfig(name=preset, **{**PRESETS[preset], **knobs}), "cpu", paper_loss_scale)
+    return PrecisionPolicy(
+        PrecisionConfig(name=preset, **{**PRESETS[preset], **knobs}), "cpu", paper_loss_scale
+    )
 
 
 class Two(nn.Module):
@@ -152,7 +173,13 @@ def test_growth_after_growth_interval_clean_steps_capped_at_max():
         step(pol, model, opt, 1.0)
         scales.append(pol.loss_scale())
     assert scales == [4, 4, 8, 8, 8, 16, 16, 16, 16]
-    assert pol.summary()["loss_scale"] == {"initial": 4.0, "final": 16.0, "min": 4.0, "max": 16.0, "kind": "dynamic"}
+    assert pol.summary()["loss_scale"] == {
+        "initial": 4.0,
+        "final": 16.0,
+        "min": 4.0,
+        "max": 16.0,
+        "kind": "dynamic",
+    }
 
 
 def test_hysteresis_tolerates_overflows_before_backing_off():
@@ -166,7 +193,8 @@ def test_hysteresis_tolerates_overflows_before_backing_off():
         (False, 64),  # 1st overflow tolerated (hysteresis 2 -> 1): skipped, scale kept
         (False, 32),  # 2nd: back off
         (False, 16),  # tolerance not refilled by backing off
-        (True, 16), (True, 32),  # growth refills the tolerance (DeepSpeed default)
+        (True, 16),
+        (True, 32),  # growth refills the tolerance (DeepSpeed default)
         (False, 32),  # tolerated again
         (True, 32),
     ]
@@ -203,7 +231,9 @@ def test_dynamic_trajectory_matches_torch_gradscaler():
     model, opt = setup(pol, lr=0.01)
     ref = Two()
     ref_opt = torch.optim.SGD(ref.parameters(), lr=0.01)
-    gs = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3)
+    gs = torch.amp.GradScaler(
+        "cpu", init_scale=2.0**10, growth_factor=2.0, backoff_factor=0.5, growth_interval=3
+    )
     script = [0, 0, 0, 1, 0, 0, 0, 0, 1, 1, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0]
     for overflow in script:
         x = torch.tensor([1.0, float("inf") if overflow else 0.5])
@@ -221,8 +251,14 @@ def test_dynamic_trajectory_matches_torch_gradscaler():
 
 # -- BN in FP32 inside an FP16 model -------------------------------------------------------------
 def small_cnn():
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU(),
-                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3))
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1, bias=False),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    )
 
 
 @pytest.mark.parametrize("preset", ["mixed", "no_master", "fp16"])
@@ -259,13 +295,24 @@ def test_bn_fp32_off_casts_bn_to_fp16():
 # -- TF32 and bf16 -------------------------------------------------------------------------------
 def test_tf32_flags_are_set_explicitly_by_every_policy():
     try:
-        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = True  # leaked state
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = (
+            True  # leaked state
+        )
         policy("fp32")
-        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+        assert (
+            torch.backends.cuda.matmul.allow_tf32 is False
+            and torch.backends.cudnn.allow_tf32 is False
+        )
         policy("fp32", allow_tf32=True)
-        assert torch.backends.cuda.matmul.allow_tf32 is True and torch.backends.cudnn.allow_tf32 is True
+        assert (
+            torch.backends.cuda.matmul.allow_tf32 is True
+            and torch.backends.cudnn.allow_tf32 is True
+        )
         policy("amp")
-        assert torch.backends.cuda.matmul.allow_tf32 is False and torch.backends.cudnn.allow_tf32 is False
+        assert (
+            torch.backends.cuda.matmul.allow_tf32 is False
+            and torch.backends.cudnn.allow_tf32 is False
+        )
     finally:
         torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
 
@@ -299,10 +346,17 @@ def test_clip_threshold_means_the_same_in_every_preset(preset):
             loss = nn.functional.mse_loss(model(pol.cast_inputs(x)), pol.cast_inputs(y)) * 10
         pol.backward(loss, opt)
         assert pol.step(opt, clip_grad_norm=0.05)
-        return [(p.float() - q).detach() for p, q in zip(opt.param_groups[0]["params"], base.parameters())]
+        return [
+            (p.float() - q).detach()
+            for p, q in zip(opt.param_groups[0]["params"], base.parameters())
+        ]
 
     ref = update(policy("fp32"))
-    got = update(policy(preset, paper_loss_scale=1024.0) if preset == "mixed" else policy(preset, init_scale=1024.0))
+    got = update(
+        policy(preset, paper_loss_scale=1024.0)
+        if preset == "mixed"
+        else policy(preset, init_scale=1024.0)
+    )
     # the clipped update has norm 0.05 in both; without unscale-before-clip it would be 1024x off
     assert torch.cat([d.flatten() for d in ref]).norm().item() == pytest.approx(0.05, rel=1e-4)
     for a, b in zip(ref, got):
@@ -323,7 +377,10 @@ def two_opt_step(pol, models, opts, x1_d: float):
 def test_per_loss_scales_or_one_shared_scale(per_loss):
     pol = policy("mixed", init_scale=16.0, per_loss_scale=per_loss)
     models = {n: pol.prepare_model(Two()) for n in ("D", "G")}
-    opts = {n: pol.build_optimizer(m, lambda p: torch.optim.SGD(p, lr=0.1), name=n) for n, m in models.items()}
+    opts = {
+        n: pol.build_optimizer(m, lambda p: torch.optim.SGD(p, lr=0.1), name=n)
+        for n, m in models.items()
+    }
     two_opt_step(pol, models, opts, 60000.0)  # only D's loss overflows
     if per_loss:
         assert pol.loss_scales() == {"D": 8.0, "G": 16.0}
@@ -350,10 +407,14 @@ def test_state_dict_round_trip_continues_bit_identically():
     for x1 in script[:4]:
         step(pol, model, opt, 0.3, float(x1))
     buf = io.BytesIO()
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "policy": pol.state_dict()}, buf)
+    torch.save(
+        {"model": model.state_dict(), "opt": opt.state_dict(), "policy": pol.state_dict()}, buf
+    )
     # the masters carry what the FP16 model cannot: 1 - k*2^-12 is not an FP16 number
-    assert not torch.equal(pol.state_dict()["optimizers"]["model"]["masters"][0].half().float(),
-                           pol.state_dict()["optimizers"]["model"]["masters"][0])
+    assert not torch.equal(
+        pol.state_dict()["optimizers"]["model"]["masters"][0].half().float(),
+        pol.state_dict()["optimizers"]["model"]["masters"][0],
+    )
     for x1 in script[4:]:
         step(pol, model, opt, 0.3, float(x1))
 
@@ -371,21 +432,44 @@ def test_state_dict_round_trip_continues_bit_identically():
     for p, q in zip(model.parameters(), model2.parameters()):
         assert torch.equal(p, q)
     assert pol.summary() == pol2.summary()
-    assert pol.state_dict()["optimizers"]["model"]["scaler"] == pol2.state_dict()["optimizers"]["model"]["scaler"]
+    assert (
+        pol.state_dict()["optimizers"]["model"]["scaler"]
+        == pol2.state_dict()["optimizers"]["model"]["scaler"]
+    )
 
 
 # -- contradictory knobs -------------------------------------------------------------------------
-@pytest.mark.parametrize("knobs,key", [
-    (dict(compute_dtype=Dtype.bfloat16, loss_scaling=LossScaling.static, static_scale=8.0), "precision.loss_scaling"),
-    (dict(compute_dtype=F16, weights=AUTO, master_weights=True), "precision.master_weights"),
-    (dict(compute_dtype=F32, weights=LOW), "precision.weights"),
-    (dict(compute_dtype=F32, loss_scaling=LossScaling.dynamic), "precision.loss_scaling"),
-    (dict(compute_dtype=F16, loss_scaling=LossScaling.static), "precision.static_scale"),
-    (dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, static_scale=8.0), "precision.static_scale"),
-    (dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, min_scale=4.0, init_scale=2.0), "precision.min_scale"),
-    (dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, backoff_factor=1.0), "precision.backoff_factor"),
-    (dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, hysteresis=0), "precision.hysteresis"),
-])
+@pytest.mark.parametrize(
+    "knobs,key",
+    [
+        (
+            dict(compute_dtype=Dtype.bfloat16, loss_scaling=LossScaling.static, static_scale=8.0),
+            "precision.loss_scaling",
+        ),
+        (dict(compute_dtype=F16, weights=AUTO, master_weights=True), "precision.master_weights"),
+        (dict(compute_dtype=F32, weights=LOW), "precision.weights"),
+        (dict(compute_dtype=F32, loss_scaling=LossScaling.dynamic), "precision.loss_scaling"),
+        (dict(compute_dtype=F16, loss_scaling=LossScaling.static), "precision.static_scale"),
+        (
+            dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, static_scale=8.0),
+            "precision.static_scale",
+        ),
+        (
+            dict(
+                compute_dtype=F16, loss_scaling=LossScaling.dynamic, min_scale=4.0, init_scale=2.0
+            ),
+            "precision.min_scale",
+        ),
+        (
+            dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, backoff_factor=1.0),
+            "precision.backoff_factor",
+        ),
+        (
+            dict(compute_dtype=F16, loss_scaling=LossScaling.dynamic, hysteresis=0),
+            "precision.hysteresis",
+        ),
+    ],
+)
 def test_contradictory_knobs_are_refused_naming_the_key(knobs, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         PrecisionPolicy(PrecisionConfig(name="x", **knobs), "cpu")
@@ -396,7 +480,9 @@ def test_zero_grad_clears_model_and_master_grads():
     model, opt = setup(pol, lr=0.0)
     step(pol, model, opt, 1.0, 1.0)
     with pol.autocast():
-        model(pol.cast_inputs(torch.tensor([1.0, 1.0]))).backward()  # a stray backward (another loss)
+        model(
+            pol.cast_inputs(torch.tensor([1.0, 1.0]))
+        ).backward()  # a stray backward (another loss)
     assert model.a.grad is not None and master_of(opt).grad is not None
     pol.zero_grad(opt)
     assert model.a.grad is None and master_of(opt).grad is None

@@ -1,19 +1,22 @@
 """The presets in conf/precision/: they compose, validate, say what they are, change nothing
-outside precision.*, and each trains a tiny BN CNN on real data (sklearn digits) with a falling loss."""
+outside precision.*, and each trains a tiny BN CNN on real data (sklearn digits) with a falling
+loss.
+"""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import CONF_DIR, compose
 from omegaconf import OmegaConf
+from test_precision import PRESETS
 from torch import nn
 
-from conftest import CONF_DIR, compose
 from mpt_repro.config import validate
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision import PrecisionPolicy
-from test_precision import PRESETS
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (conftest)
 
@@ -53,7 +56,10 @@ def test_switching_preset_changes_nothing_outside_precision(preset):
 
 def test_paper_loss_scale_resolution():
     cfg = compose(["experiment=demo", "precision=mixed"])
-    assert "dynamic loss scale 65536 (experiment states no paper scale" in PrecisionPolicy(cfg.precision, "cpu").describe()
+    assert (
+        "dynamic loss scale 65536 (experiment states no paper scale"
+        in PrecisionPolicy(cfg.precision, "cpu").describe()
+    )
     cfg = compose(["experiment=demo", "precision=mixed", "paper_loss_scale=512"])
     pol = PrecisionPolicy(cfg.precision, "cpu", paper_loss_scale=cfg.paper_loss_scale)
     assert "static loss scale 512 (the experiment's paper scale)" in pol.describe()
@@ -63,13 +69,16 @@ def test_paper_loss_scale_resolution():
     assert PrecisionPolicy(cfg.precision, "cpu", paper_loss_scale=512).scaling_kind == "none"
 
 
-@pytest.mark.parametrize("overrides,key", [
-    (["precision=bf16", "precision.loss_scaling=dynamic"], "precision.loss_scaling"),
-    (["precision=amp", "precision.master_weights=true"], "precision.master_weights"),
-    (["precision=fp32", "precision.weights=low_precision"], "precision.weights"),
-    (["precision=mixed", "precision.static_scale=8"], "precision.static_scale"),
-    (["precision=mixed", "precision.loss_scaling=static"], "precision.static_scale"),
-])
+@pytest.mark.parametrize(
+    "overrides,key",
+    [
+        (["precision=bf16", "precision.loss_scaling=dynamic"], "precision.loss_scaling"),
+        (["precision=amp", "precision.master_weights=true"], "precision.master_weights"),
+        (["precision=fp32", "precision.weights=low_precision"], "precision.weights"),
+        (["precision=mixed", "precision.static_scale=8"], "precision.static_scale"),
+        (["precision=mixed", "precision.loss_scaling=static"], "precision.static_scale"),
+    ],
+)
 def test_contradictory_overrides_are_refused_by_validate(overrides, key):
     cfg = compose(["experiment=demo", *overrides])
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
@@ -91,16 +100,25 @@ def test_every_preset_trains_a_tiny_bn_cnn(preset):
     pol = PrecisionPolicy(cfg, "cpu")
     torch.manual_seed(0)
     # FP16 convolutions are ~100x slower than FP32 on a CPU: keep it tiny
-    model = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6), nn.ReLU(),
-                          nn.MaxPool2d(2), nn.Conv2d(6, 6, 3, padding=1, bias=False), nn.BatchNorm2d(6),
-                          nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 6, 3, padding=1, bias=False),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(6, 6, 3, padding=1, bias=False),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 10),
+    )
     model = pol.prepare_model(model)
     opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.2, momentum=0.9))
     x, y = digits()
     losses, stepped = [], 0
     n, b = 20, 16
     for i in range(n):
-        xb, yb = x[(i % 4) * b:(i % 4 + 1) * b], y[(i % 4) * b:(i % 4 + 1) * b]
+        xb, yb = x[(i % 4) * b : (i % 4 + 1) * b], y[(i % 4) * b : (i % 4 + 1) * b]
         opt.zero_grad(set_to_none=True)
         with pol.autocast():
             loss = nn.functional.cross_entropy(model(pol.cast_inputs(xb)), yb)

@@ -1,4 +1,5 @@
-"""End to end on a CPU: scripts/reproduce_table.sh runs real sweeps (mpt-run) and then mpt-report."""
+"""End to end on a CPU: scripts/reproduce_table.sh runs real sweeps (mpt-run), then mpt-report."""
+
 from __future__ import annotations
 
 import json
@@ -10,13 +11,27 @@ import pandas as pd
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ("BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN", "LAUNCHER")
+SETTINGS = (
+    "BUDGET",
+    "DATA",
+    "DATA_ROOT",
+    "SEEDS",
+    "EXPERIMENTS",
+    "PRECISIONS",
+    "OTHERS",
+    "DRY_RUN",
+    "LAUNCHER",
+)
 
 
-def reproduce(tmp_path: Path, command: list[str], timeout: int, **env) -> subprocess.CompletedProcess:
+def reproduce(
+    tmp_path: Path, command: list[str], timeout: int, **env
+) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
     clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
-    return subprocess.run(command, cwd=ROOT, env=clean, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, cwd=ROOT, env=clean, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def records(runs: Path) -> dict[str, dict]:
@@ -24,17 +39,28 @@ def records(runs: Path) -> dict[str, dict]:
 
 
 def test_small_sweep_then_report_and_rerun_is_a_no_op(tmp_path):
-    settings = dict(BUDGET="smoke", DATA="synthetic", EXPERIMENTS="alexnet", PRECISIONS="fp32",
-                    OTHERS="demo:fp32")
+    settings = dict(
+        BUDGET="smoke",
+        DATA="synthetic",
+        EXPERIMENTS="alexnet",
+        PRECISIONS="fp32",
+        OTHERS="demo:fp32",
+    )
     result = reproduce(tmp_path, ["bash", "scripts/reproduce_table.sh"], 600, **settings)
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     first = records(tmp_path / "runs")
-    assert sorted(first) == ["alexnet/fp32-smoke/seed0/data=synthetic/run.json",
-                             "demo/fp32-smoke/seed0/run.json"]
+    assert sorted(first) == [
+        "alexnet/fp32-smoke/seed0/data=synthetic/run.json",
+        "demo/fp32-smoke/seed0/run.json",
+    ]
     assert {r["status"] for r in first.values()} == {"completed"}
 
     out = tmp_path / "report"
-    table1 = pd.read_csv(next((out / "tables").glob("table1_smoke_synthetic_*.csv")), dtype=str, keep_default_na=False)
+    table1 = pd.read_csv(
+        next((out / "tables").glob("table1_smoke_synthetic_*.csv")),
+        dtype=str,
+        keep_default_na=False,
+    )
     alexnet = table1[table1["Model"] == "AlexNet"].iloc[0]
     expected = first["alexnet/fp32-smoke/seed0/data=synthetic/run.json"]["metrics"]["top1"]
     assert alexnet["ours fp32"] == f"{expected:.2f} (n=1)"
@@ -51,14 +77,36 @@ def test_small_sweep_then_report_and_rerun_is_a_no_op(tmp_path):
 
 @pytest.mark.slow
 def test_make_reproduce_table_smoke_synthetic(tmp_path):
-    """The brief's CPU path: six ILSVRC models on synthetic data, the LM, DCGAN and demo (~20 min on 2 cores)."""
-    result = reproduce(tmp_path, ["make", "-s", "-o", ".venv/.installed", "reproduce-table", "BUDGET=smoke",
-                                  "DATA=synthetic"], 3600)
+    """The brief's CPU path: six ILSVRC models on synthetic data, the LM, DCGAN and demo (~20 min on
+    2
+    cores).
+    """
+    result = reproduce(
+        tmp_path,
+        [
+            "make",
+            "-s",
+            "-o",
+            ".venv/.installed",
+            "reproduce-table",
+            "BUDGET=smoke",
+            "DATA=synthetic",
+        ],
+        3600,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = tmp_path / "report"
-    table1 = pd.read_csv(next((out / "tables").glob("table1_smoke_synthetic_*.csv")), dtype=str, keep_default_na=False)
+    table1 = pd.read_csv(
+        next((out / "tables").glob("table1_smoke_synthetic_*.csv")),
+        dtype=str,
+        keep_default_na=False,
+    )
     for preset in ("fp32", "mixed", "no_master", "no_scaling"):
         assert (table1[f"ours {preset}"] != "").all(), preset
-    assert list((out / "tables").glob("lm_smoke_*.csv")) and list((out / "tables").glob("gan_smoke_*.csv"))
+    assert list((out / "tables").glob("lm_smoke_*.csv")) and list(
+        (out / "tables").glob("gan_smoke_*.csv")
+    )
     problems = pd.read_csv(out / "problems.csv")
-    assert not problems["status"].isin(["failed", "running", "unreadable"]).any(), problems.to_string()
+    assert not problems["status"].isin(["failed", "running", "unreadable"]).any(), (
+        problems.to_string()
+    )

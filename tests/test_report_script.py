@@ -1,4 +1,7 @@
-"""scripts/reproduce_table.sh (make reproduce-table): refuses to start without data, prints the sweep."""
+"""scripts/reproduce_table.sh (make reproduce-table): refuses to start without data, prints the
+sweep.
+"""
+
 from __future__ import annotations
 
 import os
@@ -10,18 +13,42 @@ SCRIPT = ROOT / "scripts" / "reproduce_table.sh"
 
 
 def run_script(tmp_path: Path, **env) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items()
-             if k not in {"BUDGET", "DATA", "DATA_ROOT", "SEEDS", "EXPERIMENTS", "PRECISIONS", "OTHERS", "DRY_RUN", "LAUNCHER"}}
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in {
+            "BUDGET",
+            "DATA",
+            "DATA_ROOT",
+            "SEEDS",
+            "EXPERIMENTS",
+            "PRECISIONS",
+            "OTHERS",
+            "DRY_RUN",
+            "LAUNCHER",
+        }
+    }
     clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
-    return subprocess.run(["bash", str(SCRIPT)], cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        ["bash", str(SCRIPT)], cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=60
+    )
 
 
 def test_without_imagenet_prints_download_steps_and_runs_nothing(tmp_path):
     result = run_script(tmp_path)  # the defaults: BUDGET=paper, DATA=imagenet, no DATA_ROOT
     assert result.returncode == 2
-    for needed in ("DATA_ROOT is not set", "https://image-net.org/", "ILSVRC2012_img_train.tar",
-                   "ILSVRC2012_img_val.tar", "ILSVRC2012_devkit_t12.tar.gz", "class folders",
-                   "DATA_ROOT=/data/imagenet", "Nothing was run", "BUDGET=smoke DATA=synthetic"):
+    for needed in (
+        "DATA_ROOT is not set",
+        "https://image-net.org/",
+        "ILSVRC2012_img_train.tar",
+        "ILSVRC2012_img_val.tar",
+        "ILSVRC2012_devkit_t12.tar.gz",
+        "class folders",
+        "DATA_ROOT=/data/imagenet",
+        "Nothing was run",
+        "BUDGET=smoke DATA=synthetic",
+    ):
         assert needed in result.stderr, needed
     assert "mpt-run" not in result.stdout
     assert not (tmp_path / "runs").exists() and not (tmp_path / "report").exists()
@@ -35,24 +62,56 @@ def test_data_root_without_train_and_val_is_refused(tmp_path):
 
 
 def test_unknown_experiment_or_preset_is_refused_before_running(tmp_path):
-    result = run_script(tmp_path, DATA="synthetic", EXPERIMENTS="resnet50,nosuchnet", PRECISIONS="fp32,nosuchpreset",
-                        OTHERS="")
+    result = run_script(
+        tmp_path,
+        DATA="synthetic",
+        EXPERIMENTS="resnet50,nosuchnet",
+        PRECISIONS="fp32,nosuchpreset",
+        OTHERS="",
+    )
     assert result.returncode == 2
     assert "experiment nosuchnet" in result.stderr and "preset nosuchpreset" in result.stderr
     assert "+ " not in result.stdout
 
 
 def test_dry_run_shows_the_sweeps(tmp_path):
-    result = run_script(tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="synthetic", SEEDS="0,1",
-                        EXPERIMENTS="alexnet,resnet50", PRECISIONS="fp32,mixed", OTHERS="demo:fp32,mixed")
+    result = run_script(
+        tmp_path,
+        DRY_RUN="1",
+        BUDGET="smoke",
+        DATA="synthetic",
+        SEEDS="0,1",
+        EXPERIMENTS="alexnet,resnet50",
+        PRECISIONS="fp32,mixed",
+        OTHERS="demo:fp32,mixed",
+    )
     assert result.returncode == 0, result.stderr
     commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
     runs = str(tmp_path / "runs")
-    assert commands[0].split()[1:] == [".venv/bin/mpt-run", "-m", "experiment=alexnet,resnet50", "precision=fp32,mixed",
-                                       "budget=smoke", "seed=0,1", "resume=true", f"paths.runs_dir={runs}",
-                                       "trainer.progress=false", "data=synthetic"]
-    assert commands[1].split()[1:5] == [".venv/bin/mpt-run", "-m", "experiment=demo", "precision=fp32,mixed"]
-    assert commands[2].split()[1:] == [".venv/bin/mpt-report", runs, "--out", str(tmp_path / "report")]
+    assert commands[0].split()[1:] == [
+        ".venv/bin/mpt-run",
+        "-m",
+        "experiment=alexnet,resnet50",
+        "precision=fp32,mixed",
+        "budget=smoke",
+        "seed=0,1",
+        "resume=true",
+        f"paths.runs_dir={runs}",
+        "trainer.progress=false",
+        "data=synthetic",
+    ]
+    assert commands[1].split()[1:5] == [
+        ".venv/bin/mpt-run",
+        "-m",
+        "experiment=demo",
+        "precision=fp32,mixed",
+    ]
+    assert commands[2].split()[1:] == [
+        ".venv/bin/mpt-report",
+        runs,
+        "--out",
+        str(tmp_path / "report"),
+    ]
 
 
 def test_make_passes_its_variables(tmp_path):
@@ -60,10 +119,28 @@ def test_make_passes_its_variables(tmp_path):
     makefile = (ROOT / "Makefile").read_text() if (ROOT / "Makefile").exists() else ""
     if "reproduce-table:" not in makefile:
         import pytest
+
         pytest.skip("Makefile has no reproduce-table target yet")
-    result = subprocess.run(["make", "-s", "-o", ".venv/.installed", "reproduce-table", "DRY_RUN=1", "BUDGET=smoke",
-                             "DATA=synthetic", "EXPERIMENTS=resnet50", "PRECISIONS=fp32", "OTHERS=",
-                             f"RUNS_DIR={tmp_path}/runs", f"OUT={tmp_path}/report"],
-                            cwd=ROOT, capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [
+            "make",
+            "-s",
+            "-o",
+            ".venv/.installed",
+            "reproduce-table",
+            "DRY_RUN=1",
+            "BUDGET=smoke",
+            "DATA=synthetic",
+            "EXPERIMENTS=resnet50",
+            "PRECISIONS=fp32",
+            "OTHERS=",
+            f"RUNS_DIR={tmp_path}/runs",
+            f"OUT={tmp_path}/report",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     assert "experiment=resnet50 precision=fp32 budget=smoke" in result.stdout

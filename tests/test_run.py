@@ -1,4 +1,7 @@
-"""End to end through the installed `mpt-run`: the run record, metrics, TensorBoard, resume, divergence."""
+"""End to end through the installed `mpt-run`: the run record, metrics, TensorBoard, resume,
+divergence.
+"""
+
 from __future__ import annotations
 
 import csv
@@ -8,13 +11,32 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import MPT_RUN, ROOT, read_run, run_cli
 
 REQUIRED_FIELDS = {
-    "schema_version", "experiment", "task", "precision", "precision_config", "seed", "budget", "data", "model",
-    "status", "reason", "metrics", "steps", "skipped_steps", "loss_scale", "samples_per_s", "peak_memory_bytes",
-    "wall_time_s", "device", "versions", "git_commit", "config", "diagnostics",
+    "schema_version",
+    "experiment",
+    "task",
+    "precision",
+    "precision_config",
+    "seed",
+    "budget",
+    "data",
+    "model",
+    "status",
+    "reason",
+    "metrics",
+    "steps",
+    "skipped_steps",
+    "loss_scale",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "wall_time_s",
+    "device",
+    "versions",
+    "git_commit",
+    "config",
+    "diagnostics",
 }
 
 
@@ -24,9 +46,14 @@ def test_smoke_run_leaves_a_complete_record(tmp_path: Path, precision: str) -> N
     rec = read_run(tmp_path)
     assert REQUIRED_FIELDS <= rec.keys()
     assert rec["status"] == "completed" and rec["reason"] is None
-    assert rec["experiment"] == "demo" and rec["precision"] == precision and rec["budget"] == "smoke"
+    assert (
+        rec["experiment"] == "demo" and rec["precision"] == precision and rec["budget"] == "smoke"
+    )
     assert rec["steps"] == 6  # budget=smoke: 6 iterations
-    assert 0 <= rec["metrics"]["top1"] <= 100 and rec["metrics"]["top1"] <= rec["metrics"]["top5"] <= 100
+    assert (
+        0 <= rec["metrics"]["top1"] <= 100
+        and rec["metrics"]["top1"] <= rec["metrics"]["top5"] <= 100
+    )
     assert set(rec["loss_scale"]) >= {"initial", "final", "min"}
     assert rec["samples_per_s"] > 0 and rec["peak_memory_bytes"] > 0 and rec["wall_time_s"] > 0
     assert rec["versions"]["torch"] and rec["versions"]["hydra"] and rec["versions"]["python"]
@@ -47,20 +74,39 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
     events = EventAccumulator(str(tmp_path / "tb"))
     events.Reload()
     tags = set(events.Tags()["scalars"])
-    assert {"train/loss", "train/lr", "train/loss_scale", "train/samples_per_s", "eval/top1"} <= tags
+    assert {
+        "train/loss",
+        "train/lr",
+        "train/loss_scale",
+        "train/samples_per_s",
+        "eval/top1",
+    } <= tags
     assert [e.step for e in events.Scalars("train/loss")] == [2, 4, 6]
-    assert events.Scalars("train/loss_scale")[0].value == read_run(tmp_path)["loss_scale"]["initial"]
+    assert (
+        events.Scalars("train/loss_scale")[0].value == read_run(tmp_path)["loss_scale"]["initial"]
+    )
 
 
 def _launch(run_dir: Path, *overrides: str) -> subprocess.Popen:
-    args = [MPT_RUN, "experiment=demo", "budget=paper", "trainer.progress=false", f"hydra.run.dir={run_dir}", *overrides]
-    return subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    args = [
+        MPT_RUN,
+        "experiment=demo",
+        "budget=paper",
+        "trainer.progress=false",
+        f"hydra.run.dir={run_dir}",
+        *overrides,
+    ]
+    return subprocess.Popen(
+        args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True
+    )
 
 
 def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not (run_dir / "checkpoints" / "last.pt").exists():
-        assert proc.poll() is None, f"run ended before its first checkpoint: {proc.stderr.read()[-2000:]}"
+        assert proc.poll() is None, (
+            f"run ended before its first checkpoint: {proc.stderr.read()[-2000:]}"
+        )
         assert time.time() < deadline, "no checkpoint appeared"
         time.sleep(0.02)
 
@@ -68,8 +114,15 @@ def _wait_for_checkpoint(proc: subprocess.Popen, run_dir: Path, timeout: float =
 # 4 epochs of 16 steps: checkpoints every 6 steps, so a kill lands mid-epoch
 # Dropout makes the run draw from the global RNG every step: a resume that shifted that stream
 # (e.g. the DataLoader drawing its seed from it) would change the result.
-RESUME_SETTINGS = ("trainer.epochs=4", "data.train_limit=512", "data.batch_size=32", "trainer.checkpoint_every=6",
-                   "trainer.log_every=5", "trainer.eval_every=20", "model.dropout=0.5")
+RESUME_SETTINGS = (
+    "trainer.epochs=4",
+    "data.train_limit=512",
+    "data.batch_size=32",
+    "trainer.checkpoint_every=6",
+    "trainer.log_every=5",
+    "trainer.eval_every=20",
+    "model.dropout=0.5",
+)
 
 
 def test_killed_run_resumes_to_identical_metrics(tmp_path: Path) -> None:
@@ -80,12 +133,22 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path: Path) -> None:
     proc.kill()  # SIGKILL: no chance to clean up
     proc.wait()
     assert read_run(broken)["status"] == "running"  # killed mid-way: the record says it never ended
-    run_cli("experiment=demo", "budget=paper", *RESUME_SETTINGS, "resume=true", run_dir=broken, timeout=600)
+    run_cli(
+        "experiment=demo",
+        "budget=paper",
+        *RESUME_SETTINGS,
+        "resume=true",
+        run_dir=broken,
+        timeout=600,
+    )
     a, b = read_run(whole), read_run(broken)
     assert b["status"] == "completed" and b["resumed"] is True
     assert a["metrics"] == b["metrics"]  # exactly, not approximately
     assert a["steps"] == b["steps"]
-    rows = lambda d: [(r["step"], r["split"], r["loss"]) for r in csv.DictReader(open(d / "metrics.csv"))]  # noqa: E731
+
+    def rows(d):
+        return [(r["step"], r["split"], r["loss"]) for r in csv.DictReader(open(d / "metrics.csv"))]  # noqa: E731
+
     assert rows(whole) == rows(broken)
 
 
@@ -95,8 +158,17 @@ def test_sigterm_saves_a_checkpoint_and_records_the_stop(tmp_path: Path) -> None
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=120) != 0
     rec = read_run(tmp_path)
-    assert rec["status"] == "failed" and "SIGTERM" in rec["reason"] and "resume=true" in rec["reason"]
-    run_cli("experiment=demo", "budget=paper", *RESUME_SETTINGS, "resume=true", run_dir=tmp_path, timeout=600)
+    assert (
+        rec["status"] == "failed" and "SIGTERM" in rec["reason"] and "resume=true" in rec["reason"]
+    )
+    run_cli(
+        "experiment=demo",
+        "budget=paper",
+        *RESUME_SETTINGS,
+        "resume=true",
+        run_dir=tmp_path,
+        timeout=600,
+    )
     assert read_run(tmp_path)["status"] == "completed"
 
 
@@ -111,9 +183,22 @@ def test_divergence_is_a_result_and_the_sweep_goes_on(tmp_path: Path) -> None:
     # An absurd learning rate makes the FP32 loss non-finite; the run ends `diverged`, exit 0,
     # and the next job of the multirun still runs.
     proc = subprocess.run(
-        [MPT_RUN, "-m", "experiment=demo", "budget=smoke", "optim.lr=1e30,0.05", "trainer.max_steps=20",
-         "trainer.log_every=1", "trainer.diverge_patience=3", "trainer.progress=false", f"paths.runs_dir={tmp_path}"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            MPT_RUN,
+            "-m",
+            "experiment=demo",
+            "budget=smoke",
+            "optim.lr=1e30,0.05",
+            "trainer.max_steps=20",
+            "trainer.log_every=1",
+            "trainer.diverge_patience=3",
+            "trainer.progress=false",
+            f"paths.runs_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     # sweep directories are named by their overrides
@@ -126,8 +211,14 @@ def test_divergence_is_a_result_and_the_sweep_goes_on(tmp_path: Path) -> None:
 
 
 def test_missing_data_folder_gives_a_clear_message(tmp_path: Path) -> None:
-    proc = run_cli("experiment=demo", "data=imagenet", f"data.root={tmp_path / 'nowhere'}", "budget=smoke",
-                   run_dir=tmp_path / "run", check=False)
+    proc = run_cli(
+        "experiment=demo",
+        "data=imagenet",
+        f"data.root={tmp_path / 'nowhere'}",
+        "budget=smoke",
+        run_dir=tmp_path / "run",
+        check=False,
+    )
     assert proc.returncode == 2
     assert "train/" in proc.stderr and "Traceback" not in proc.stderr
     rec = read_run(tmp_path / "run")
@@ -136,27 +227,40 @@ def test_missing_data_folder_gives_a_clear_message(tmp_path: Path) -> None:
 
 def test_same_seed_gives_same_initial_weights_under_every_preset() -> None:
     import torch
-
     from conftest import compose
+
     from mpt_repro.precision import PrecisionPolicy
     from mpt_repro.tasks.base import build_task
 
     weights = {}
-    for preset in ["fp32", "amp"] + [p for p in ("mixed", "no_master", "fp16", "bf16") if (ROOT / "conf/precision" / f"{p}.yaml").exists()]:
+    for preset in ["fp32", "amp"] + [
+        p
+        for p in ("mixed", "no_master", "fp16", "bf16")
+        if (ROOT / "conf/precision" / f"{p}.yaml").exists()
+    ]:
         cfg = compose(["experiment=demo", "budget=smoke", f"precision={preset}"])
-        policy = PrecisionPolicy(cfg.precision, torch.device("cpu"), paper_loss_scale=cfg.paper_loss_scale)
+        policy = PrecisionPolicy(
+            cfg.precision, torch.device("cpu"), paper_loss_scale=cfg.paper_loss_scale
+        )
         task = build_task(cfg, torch.device("cpu"), policy)
         weights[preset] = [p.detach().clone() for p in task.model.parameters()]
     reference = weights.pop("fp32")
     assert len(weights) >= 1
     for preset, ws in weights.items():
         for a, b in zip(reference, ws, strict=True):
-            # low-precision storage holds the same initial weights, rounded once: compare in its dtype
+            # low-precision storage holds the same initial weights, rounded once: compare in its
+            # dtype
             assert torch.equal(a.to(b.dtype), b), preset
 
 
 def test_resume_leaves_a_diverged_run_alone(tmp_path: Path) -> None:
-    args = ("experiment=demo", "budget=smoke", "optim.lr=1e30", "trainer.log_every=1", "trainer.diverge_patience=2")
+    args = (
+        "experiment=demo",
+        "budget=smoke",
+        "optim.lr=1e30",
+        "trainer.log_every=1",
+        "trainer.diverge_patience=2",
+    )
     run_cli(*args, run_dir=tmp_path)
     before = (tmp_path / "run.json").read_text()
     assert read_run(tmp_path)["status"] == "diverged"
@@ -166,6 +270,13 @@ def test_resume_leaves_a_diverged_run_alone(tmp_path: Path) -> None:
 
 def test_resume_refuses_a_run_directory_that_trained_on_other_data(tmp_path: Path) -> None:
     run_cli("experiment=demo", "budget=smoke", run_dir=tmp_path)
-    proc = run_cli("experiment=demo", "budget=smoke", "resume=true", f"data.root={tmp_path}", run_dir=tmp_path, check=False)
+    proc = run_cli(
+        "experiment=demo",
+        "budget=smoke",
+        "resume=true",
+        f"data.root={tmp_path}",
+        run_dir=tmp_path,
+        check=False,
+    )
     assert proc.returncode == 2 and "data.root" in proc.stderr and "Traceback" not in proc.stderr
     assert read_run(tmp_path)["status"] == "completed"  # the earlier result is untouched

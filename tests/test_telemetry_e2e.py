@@ -1,4 +1,5 @@
-"""Telemetry end to end through the installed `mpt-run`: figures, record file and run.json summary."""
+"""Telemetry end to end through the installed `mpt-run`: figures, record file, run.json summary."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,14 @@ from mpt_repro.telemetry.figures import FIGURES
 
 
 def test_smoke_run_with_telemetry_writes_figures_and_summary(tmp_path: Path) -> None:
-    run_cli("experiment=demo", "budget=smoke", "precision=fp32", "telemetry.enabled=true", "telemetry.every=2",
-            run_dir=tmp_path)
+    run_cli(
+        "experiment=demo",
+        "budget=smoke",
+        "precision=fp32",
+        "telemetry.enabled=true",
+        "telemetry.every=2",
+        run_dir=tmp_path,
+    )
     rec = read_run(tmp_path)
     assert rec["status"] == "completed"
     tel = rec["diagnostics"]["telemetry"]
@@ -33,7 +40,8 @@ def test_telemetry_is_off_by_default_and_the_diagnostic_preset_turns_it_on() -> 
     from conftest import compose
 
     assert compose(["experiment=demo"]).telemetry.enabled is False
-    # `telemetry=diagnostic` once conf/config.yaml lists the group in its defaults, `+telemetry=...` before
+    # `telemetry=diagnostic` once conf/config.yaml lists the group in its defaults, `+telemetry=...`
+    # before
     try:
         cfg = compose(["experiment=demo", "telemetry=diagnostic"])
     except Exception:

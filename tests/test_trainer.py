@@ -1,11 +1,12 @@
 """The trainer's own rules, on a minimal two-optimizer task (no data set needed)."""
+
 from __future__ import annotations
 
 from pathlib import Path
 
 import torch
-
 from conftest import compose
+
 from mpt_repro.precision import PrecisionPolicy
 from mpt_repro.tasks.base import StepResult, Task
 from mpt_repro.trainer import Trainer
@@ -19,7 +20,9 @@ class TwoOptimizers(Task):
     def __init__(self, cfg, device, policy):
         super().__init__(cfg, device, policy)
         self.models = {"a": torch.nn.Linear(1, 1), "b": torch.nn.Linear(1, 1)}
-        self.optimizers = {k: torch.optim.SGD(m.parameters(), lr=1.0) for k, m in self.models.items()}
+        self.optimizers = {
+            k: torch.optim.SGD(m.parameters(), lr=1.0) for k, m in self.models.items()
+        }
 
     def steps_per_epoch(self) -> int:
         return 4
@@ -28,7 +31,9 @@ class TwoOptimizers(Task):
         return iter(range(skip, 4))
 
     def train_step(self, batch) -> StepResult:
-        return StepResult(loss=torch.tensor(1.0), stepped=False, samples=1, stepped_by={"a": True, "b": False})
+        return StepResult(
+            loss=torch.tensor(1.0), stepped=False, samples=1, stepped_by={"a": True, "b": False}
+        )
 
     def evaluate(self):
         return {"loss": 1.0}
@@ -36,8 +41,15 @@ class TwoOptimizers(Task):
 
 def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(tmp_path: Path) -> None:
     # linear warm-up over the 4 steps: a schedule that advanced shows a larger LR
-    cfg = compose(["experiment=demo", "budget=smoke", "trainer.max_steps=4", "optim.warmup_epochs=1",
-                   "trainer.progress=false"])
+    cfg = compose(
+        [
+            "experiment=demo",
+            "budget=smoke",
+            "trainer.max_steps=4",
+            "optim.warmup_epochs=1",
+            "trainer.progress=false",
+        ]
+    )
     policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
     task = TwoOptimizers(cfg, torch.device("cpu"), policy)
     trainer = Trainer(cfg, task, policy, tmp_path)

@@ -3,16 +3,18 @@
 A builder takes the data config and returns an ImageData: the two splits and the facts the
 model needs. Text corpora live in mpt_repro/data/corpus.py (language-model task).
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
 from mpt_repro.errors import ConfigError
 
-DATASETS: dict[str, Callable[..., "ImageData"]] = {}
+DATASETS: dict[str, Callable[..., ImageData]] = {}
 
 
 @dataclass
@@ -40,7 +42,9 @@ def build_image_data(data_cfg: Any) -> ImageData:
     for mod in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{mod.name}")
     if data_cfg.name not in DATASETS:
-        raise ConfigError(f"data.name={data_cfg.name!r} is not a known image data set; known: {sorted(DATASETS)}")
+        raise ConfigError(
+            f"data.name={data_cfg.name!r} is not a known image data set; known: {sorted(DATASETS)}"
+        )
     data = DATASETS[data_cfg.name](data_cfg)
     # Budgets trim the data: the first N examples of a split (a fixed subset, the same every run).
     if data_cfg.train_limit is not None and data_cfg.train_limit < len(data.train):

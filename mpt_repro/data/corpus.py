@@ -9,12 +9,13 @@ sampler of the sampled softmax assumes exactly that order.
 Without data.root the embedded corpus is used: King James Bible, Genesis and Exodus
 (mpt_repro/data/embedded/README.md says where it comes from).
 """
+
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -25,7 +26,9 @@ EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
 EMBEDDED_ROOT = Path(__file__).parent / "embedded" / "kjv"
-LAYOUT = "a folder with train.txt, valid.txt and test.txt (whitespace tokens, one sentence per line)"
+LAYOUT = (
+    "a folder with train.txt, valid.txt and test.txt (whitespace tokens, one sentence per line)"
+)
 
 
 @dataclass
@@ -63,12 +66,17 @@ class Vocab:
         return torch.from_numpy(np.fromiter(ids(), dtype=np.int32))
 
 
-def build_vocab(counts: Counter, num_lines: int, min_freq: int = 1, max_vocab: Optional[int] = None) -> Vocab:
+def build_vocab(
+    counts: Counter, num_lines: int, min_freq: int = 1, max_vocab: int | None = None
+) -> Vocab:
     """Vocabulary from training-set token counts; `num_lines` is the count of <eos>."""
     if min_freq < 1:
         raise ConfigError(f"data.min_freq must be >= 1 (got {min_freq})")
     if max_vocab is not None and max_vocab < 3:
-        raise ConfigError(f"data.max_vocab must be >= 3 or null: it holds <unk>, <eos> and words (got {max_vocab})")
+        raise ConfigError(
+            "data.max_vocab must be >= 3 or null: it holds <unk>, <eos> and words (got "
+            f"{max_vocab})"
+        )
     counts = Counter(counts)
     # PTB's files already contain <unk>; its count joins the words we cut.
     unk_count = counts.pop(UNK, 0)
@@ -96,7 +104,7 @@ def _token_lines(path: Path) -> Iterator[list[str]]:
 class Corpus:
     """The three splits of a folder as id streams, with the vocabulary built from train."""
 
-    def __init__(self, root: Optional[str | Path], min_freq: int = 1, max_vocab: Optional[int] = None):
+    def __init__(self, root: str | Path | None, min_freq: int = 1, max_vocab: int | None = None):
         self.embedded = root is None
         self.root = EMBEDDED_ROOT if root is None else Path(root).expanduser()
         if not self.root.is_dir():
@@ -127,7 +135,10 @@ def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
     """
     steps = ids.numel() // batch_size
     if steps < 2:
-        raise DataError(f"{ids.numel()} tokens are too few for {batch_size} parallel streams (need 2 per stream)")
+        raise DataError(
+            f"{ids.numel()} tokens are too few for {batch_size} parallel streams (need 2 per "
+            "stream)"
+        )
     return ids[: steps * batch_size].view(batch_size, steps).t().contiguous()
 
 
@@ -147,8 +158,12 @@ def num_bptt_batches(streams: torch.Tensor, seq_len: int) -> int:
     return -(-(streams.size(0) - 1) // seq_len)  # ceil: the last window may be shorter
 
 
-def bptt_batches(streams: torch.Tensor, seq_len: int, skip: int = 0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(input, target) windows of `seq_len` steps as int64; the target is the input shifted by one token."""
+def bptt_batches(
+    streams: torch.Tensor, seq_len: int, skip: int = 0
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """(input, target) windows of `seq_len` steps as int64; the target is the input shifted by one
+    token.
+    """
     for start in range(skip * seq_len, streams.size(0) - 1, seq_len):
         n = min(seq_len, streams.size(0) - 1 - start)
         yield streams[start : start + n].long(), streams[start + 1 : start + 1 + n].long()

@@ -1,4 +1,5 @@
 """scikit-learn's handwritten digits: the embedded default data set (real, offline, 1797 images)."""
+
 from __future__ import annotations
 
 from typing import Any

@@ -25,11 +25,13 @@ the run with DataError naming the file (policy: fail loudly; silently skipping f
 the training set between runs without anyone noticing). The error is raised in the loader
 worker and re-raised by the DataLoader in the main process with the same type and message.
 """
+
 from __future__ import annotations
 
 import os
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from PIL import Image
 from torchvision import transforms as T
@@ -56,11 +58,15 @@ def default_resize(image_size: int) -> int:
     return int(round(image_size * 256 / 224))
 
 
-def build_transforms(augmentation: str, image_size: int, resize_size: int | None) -> tuple[Callable, Callable]:
+def build_transforms(
+    augmentation: str, image_size: int, resize_size: int | None
+) -> tuple[Callable, Callable]:
     """(train transform, validation transform) for one augmentation recipe."""
     resize = resize_size or default_resize(image_size)
     if resize < image_size:
-        raise DataError(f"data.resize_size={resize} is smaller than the crop data.image_size={image_size}")
+        raise DataError(
+            f"data.resize_size={resize} is smaller than the crop data.image_size={image_size}"
+        )
     finish = [T.ToTensor(), T.Normalize(IMAGENET_MEAN, IMAGENET_STD)]
     if augmentation == "caffe":
         square = T.Resize((resize, resize))  # Caffe's 256x256 LMDB images: aspect ratio not kept
@@ -73,7 +79,9 @@ def build_transforms(augmentation: str, image_size: int, resize_size: int | None
         return train, val
     if augmentation == "none":
         return val, val
-    raise DataError(f"data.augmentation={augmentation!r} is not one of none, caffe, torchvision, inception")
+    raise DataError(
+        f"data.augmentation={augmentation!r} is not one of none, caffe, torchvision, inception"
+    )
 
 
 def load_rgb(path: str) -> Image.Image:
@@ -83,7 +91,9 @@ def load_rgb(path: str) -> Image.Image:
             img = Image.open(f)
             return img.convert("RGB")  # convert() forces the full decode inside the try
     except (OSError, SyntaxError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
-        raise DataError(f"cannot read image {path}: {e}. Replace or delete this file and run again") from None
+        raise DataError(
+            f"cannot read image {path}: {e}. Replace or delete this file and run again"
+        ) from None
 
 
 class ImageNetFolder(ImageFolder):
@@ -114,7 +124,8 @@ def open_split(root: str, split: str, transform: Callable) -> ImageNetFolder:
         return ImageNetFolder(split_dir, transform)
     except FileNotFoundError as e:  # torchvision: a class folder without any image file
         raise DataError(
-            f"{split_dir}: {e}. Every class folder needs at least one image ({', '.join(IMG_EXTENSIONS)}); {LAYOUT}"
+            f"{split_dir}: {e}. Every class folder needs at least one image "
+            f"({', '.join(IMG_EXTENSIONS)}); {LAYOUT}"
         ) from None
 
 
@@ -134,19 +145,25 @@ def imagenet(cfg: Any) -> ImageData:
         raise DataError(
             f"train/ and val/ under {root} have different class folders "
             f"(only in train: {only_train[:5]}{'...' if len(only_train) > 5 else ''}, "
-            f"only in val: {only_val[:5]}{'...' if len(only_val) > 5 else ''}); labels would not match. {LAYOUT}"
+            f"only in val: {only_val[:5]}{'...' if len(only_val) > 5 else ''}); labels would not "
+            f"match. {LAYOUT}"
         )
     num_classes = len(train.classes)
     if num_classes != cfg.num_classes:
         # A subset of ImageNet (e.g. 100 classes) is fine; the model follows the folders.
-        warnings.warn(f"data.num_classes={cfg.num_classes} but {root} has {num_classes} class folders; using {num_classes}")
+        warnings.warn(
+            f"data.num_classes={cfg.num_classes} but {root} has {num_classes} class folders; "
+            f"using {num_classes}",
+            stacklevel=2,
+        )
     return ImageData(
         train=train,
         eval=val,
         num_classes=num_classes,
         channels=3,
         description=(
-            f"ImageNet ImageFolder at {root}: {len(train)} train / {len(val)} val images, {num_classes} classes; "
+            f"ImageNet ImageFolder at {root}: {len(train)} train / {len(val)} val images, "
+            f"{num_classes} classes; "
             f"augmentation {cfg.augmentation}, crop {cfg.image_size}, "
             f"val resize {cfg.resize_size or default_resize(cfg.image_size)} + single centre crop"
         ),

@@ -6,6 +6,7 @@ Labels (the sub-folder) are ignored. Every 100th image is held out for evaluatio
 train. Images are resized on their shorter side, centre-cropped to data.image_size (DCGAN's
 CelebA preprocessing) and mapped to [-1, 1], the range of the generator's tanh.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -34,13 +35,15 @@ def images(cfg: Any) -> ImageData:
     if not root.is_dir():
         raise DataError(f"data.root={str(root)!r} is not a folder; expected {LAYOUT}")
     size = cfg.image_size
-    transform = transforms.Compose([
-        transforms.Resize(size),
-        transforms.CenterCrop(size),
-        transforms.Grayscale(1) if cfg.channels == 1 else transforms.Lambda(_to_rgb),
-        transforms.ToTensor(),
-        transforms.Normalize([0.5] * cfg.channels, [0.5] * cfg.channels),
-    ])
+    transform = transforms.Compose(
+        [
+            transforms.Resize(size),
+            transforms.CenterCrop(size),
+            transforms.Grayscale(1) if cfg.channels == 1 else transforms.Lambda(_to_rgb),
+            transforms.ToTensor(),
+            transforms.Normalize([0.5] * cfg.channels, [0.5] * cfg.channels),
+        ]
+    )
     try:
         folder = datasets.ImageFolder(str(root), transform=transform)
     except (FileNotFoundError, RuntimeError) as e:  # no sub-folders, or no image files in them
@@ -48,11 +51,16 @@ def images(cfg: Any) -> ImageData:
     held_out = list(range(0, len(folder), HOLD_OUT_EVERY))
     train = [i for i in range(len(folder)) if i % HOLD_OUT_EVERY]
     if not train:
-        raise DataError(f"{root} has {len(folder)} images: too few to hold out 1 in {HOLD_OUT_EVERY} for evaluation")
+        raise DataError(
+            f"{root} has {len(folder)} images: too few to hold out 1 in {HOLD_OUT_EVERY} for "
+            "evaluation"
+        )
     return ImageData(
         train=Subset(folder, train),
         eval=Subset(folder, held_out),
         num_classes=len(folder.classes),
         channels=cfg.channels,
-        description=f"images from {root} ({len(train)} train / {len(held_out)} held out, {size}x{size})",
+        description=(
+            f"images from {root} ({len(train)} train / {len(held_out)} held out, {size}x{size})"
+        ),
     )

@@ -1,8 +1,12 @@
-"""The order of training examples: fixed by (seed, epoch), resumable mid-epoch, shardable across ranks."""
+"""The order of training examples: fixed by (seed, epoch), resumable mid-epoch, shardable across
+ranks.
+"""
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -17,7 +21,13 @@ class EpochSampler(Sampler[int]):
     """
 
     def __init__(self, size: int, seed: int, batch_size: int, rank: int = 0, world_size: int = 1):
-        self.size, self.seed, self.batch_size, self.rank, self.world_size = size, seed, batch_size, rank, world_size
+        self.size, self.seed, self.batch_size, self.rank, self.world_size = (
+            size,
+            seed,
+            batch_size,
+            rank,
+            world_size,
+        )
         self.epoch, self.skip = 0, 0
         # Give this to the DataLoader (generator=...): it draws its workers' base seed from it
         # instead of the global RNG, so the extra iter() of a resumed run cannot shift dropout,
@@ -56,22 +66,42 @@ class EpochLoaders:
     eval_shard: Sampler[int]  # the eval examples this rank evaluates (evaluate() sums over ranks)
 
 
-def build_epoch_loaders(train: Dataset, eval: Dataset, d: Any, batch: int, seed: int,
-                        device: torch.device) -> EpochLoaders:
+def build_epoch_loaders(
+    train: Dataset, eval: Dataset, d: Any, batch: int, seed: int, device: torch.device
+) -> EpochLoaders:
     """The loaders of an image task: training in the (seed, epoch) order of an EpochSampler,
     sharded over ranks; evaluation on this rank's slice. Neither draws from the global RNG."""
     from mpt_repro import distributed
 
-    sampler = EpochSampler(len(train), seed=seed, batch_size=batch,
-                           rank=distributed.rank(), world_size=distributed.world_size())
-    args = dict(num_workers=d.num_workers, pin_memory=d.pin_memory and device.type == "cuda",
-                persistent_workers=d.num_workers > 0)
+    sampler = EpochSampler(
+        len(train),
+        seed=seed,
+        batch_size=batch,
+        rank=distributed.rank(),
+        world_size=distributed.world_size(),
+    )
+    args = dict(
+        num_workers=d.num_workers,
+        pin_memory=d.pin_memory and device.type == "cuda",
+        persistent_workers=d.num_workers > 0,
+    )
     shard = distributed.ShardSampler(len(eval))
     return EpochLoaders(
         sampler=sampler,
-        train=DataLoader(train, batch_size=batch, sampler=sampler, drop_last=True,
-                         generator=sampler.loader_generator, **args),
-        eval=DataLoader(eval, batch_size=d.eval_batch_size or batch, sampler=shard,
-                        generator=torch.Generator().manual_seed(0), **args),
+        train=DataLoader(
+            train,
+            batch_size=batch,
+            sampler=sampler,
+            drop_last=True,
+            generator=sampler.loader_generator,
+            **args,
+        ),
+        eval=DataLoader(
+            eval,
+            batch_size=d.eval_batch_size or batch,
+            sampler=shard,
+            generator=torch.Generator().manual_seed(0),
+            **args,
+        ),
         eval_shard=shard,
     )

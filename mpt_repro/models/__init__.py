@@ -1,7 +1,9 @@
 """Model registry: conf/model/<name>.yaml sets `name`, and build_model finds the builder here."""
+
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from torch import nn
 
@@ -31,10 +33,14 @@ def he_init_(model: nn.Module) -> nn.Module:
 
 
 def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
-    """Build `model_cfg.name`; data_info carries shapes from the data (num_classes, channels, vocab_size...)."""
+    """Build `model_cfg.name`; data_info carries shapes from the data (num_classes, channels,
+    vocab_size...).
+    """
     _load_all()
     if model_cfg.name not in MODELS:
-        raise ConfigError(f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}")
+        raise ConfigError(
+            f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}"
+        )
     return MODELS[model_cfg.name](model_cfg, **data_info)
 
 

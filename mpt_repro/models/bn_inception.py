@@ -16,6 +16,7 @@ Max-pools use padding 1 instead of Caffe's ceil rounding: the output size is the
 inputs (224 px: 112 -> 56 -> 28 -> 14 -> 7), and at odd sizes it stays equal to the stride-2
 convolutions' output, which lets the small smoke sizes concatenate branches.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,13 +42,32 @@ class InceptionBN(nn.Module):
     the pool branch is a 3x3/2 max-pool without projection (pool_proj=0).
     """
 
-    def __init__(self, cin: int, c1: int, c3r: int, c3: int, d3r: int, d3: int, pool: str, pool_proj: int, stride: int = 1):
+    def __init__(
+        self,
+        cin: int,
+        c1: int,
+        c3r: int,
+        c3: int,
+        d3r: int,
+        d3: int,
+        pool: str,
+        pool_proj: int,
+        stride: int = 1,
+    ):
         super().__init__()
         self.branch1 = conv_bn(cin, c1, 1) if c1 else None
         self.branch3 = nn.Sequential(conv_bn(cin, c3r, 1), conv_bn(c3r, c3, 3, stride))
-        self.branch_d3 = nn.Sequential(conv_bn(cin, d3r, 1), conv_bn(d3r, d3, 3), conv_bn(d3, d3, 3, stride))
-        pooling = nn.AvgPool2d(3, stride, padding=1, count_include_pad=True) if pool == "avg" else nn.MaxPool2d(3, stride, padding=1)
-        self.branch_pool = nn.Sequential(pooling, conv_bn(cin, pool_proj, 1)) if pool_proj else pooling
+        self.branch_d3 = nn.Sequential(
+            conv_bn(cin, d3r, 1), conv_bn(d3r, d3, 3), conv_bn(d3, d3, 3, stride)
+        )
+        pooling = (
+            nn.AvgPool2d(3, stride, padding=1, count_include_pad=True)
+            if pool == "avg"
+            else nn.MaxPool2d(3, stride, padding=1)
+        )
+        self.branch_pool = (
+            nn.Sequential(pooling, conv_bn(cin, pool_proj, 1)) if pool_proj else pooling
+        )
         self.out_channels = c1 + c3 + d3 + (pool_proj or cin)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -97,7 +117,9 @@ class BNInception(nn.Module):
 
 
 @register_model("inception_v2")
-def inception_v2(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any) -> nn.Module:
+def inception_v2(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
+) -> nn.Module:
     from mpt_repro.models.vision import check_input
 
     # Five 2x reductions (stem conv, two stem pools, 3c, 4e): 32 px leaves a 1x1 grid.

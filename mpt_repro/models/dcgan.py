@@ -22,6 +22,7 @@ The discriminator returns logits: binary_cross_entropy on probabilities is refus
 autocast (it is unsafe in FP16), and BCE-with-logits is the same loss computed stably.
 Channel widths double as the side halves, capped at 8x the base width (DCGAN's 64-px widths).
 """
+
 from __future__ import annotations
 
 import math
@@ -65,9 +66,17 @@ class Generator(nn.Module):
         n_up = _levels(image_size)
         self.latent_dim = latent_dim
         w = [_width(features, n_up, level) for level in range(n_up + 1)]
-        layers: list[nn.Module] = [nn.ConvTranspose2d(latent_dim, w[0], 4, 1, 0, bias=False), nn.BatchNorm2d(w[0]), nn.LeakyReLU(LEAK)]
+        layers: list[nn.Module] = [
+            nn.ConvTranspose2d(latent_dim, w[0], 4, 1, 0, bias=False),
+            nn.BatchNorm2d(w[0]),
+            nn.LeakyReLU(LEAK),
+        ]
         for level in range(1, n_up + 1):
-            layers += [nn.ConvTranspose2d(w[level - 1], w[level], 4, 2, 1, bias=False), nn.BatchNorm2d(w[level]), nn.LeakyReLU(LEAK)]
+            layers += [
+                nn.ConvTranspose2d(w[level - 1], w[level], 4, 2, 1, bias=False),
+                nn.BatchNorm2d(w[level]),
+                nn.LeakyReLU(LEAK),
+            ]
         layers += [nn.ConvTranspose2d(w[n_up], channels, 3, 1, 1), nn.Tanh()]
         self.net = nn.Sequential(*layers)
         self.apply(_init_weights)
@@ -84,9 +93,19 @@ class Discriminator(nn.Module):
         w = [_width(features, n_up, level) for level in range(n_up + 1)]
         layers: list[nn.Module] = [nn.Conv2d(channels, w[n_up], 3, 1, 1), nn.LeakyReLU(LEAK)]
         for level in range(n_up, 0, -1):
-            layers += [nn.Conv2d(w[level], w[level - 1], 4, 2, 1, bias=False), nn.BatchNorm2d(w[level - 1]), nn.LeakyReLU(LEAK)]
+            layers += [
+                nn.Conv2d(w[level], w[level - 1], 4, 2, 1, bias=False),
+                nn.BatchNorm2d(w[level - 1]),
+                nn.LeakyReLU(LEAK),
+            ]
         fc = fc_features or w[0]
-        layers += [nn.Flatten(), nn.Linear(w[0] * 16, fc, bias=False), nn.BatchNorm1d(fc), nn.LeakyReLU(LEAK), nn.Linear(fc, 1)]
+        layers += [
+            nn.Flatten(),
+            nn.Linear(w[0] * 16, fc, bias=False),
+            nn.BatchNorm1d(fc),
+            nn.LeakyReLU(LEAK),
+            nn.Linear(fc, 1),
+        ]
         self.net = nn.Sequential(*layers)
         self.apply(_init_weights)
 
@@ -97,7 +116,10 @@ class Discriminator(nn.Module):
 
 @register_model("dcgan")
 def dcgan(cfg: Any, channels: int, image_size: int, **_: Any) -> nn.Module:
-    """Both networks in one container, so the registry can build them; the GAN task uses .generator and .discriminator."""
+    """Both networks in one container, so the registry can build them; the GAN task uses .generator
+    and
+    .discriminator.
+    """
     pair = nn.Module()
     pair.generator = Generator(cfg.latent_dim, channels, image_size, cfg.gen_features)
     pair.discriminator = Discriminator(channels, image_size, cfg.disc_features)

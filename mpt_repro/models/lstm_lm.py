@@ -10,10 +10,11 @@ Training with `num_sampled > 0` uses the sampled softmax with a log-uniform cand
 TensorFlow's sampled_softmax_loss that the bigLSTM code used). Evaluation always uses the full
 softmax, so perplexities are comparable across settings.
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Optional
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,9 @@ class LogUniformSampler:
         u = torch.rand(n, generator=generator, device=device, dtype=torch.float64)
         return (torch.exp(u * self.log_range).floor().long() - 1).clamp_(0, self.vocab_size - 1)
 
-    def sample(self, generator: torch.Generator, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, float]:
+    def sample(
+        self, generator: torch.Generator, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor, float]:
         """(candidate ids, their expected counts, tries)."""
         if self.num_sampled >= self.vocab_size:
             ids = torch.arange(self.vocab_size, device=device)
@@ -75,14 +78,29 @@ class LogUniformSampler:
 
 
 class LSTMLanguageModel(nn.Module):
-    def __init__(self, vocab_size: int, embed_dim: int, hidden_size: int, num_layers: int, proj_size: int = 0, dropout: float = 0.0):
+    def __init__(
+        self,
+        vocab_size: int,
+        embed_dim: int,
+        hidden_size: int,
+        num_layers: int,
+        proj_size: int = 0,
+        dropout: float = 0.0,
+    ):
         super().__init__()
         self.vocab_size, self.num_layers, self.hidden_size = vocab_size, num_layers, hidden_size
         self.out_dim = proj_size or hidden_size
         self.embedding = nn.Embedding(vocab_size, embed_dim)
         self.drop = nn.Dropout(dropout)
-        # nn.LSTM applies dropout between layers; self.drop adds it before the first and after the last.
-        self.lstm = nn.LSTM(embed_dim, hidden_size, num_layers, dropout=dropout if num_layers > 1 else 0.0, proj_size=proj_size)
+        # nn.LSTM applies dropout between layers; self.drop adds it before the first and after the
+        # last.
+        self.lstm = nn.LSTM(
+            embed_dim,
+            hidden_size,
+            num_layers,
+            dropout=dropout if num_layers > 1 else 0.0,
+            proj_size=proj_size,
+        )
         self.decoder = nn.Linear(self.out_dim, vocab_size)
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
@@ -96,26 +114,46 @@ class LSTMLanguageModel(nn.Module):
     def forward(self, x: torch.Tensor, hidden: Hidden) -> tuple[torch.Tensor, Hidden]:
         """x: (steps, batch) ids -> features (steps, batch, out_dim) for the softmax, new hidden."""
         emb = self.drop(self.embedding(x))
-        # The carried state takes the storage dtype of the model (FP16 when the policy casts weights).
+        # The carried state takes the storage dtype of the model (FP16 when the policy casts
+        # weights).
         hidden = tuple(t.to(emb.dtype) for t in hidden)
         out, hidden = self.lstm(emb, hidden)
         return self.drop(out), hidden
 
-    def full_loss(self, features: torch.Tensor, targets: torch.Tensor, reduction: str = "mean", chunk_rows: Optional[int] = None) -> torch.Tensor:
-        """Cross-entropy over the whole vocabulary. chunk_rows bounds the logits held at once (793K-word vocabularies)."""
+    def full_loss(
+        self,
+        features: torch.Tensor,
+        targets: torch.Tensor,
+        reduction: str = "mean",
+        chunk_rows: int | None = None,
+    ) -> torch.Tensor:
+        """Cross-entropy over the whole vocabulary. chunk_rows bounds the logits held at once
+        (793K-word vocabularies).
+        """
         h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
         rows = chunk_rows or h.size(0)
-        total = sum(F.cross_entropy(self.decoder(h[i : i + rows]).float(), t[i : i + rows], reduction="sum") for i in range(0, h.size(0), rows))
+        total = sum(
+            F.cross_entropy(self.decoder(h[i : i + rows]).float(), t[i : i + rows], reduction="sum")
+            for i in range(0, h.size(0), rows)
+        )
         return total / t.numel() if reduction == "mean" else total
 
-    def sampled_loss(self, features: torch.Tensor, targets: torch.Tensor, sampler: LogUniformSampler, generator: torch.Generator) -> torch.Tensor:
+    def sampled_loss(
+        self,
+        features: torch.Tensor,
+        targets: torch.Tensor,
+        sampler: LogUniformSampler,
+        generator: torch.Generator,
+    ) -> torch.Tensor:
         """Sampled-softmax estimate of the cross-entropy (Jean et al. 2015), mean over tokens."""
         h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
         ids, expected, tries = sampler.sample(generator, h.device)
         w, b = self.decoder.weight, self.decoder.bias
         # Subtracting log(expected count) from every logit, the target's included, makes the
         # softmax over {target} + candidates an estimate of the full softmax.
-        true_logit = (h * w[t]).sum(-1) + b[t] - torch.log(sampler.expected_count(t, tries)).to(h.dtype)
+        true_logit = (
+            (h * w[t]).sum(-1) + b[t] - torch.log(sampler.expected_count(t, tries)).to(h.dtype)
+        )
         cand_logits = h @ w[ids].t() + b[ids] - torch.log(expected).to(h.dtype)
         # A candidate equal to the target ("accidental hit") would count the target twice.
         cand_logits = cand_logits.masked_fill(ids.unsqueeze(0) == t.unsqueeze(1), float("-inf"))
@@ -125,4 +163,6 @@ class LSTMLanguageModel(nn.Module):
 
 @register_model("lstm_lm")
 def lstm_lm(cfg: Any, vocab_size: int, **_: Any) -> nn.Module:
-    return LSTMLanguageModel(vocab_size, cfg.embed_dim, cfg.hidden_size, cfg.num_layers, cfg.proj_size, cfg.dropout)
+    return LSTMLanguageModel(
+        vocab_size, cfg.embed_dim, cfg.hidden_size, cfg.num_layers, cfg.proj_size, cfg.dropout
+    )

@@ -12,6 +12,7 @@ stem conv 7x7/2 -> BN -> ReLU -> max-pool 3x3/2; bottleneck units [3, 4, 6, 3] w
 64/128/256/512 (x4 expansion); stride on the 3x3 convolution.
 Parameters at 1000 classes: 25.55 M (the BNs move, they do not multiply).
 """
+
 from __future__ import annotations
 
 import torch
@@ -66,7 +67,9 @@ class PreActResNet(nn.Module):
                 in_ch = width * PreActBottleneck.expansion
         self.layers = nn.Sequential(*layers)
         # The last unit's output has not been normalised: one BN-ReLU before pooling.
-        self.head = nn.Sequential(nn.BatchNorm2d(in_ch), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Sequential(
+            nn.BatchNorm2d(in_ch), nn.ReLU(inplace=True), nn.AdaptiveAvgPool2d(1), nn.Flatten()
+        )
         self.fc = nn.Linear(in_ch, num_classes)
         he_init_(self)  # He et al. 2015, as fb.resnet.torch and torchvision
 

@@ -10,6 +10,7 @@ lower layers' gradients flush to zero and they stop learning. FP32 (with Adam, w
 not depend on the gradient's magnitude), a global loss scale (`mixed`) and per-layer scales
 (`adaptive`, each layer's scale making up for the gains above it) keep them.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,9 @@ class GradientWeight(nn.Module):
 
 
 @register_model("small_grad_mlp")
-def small_grad_mlp(cfg: Any, num_classes: int, channels: int, image_size: int, **_: Any) -> nn.Module:
+def small_grad_mlp(
+    cfg: Any, num_classes: int, channels: int, image_size: int, **_: Any
+) -> nn.Module:
     """Flatten, model.num_layers x (Linear(width), ReLU, GradientWeight(k)), Linear readout.
     k = 2^-6 per layer; model.variant="log2k=-4" changes the exponent."""
     log2k = float(cfg.variant.split("=", 1)[1]) if cfg.variant.startswith("log2k=") else -6.0

@@ -13,6 +13,7 @@ Outputs: a logits tensor, except GoogLeNet and Inception v3 built with model.aux
 which in training mode return torchvision's named tuple (logits, aux logits...) and in eval mode
 return logits only.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -38,7 +39,8 @@ MIN_IMAGE_SIZE = {
 def check_input(name: str, channels: int, image_size: int, min_size: int | None = None) -> None:
     if channels != 3:
         raise ConfigError(
-            f"model.name={name} is an ImageNet architecture and takes RGB images (data.channels=3, got {channels})"
+            f"model.name={name} is an ImageNet architecture and takes RGB images "
+            f"(data.channels=3, got {channels})"
         )
     least = min_size if min_size is not None else MIN_IMAGE_SIZE[name]
     if image_size < least:
@@ -46,7 +48,9 @@ def check_input(name: str, channels: int, image_size: int, min_size: int | None 
 
 
 @register_model("alexnet")
-def alexnet(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any) -> nn.Module:
+def alexnet(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
+) -> nn.Module:
     """torchvision's AlexNet (the one-GPU variant of Krizhevsky et al. 2012; no LRN, no grouped
     convolutions, 64 filters in conv1): 61.1 M parameters at 1000 classes."""
     check_input("alexnet", channels, image_size)
@@ -54,14 +58,18 @@ def alexnet(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224
 
 
 @register_model("vgg16")
-def vgg16(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any) -> nn.Module:
+def vgg16(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
+) -> nn.Module:
     """VGG-D (Simonyan & Zisserman 2014, configuration D, no batch norm): 138.4 M parameters."""
     check_input("vgg16", channels, image_size)
     return torchvision.models.vgg16(weights=None, num_classes=num_classes, dropout=cfg.dropout)
 
 
 @register_model("googlenet")
-def googlenet(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any) -> nn.Module:
+def googlenet(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
+) -> nn.Module:
     """torchvision's GoogLeNet (Inception v1, Szegedy et al. 2015). Unlike the 2014 Caffe model it
     has batch norm after every convolution; 6.6 M parameters without the two auxiliary heads."""
     check_input("googlenet", channels, image_size)
@@ -77,7 +85,9 @@ def googlenet(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 2
 
 
 @register_model("inception_v3")
-def inception_v3(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 299, **_: Any) -> nn.Module:
+def inception_v3(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 299, **_: Any
+) -> nn.Module:
     """torchvision's Inception v3 (Szegedy et al. 2016): 23.8 M parameters without the auxiliary
     head, 27.2 M with it. The auxiliary head needs a 17x17 grid, so it needs 299 px inputs."""
     # The aux head pools 5x5/3 then convolves 5x5 on the 17x17 stage: it needs the full 299 px
@@ -93,7 +103,9 @@ def inception_v3(cfg: Any, num_classes: int, channels: int = 3, image_size: int 
 
 
 @register_model("resnet50")
-def resnet50(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any) -> nn.Module:
+def resnet50(
+    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
+) -> nn.Module:
     """ResNet-50, variant per model.variant:
     - "preact": pre-activation ResNet-50 (He et al. 2016b, "Identity Mappings"), the paper's row;
     - "torchvision": torchvision's ResNet-50 v1.5 (post-activation, stride on the 3x3 conv).
@@ -106,4 +118,6 @@ def resnet50(cfg: Any, num_classes: int, channels: int = 3, image_size: int = 22
         from mpt_repro.models.preact_resnet import preact_resnet50
 
         return preact_resnet50(num_classes)
-    raise ConfigError(f"model.variant={cfg.variant!r} is not a ResNet-50 variant; use preact or torchvision")
+    raise ConfigError(
+        f"model.variant={cfg.variant!r} is not a ResNet-50 variant; use preact or torchvision"
+    )

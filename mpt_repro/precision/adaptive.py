@@ -25,13 +25,14 @@ The statistics a layer's scale is computed from are those of the previous iterat
 backward starts, because a join needs the scales of all its branches. The reference computes
 s_L from the current gradient; with update_interval > 1 both reuse old values anyway.
 """
+
 from __future__ import annotations
 
 import functools
 import math
 import warnings
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -40,20 +41,40 @@ from mpt_repro.precision.scalers import LossScaler, register_scaler, unscale_and
 
 U_MIN = 2.0**-24  # FP16's smallest subnormal (the reference writes 6e-8)
 U_MAX = 65504.0  # FP16's largest finite number
-WEIGHTED = (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d,
-            nn.ConvTranspose3d, nn.RNNBase)
+WEIGHTED = (
+    nn.Linear,
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+    nn.RNNBase,
+)
 METHODS = ("approx_range",)
 
 
 # -- the per-layer scale formula ---------------------------------------------------------------
 def erfinv_sqrt2(threshold: float) -> float:
     """sqrt(2) * erfinv(T): P(|X| < a) = T for X ~ N(0, sigma^2) at a = sigma * this."""
-    return math.sqrt(2.0) * torch.special.erfinv(torch.tensor(threshold, dtype=torch.float64)).item()
+    return (
+        math.sqrt(2.0) * torch.special.erfinv(torch.tensor(threshold, dtype=torch.float64)).item()
+    )
 
 
-def layer_scale_exponent(ms_g: float, g_max: float, g_min: float, ms_w: float, w_max: float, w_min: float,
-                         fan_in: int, prev_scale: float, threshold: float, scale_upper_bound: float,
-                         accum_upper_bound: float) -> int:
+def layer_scale_exponent(
+    ms_g: float,
+    g_max: float,
+    g_min: float,
+    ms_w: float,
+    w_max: float,
+    w_min: float,
+    fan_in: int,
+    prev_scale: float,
+    threshold: float,
+    scale_upper_bound: float,
+    accum_upper_bound: float,
+) -> int:
     """log2 of the layer's scale s (approx_range, as the authors' code computes it).
 
     The statistics are those of the gradient *as it arrives* at the layer (already carrying the
@@ -102,10 +123,10 @@ class _OutCell:
 
     __slots__ = ("layer", "index", "factor", "record_scale")
 
-    def __init__(self, layer: "_Layer", index: int):
+    def __init__(self, layer: _Layer, index: int):
         self.layer, self.index = layer, index
         self.factor = 1.0
-        self.record_scale: Optional[float] = None  # the planned scale of the gradient, when recording
+        self.record_scale: float | None = None  # the planned scale of the gradient, when recording
 
 
 class _Rescale(torch.autograd.Function):
@@ -131,7 +152,9 @@ def _scale_incoming(cell: _OutCell, grads):
                 g32 = g.float()
                 sc = cell.record_scale
                 # statistics of the true (unscaled) gradient, no host sync: read at the next plan
-                cell.layer.g_stats = torch.stack([g32.square().mean() / (sc * sc), g32.max() / sc, g32.min() / sc])
+                cell.layer.g_stats = torch.stack(
+                    [g32.square().mean() / (sc * sc), g32.max() / sc, g32.min() / sc]
+                )
     if cell.factor == 1.0:
         return None
     return tuple(None if g is None else g * cell.factor for g in grads)
@@ -140,25 +163,32 @@ def _scale_incoming(cell: _OutCell, grads):
 class _Layer:
     """One weighted layer: its current exponent, last gradient statistics and history."""
 
-    def __init__(self, name: str, module: nn.Module, owner: "AdaptiveScaler"):
+    def __init__(self, name: str, module: nn.Module, owner: AdaptiveScaler):
         self.name, self.module, self.owner = name, module, owner
-        self.weights = [p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")]
+        self.weights = [
+            p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")
+        ]
         self.fan_in = fan_in(module)
         # [E g^2, max g, min g, E W^2, max W, min W] of the true (unscaled) gradient and the
         # weights at the last recomputation; s is re-derived from them at every plan
-        self.stats: Optional[List[float]] = None
-        self.applied: Optional[int] = None  # log2 s applied in the last plan (after the caps)
-        self.accum: Optional[int] = None  # log2 of the accumulated scale below the layer, last plan
-        self.min_exp: Optional[int] = None
-        self.max_exp: Optional[int] = None
-        self.g_stats: Optional[Tensor] = None
+        self.stats: list[float] | None = None
+        self.applied: int | None = None  # log2 s applied in the last plan (after the caps)
+        self.accum: int | None = None  # log2 of the accumulated scale below the layer, last plan
+        self.min_exp: int | None = None
+        self.max_exp: int | None = None
+        self.g_stats: Tensor | None = None
 
     def w_stats(self) -> Tensor:
         """[mean square, max, min] over all of the layer's weight matrices (LSTM: all of them)."""
         n = sum(w.numel() for w in self.weights)
         ms = sum(w.detach().float().square().sum() for w in self.weights) / n
-        return torch.stack([ms, torch.stack([w.detach().max() for w in self.weights]).max().float(),
-                            torch.stack([w.detach().min() for w in self.weights]).min().float()])
+        return torch.stack(
+            [
+                ms,
+                torch.stack([w.detach().max() for w in self.weights]).max().float(),
+                torch.stack([w.detach().min() for w in self.weights]).min().float(),
+            ]
+        )
 
 
 class _Conflict(Exception):
@@ -171,10 +201,10 @@ class _Groups:
     incoming scale to be final before it computes s_L, the loss's group starts pinned)."""
 
     def __init__(self):
-        self.parent: List[int] = []
-        self.delta: List[int] = []  # base(g) = base(parent) + delta
-        self.base: List[int] = []  # meaningful at roots
-        self.pinned: List[bool] = []
+        self.parent: list[int] = []
+        self.delta: list[int] = []  # base(g) = base(parent) + delta
+        self.base: list[int] = []  # meaningful at roots
+        self.pinned: list[bool] = []
 
     def new(self, base: int, pinned: bool = False) -> int:
         self.parent.append(len(self.parent))
@@ -183,7 +213,7 @@ class _Groups:
         self.pinned.append(pinned)
         return len(self.parent) - 1
 
-    def find(self, g: int) -> Tuple[int, int]:
+    def find(self, g: int) -> tuple[int, int]:
         d = 0
         while self.parent[g] != g:
             d += self.delta[g]
@@ -194,18 +224,22 @@ class _Groups:
         r, d = self.find(g)
         return self.base[r] + d + off
 
-    def resolve(self, contribs: Sequence[Tuple[int, int]]) -> Tuple[int, int]:
+    def resolve(self, contribs: Sequence[tuple[int, int]]) -> tuple[int, int]:
         """All contributions to one node must arrive at one scale: shift the free groups to the
         pinned value (or, if none is pinned, to the smallest: rescaling down cannot overflow),
         merge them, and return (group, offset) of the node."""
-        by_root: Dict[int, set] = defaultdict(set)
+        by_root: dict[int, set] = defaultdict(set)
         for g, off in contribs:
             r, d = self.find(g)
             by_root[r].add(d + off)
         pinned = {self.base[r] + o for r, offs in by_root.items() if self.pinned[r] for o in offs}
         if len(pinned) > 1:
             raise _Conflict(f"fixed scales {sorted(pinned)} meet")
-        target = pinned.pop() if pinned else min(self.base[r] + o for r, offs in by_root.items() for o in offs)
+        target = (
+            pinned.pop()
+            if pinned
+            else min(self.base[r] + o for r, offs in by_root.items() for o in offs)
+        )
         roots = list(by_root)
         for r in roots:
             if not self.pinned[r]:
@@ -233,7 +267,7 @@ class AdaptiveScaler(LossScaler):
     row ends the run as Diverged.
     """
 
-    def __init__(self, cfg, init_scale: Optional[float] = None):
+    def __init__(self, cfg, init_scale: float | None = None):
         super().__init__(cfg, 1.0)
         a = cfg
         self.threshold = float(a.adaptive_underflow_threshold)
@@ -241,10 +275,12 @@ class AdaptiveScaler(LossScaler):
         self.max_cap_exp = math.floor(math.log2(a.adaptive_accum_upper_bound))
         self.cap_exp = self.max_cap_exp  # log2 of the current accumulation cap
         self.interval = int(a.adaptive_update_interval)
-        self.layers: Dict[str, _Layer] = {}
-        self._pairs: List[Tuple[Tensor, Tensor]] = []  # (model parameter, optimizer parameter)
-        self._nodes: Dict[int, Tuple[object, _OutCell]] = {}  # layer-output nodes since the last plan
-        self._param_exp: Dict[int, int] = {}  # id(model parameter) -> log2 scale of its gradient
+        self.layers: dict[str, _Layer] = {}
+        self._pairs: list[tuple[Tensor, Tensor]] = []  # (model parameter, optimizer parameter)
+        self._nodes: dict[
+            int, tuple[object, _OutCell]
+        ] = {}  # layer-output nodes since the last plan
+        self._param_exp: dict[int, int] = {}  # id(model parameter) -> log2 scale of its gradient
         self.iteration = 0  # plans made
         self.updates = 0  # recomputations of the layer scales
         self.fallback_steps = 0
@@ -252,11 +288,13 @@ class AdaptiveScaler(LossScaler):
         self._warned = False
 
     # -- setup -------------------------------------------------------------------------------
-    def attach(self, model: nn.Module, names: List[str], params: List[Tensor]) -> None:
+    def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
         by_name = dict(model.named_parameters())
         self._pairs += [(by_name[n], p) for n, p in zip(names, params)]
         for mname, m in model.named_modules():
-            if not isinstance(m, WEIGHTED) or not any(p.requires_grad for p in m.parameters(recurse=False)):
+            if not isinstance(m, WEIGHTED) or not any(
+                p.requires_grad for p in m.parameters(recurse=False)
+            ):
                 continue
             name = mname or type(m).__name__
             while name in self.layers:  # a second model attached to a shared scaler
@@ -267,7 +305,12 @@ class AdaptiveScaler(LossScaler):
             m.register_forward_hook(functools.partial(self._hook_output, layer))
 
     def _wrap_input(self, layer: _Layer, module, args):
-        if not torch.is_grad_enabled() or not args or not torch.is_tensor(args[0]) or not args[0].requires_grad:
+        if (
+            not torch.is_grad_enabled()
+            or not args
+            or not torch.is_tensor(args[0])
+            or not args[0].requires_grad
+        ):
             return None  # evaluation, or the network's input: no gradient to rescale
         return (_Rescale.apply(args[0], _InCell()),) + tuple(args[1:])
 
@@ -297,10 +340,10 @@ class AdaptiveScaler(LossScaler):
     def _due_record(self) -> bool:
         return self.iteration == 0 or self.force or (self.iteration + 1) % self.interval == 0
 
-    def _plan(self, root, out_nodes: Dict[int, Tuple[object, _OutCell]]) -> None:
+    def _plan(self, root, out_nodes: dict[int, tuple[object, _OutCell]]) -> None:
         """Walk the graph from the loss (every consumer before its producers) and give every node
         one incoming scale; fill in the factors and the parameters' scales."""
-        consumers: Dict[int, int] = defaultdict(int)
+        consumers: dict[int, int] = defaultdict(int)
         stack, seen = [root], {id(root)}
         while stack:
             n = stack.pop()
@@ -321,7 +364,11 @@ class AdaptiveScaler(LossScaler):
             # one uniform scale (2^0, i.e. no scaling) for this step and say so once.
             self.fallback_steps += 1
             if not self._warned:
-                warnings.warn(f"adaptive loss scaling: inconsistent scales at a join ({e}); this step runs unscaled")
+                warnings.warn(
+                    f"adaptive loss scaling: inconsistent scales at a join ({e}); this step runs "
+                    "unscaled",
+                    stacklevel=2,
+                )
                 self._warned = True
             for _, cell in out_nodes.values():
                 cell.factor, cell.record_scale = 1.0, None
@@ -330,7 +377,7 @@ class AdaptiveScaler(LossScaler):
 
     def _solve(self, root, consumers, out_nodes, record: bool) -> None:
         groups = _Groups()
-        contribs: Dict[int, List[Tuple[int, int]]] = defaultdict(list)
+        contribs: dict[int, list[tuple[int, int]]] = defaultdict(list)
         contribs[id(root)].append((groups.new(0, pinned=True), 0))
         ready, edges, leaves = [root], [], []
         cap = self.cap_exp
@@ -354,7 +401,10 @@ class AdaptiveScaler(LossScaler):
                 layer.max_exp = e if layer.max_exp is None else max(layer.max_exp, e)
                 out = (g, off + e)
             elif entry is not None:
-                entry[1].factor, entry[1].record_scale = 1.0, None  # another scaler's layer: pass through
+                entry[1].factor, entry[1].record_scale = (
+                    1.0,
+                    None,
+                )  # another scaler's layer: pass through
             elif isinstance(in_cell, _InCell):
                 # this consumer's edge: its output starts a free group, agreed at the join below
                 value = groups.value(g, off)
@@ -372,7 +422,9 @@ class AdaptiveScaler(LossScaler):
         for cell, g, off, g_out in edges:
             cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
         self._param_exp = {id(p): groups.value(g, off) for p, g, off in leaves}
-        self.scale = 2.0 ** max([l.accum for l in self.layers.values() if l.accum is not None], default=0)
+        self.scale = 2.0 ** max(
+            [lay.accum for lay in self.layers.values() if lay.accum is not None], default=0
+        )
 
     def _uniform_inputs(self, root) -> None:
         stack, seen = [root], {id(root)}
@@ -388,23 +440,29 @@ class AdaptiveScaler(LossScaler):
 
     def _recompute(self) -> None:
         """Read the recorded gradient statistics and the current weights' (one host sync)."""
-        have = [l for l in self.layers.values() if l.g_stats is not None]
+        have = [lay for lay in self.layers.values() if lay.g_stats is not None]
         if not have:
             return
         from mpt_repro import distributed
 
         with torch.no_grad():
-            table = torch.stack([torch.cat([l.g_stats.to(l.weights[0].device), l.w_stats()]) for l in have])
+            table = torch.stack(
+                [torch.cat([lay.g_stats.to(lay.weights[0].device), lay.w_stats()]) for lay in have]
+            )
             # Under DDP every rank must plan the same scales: DDP averages gradients that must all
-            # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of the
-            # mean squares, max of the maxima, min of the minima. Weights are identical on all ranks.
+            # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of
+            # the
+            # mean squares, max of the maxima, min of the minima. Weights are identical on all
+            # ranks.
             distributed.all_reduce_columns_(table, ["mean", "max", "min", "none", "none", "none"])
             stats = table.tolist()
         self.force = False
         self.updates += 1
         for layer, st in zip(have, stats):
             layer.g_stats = None
-            if all(math.isfinite(v) for v in st):  # an overflowing step's statistics: keep the old ones
+            if all(
+                math.isfinite(v) for v in st
+            ):  # an overflowing step's statistics: keep the old ones
                 layer.stats = st
 
     def _exponent(self, layer: _Layer, prev: int, cap: int) -> int:
@@ -413,15 +471,30 @@ class AdaptiveScaler(LossScaler):
             return min(0, cap - prev)
         ms_g, g_max, g_min, ms_w, w_max, w_min = layer.stats
         p = 2.0**prev  # the formula wants the gradient as it arrives, i.e. carrying its scale
-        return layer_scale_exponent(ms_g * p * p, g_max * p, g_min * p, ms_w, w_max, w_min, layer.fan_in, p,
-                                    self.threshold, self.scale_upper_bound, 2.0**cap)
+        return layer_scale_exponent(
+            ms_g * p * p,
+            g_max * p,
+            g_min * p,
+            ms_w,
+            w_max,
+            w_min,
+            layer.fan_in,
+            p,
+            self.threshold,
+            self.scale_upper_bound,
+            2.0**cap,
+        )
 
     def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
         """Each gradient by its own accumulated scale (grouped by scale for the fused kernel)."""
-        mine = [(p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None]
+        mine = [
+            (p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None
+        ]
         if len(mine) != len(grads):
-            raise RuntimeError("adaptive scaler: the gradients to unscale are not those of its optimizer")
-        by_exp: Dict[int, List[Tensor]] = defaultdict(list)
+            raise RuntimeError(
+                "adaptive scaler: the gradients to unscale are not those of its optimizer"
+            )
+        by_exp: dict[int, list[Tensor]] = defaultdict(list)
         for g, e in mine:
             by_exp[e].append(g)
         found = torch.zeros(1, device=grads[0].device if grads else "cpu")
@@ -445,44 +518,79 @@ class AdaptiveScaler(LossScaler):
         return self.scale if self.cap_exp == 0 else 0.0  # at the floor: a cap of 1
 
     # -- reporting and checkpoints -----------------------------------------------------------
-    def layer_scales(self) -> Dict[str, float]:
+    def layer_scales(self) -> dict[str, float]:
         """{layer: its own scale s applied in the last step} (layers not yet run: 1.0)."""
-        return {n: 2.0 ** (l.applied or 0) for n, l in self.layers.items()}
+        return {n: 2.0 ** (lay.applied or 0) for n, lay in self.layers.items()}
 
     def adaptive_summary(self) -> dict:
         return {
-            "updates": self.updates, "fallback_steps": self.fallback_steps,
+            "updates": self.updates,
+            "fallback_steps": self.fallback_steps,
             "accum_cap": 2.0**self.cap_exp,
-            "layers": {n: {"final": 2.0 ** (l.applied or 0),
-                           "min": 2.0 ** (l.min_exp if l.min_exp is not None else 0),
-                           "max": 2.0 ** (l.max_exp if l.max_exp is not None else 0),
-                           "accumulated_final": 2.0 ** (l.accum or 0)}
-                       for n, l in self.layers.items()},
+            "layers": {
+                n: {
+                    "final": 2.0 ** (lay.applied or 0),
+                    "min": 2.0 ** (lay.min_exp if lay.min_exp is not None else 0),
+                    "max": 2.0 ** (lay.max_exp if lay.max_exp is not None else 0),
+                    "accumulated_final": 2.0 ** (lay.accum or 0),
+                }
+                for n, lay in self.layers.items()
+            },
         }
 
     def state_dict(self) -> dict:
         sd = super().state_dict()
-        sd.update(cap_exp=self.cap_exp, iteration=self.iteration, updates=self.updates,
-                  fallback_steps=self.fallback_steps, force=self.force,
-                  layers={n: {"stats": l.stats, "applied": l.applied, "accum": l.accum, "min_exp": l.min_exp,
-                              "max_exp": l.max_exp,
-                              "g_stats": None if l.g_stats is None else l.g_stats.detach().cpu().clone()}
-                          for n, l in self.layers.items()})
+        sd.update(
+            cap_exp=self.cap_exp,
+            iteration=self.iteration,
+            updates=self.updates,
+            fallback_steps=self.fallback_steps,
+            force=self.force,
+            layers={
+                n: {
+                    "stats": lay.stats,
+                    "applied": lay.applied,
+                    "accum": lay.accum,
+                    "min_exp": lay.min_exp,
+                    "max_exp": lay.max_exp,
+                    "g_stats": None if lay.g_stats is None else lay.g_stats.detach().cpu().clone(),
+                }
+                for n, lay in self.layers.items()
+            },
+        )
         return sd
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
-        self.updates, self.fallback_steps, self.force = int(sd["updates"]), int(sd["fallback_steps"]), bool(sd["force"])
+        self.updates, self.fallback_steps, self.force = (
+            int(sd["updates"]),
+            int(sd["fallback_steps"]),
+            bool(sd["force"]),
+        )
         for n, s in sd["layers"].items():
             if n not in self.layers:
-                raise ValueError(f"checkpoint has adaptive loss-scale state for layer {n!r}, which this model lacks")
-            l = self.layers[n]
-            l.stats, l.applied, l.accum, l.min_exp, l.max_exp = s["stats"], s["applied"], s["accum"], s["min_exp"], s["max_exp"]
-            l.g_stats = None if s["g_stats"] is None else s["g_stats"].to(l.weights[0].device)
+                raise ValueError(
+                    f"checkpoint has adaptive loss-scale state for layer {n!r}, which this model "
+                    "lacks"
+                )
+            lay = self.layers[n]
+            lay.stats, lay.applied, lay.accum, lay.min_exp, lay.max_exp = (
+                s["stats"],
+                s["applied"],
+                s["accum"],
+                s["min_exp"],
+                s["max_exp"],
+            )
+            lay.g_stats = None if s["g_stats"] is None else s["g_stats"].to(lay.weights[0].device)
 
 
 def describe(cfg) -> str:
-    return (f"adaptive layer-wise loss scaling (Zhao et al. 2019: {cfg.adaptive_method}, underflow threshold "
-            f"{cfg.adaptive_underflow_threshold:g}, per-layer cap {cfg.adaptive_scale_upper_bound:g}, accumulated "
-            f"cap {cfg.adaptive_accum_upper_bound:g}, recomputed every {cfg.adaptive_update_interval} iteration(s))")
+    return (
+        f"adaptive layer-wise loss scaling (Zhao et al. 2019: {cfg.adaptive_method}, underflow "
+        "threshold "
+        f"{cfg.adaptive_underflow_threshold:g}, per-layer cap {cfg.adaptive_scale_upper_bound:g}, "
+        "accumulated "
+        f"cap {cfg.adaptive_accum_upper_bound:g}, recomputed every {cfg.adaptive_update_interval} "
+        "iteration(s))"
+    )

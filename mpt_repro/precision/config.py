@@ -3,11 +3,11 @@
 Presets in conf/precision/ are combinations of these knobs; `validate_precision` refuses the
 combinations that make no sense.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Optional
 
 
 class Dtype(Enum):
@@ -41,7 +41,7 @@ class PrecisionConfig:
     bn_fp32: bool = True
     allow_tf32: bool = False
     loss_scaling: LossScaling = LossScaling.none
-    static_scale: Optional[float] = None
+    static_scale: float | None = None
     # dynamic scaling (defaults as torch.amp.GradScaler, plus hysteresis, floor and ceiling)
     init_scale: float = 65536.0
     growth_factor: float = 2.0
@@ -52,9 +52,11 @@ class PrecisionConfig:
     max_scale: float = 16777216.0
     # one scaler per optimizer (per loss) instead of one shared scale
     per_loss_scale: bool = True
-    # a skipped step does not advance the LR schedule (paper/fairseq/Megatron); false: iteration-faithful
+    # a skipped step does not advance the LR schedule (paper/fairseq/Megatron); false: iteration-
+    # faithful
     hold_lr_on_skip: bool = True
-    # end the run as diverged when the scale sits at min_scale for this many consecutive skipped steps
+    # end the run as diverged when the scale sits at min_scale for this many consecutive skipped
+    # steps
     floor_patience: int = 50
     # adaptive (layer-wise) loss scaling, Zhao et al. 2019 (used when loss_scaling=adaptive)
     adaptive_underflow_threshold: float = 1e-3

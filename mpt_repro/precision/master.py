@@ -9,20 +9,19 @@ The optimizer runs over FP32 copies of the low-precision parameters. Each step:
 Parameters that are already FP32 in the model (BatchNorm with bn_fp32) are their own master: the
 optimizer gets the model tensor itself, as apex's FP16_Optimizer does.
 """
-from __future__ import annotations
 
-from typing import List
+from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 
 class MasterWeights:
-    def __init__(self, params: List[Tensor]):
+    def __init__(self, params: list[Tensor]):
         self.model_params = list(params)
         # An FP32 param is used as is; a low-precision one gets a detached FP32 leaf copy.
-        self.opt_params: List[Tensor] = []
-        self._low: List[int] = []  # indices of the params that have a separate master
+        self.opt_params: list[Tensor] = []
+        self._low: list[int] = []  # indices of the params that have a separate master
         for i, p in enumerate(self.model_params):
             if p.dtype == torch.float32:
                 self.opt_params.append(p)
@@ -31,7 +30,7 @@ class MasterWeights:
                 self._low.append(i)
 
     @property
-    def masters(self) -> List[Tensor]:
+    def masters(self) -> list[Tensor]:
         """The separate FP32 copies only (what a checkpoint must hold besides the model)."""
         return [self.opt_params[i] for i in self._low]
 
@@ -56,13 +55,15 @@ class MasterWeights:
         if self._low:
             torch._foreach_copy_([self.model_params[i] for i in self._low], self.masters)  # rounds
 
-    def state_dict(self) -> List[Tensor]:
+    def state_dict(self) -> list[Tensor]:
         return [m.detach().clone() for m in self.masters]
 
     @torch.no_grad()
-    def load_state_dict(self, masters: List[Tensor]) -> None:
+    def load_state_dict(self, masters: list[Tensor]) -> None:
         if len(masters) != len(self._low):
-            raise ValueError(f"checkpoint holds {len(masters)} master weights, the model needs {len(self._low)}")
+            raise ValueError(
+                f"checkpoint holds {len(masters)} master weights, the model needs {len(self._low)}"
+            )
         # in place: the optimizer keeps pointing at the same tensors
         torch._foreach_copy_(self.masters, [m.to(self.masters[0].device) for m in masters])
         self.masters_to_model()

@@ -14,11 +14,12 @@ Per step, for each optimizer ``opt`` (the trainer/task owns zero_grad, forward a
                                                 # refresh FP16 weights, update the scale
     if stepped or not policy.hold_lr_on_skip: scheduler.step()
 """
+
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Union
 
 import torch
 from torch import Tensor, nn
@@ -43,17 +44,22 @@ class _OptState:
 
     name: str
     optimizer: torch.optim.Optimizer
-    names: List[str]  # parameter names, aligned with params
-    params: List[Tensor]  # what the optimizer updates (FP32 masters or the model's params)
-    scaler: Optional[LossScaler]  # None: no loss scaling
-    master: Optional[MasterWeights]
+    names: list[str]  # parameter names, aligned with params
+    params: list[Tensor]  # what the optimizer updates (FP32 masters or the model's params)
+    scaler: LossScaler | None  # None: no loss scaling
+    master: MasterWeights | None
     steps: int = 0  # step() calls
     skipped: int = 0  # of which skipped (overflow)
-    last_grad_norm: Optional[Tensor] = None
+    last_grad_norm: Tensor | None = None
 
 
 class PrecisionPolicy:
-    def __init__(self, cfg, device: Union[str, torch.device] = "cpu", paper_loss_scale: Optional[float] = None):
+    def __init__(
+        self,
+        cfg,
+        device: str | torch.device = "cpu",
+        paper_loss_scale: float | None = None,
+    ):
         from mpt_repro.precision.validate import validate_precision
 
         validate_precision(cfg, paper_loss_scale)
@@ -70,12 +76,18 @@ class PrecisionPolicy:
         self.hold_lr_on_skip = bool(cfg.hold_lr_on_skip)
         self.per_loss_scale = bool(cfg.per_loss_scale)
         self.scaling_kind, self.scaling_reason, self._init_scale = self._resolve_scaling()
-        self._opts: Dict[str, _OptState] = {}
-        self._by_id: Dict[int, str] = {}
-        self._shared: Optional[LossScaler] = None
-        self._shared_pending: Dict[str, bool] = {}  # shared scaler: found_inf per optimizer this round
-        self._diag: dict = {"first_nonfinite_layer": None, "first_nonfinite_step": None,
-                            "last_nonfinite_layer": None, "last_nonfinite_kind": None}
+        self._opts: dict[str, _OptState] = {}
+        self._by_id: dict[int, str] = {}
+        self._shared: LossScaler | None = None
+        self._shared_pending: dict[
+            str, bool
+        ] = {}  # shared scaler: found_inf per optimizer this round
+        self._diag: dict = {
+            "first_nonfinite_layer": None,
+            "first_nonfinite_step": None,
+            "last_nonfinite_layer": None,
+            "last_nonfinite_kind": None,
+        }
         self._apply_tf32()
 
     # -- construction -----------------------------------------------------------------------
@@ -90,8 +102,10 @@ class PrecisionPolicy:
         if kind == "dynamic":
             return "dynamic", "precision.loss_scaling=dynamic", float(self.cfg.init_scale)
         if kind == "none":
-            reason = {"float32": "FP32 has the range", "bfloat16": "BF16 has FP32's exponent range"}.get(
-                self.dtype_name, "the no-scaling ablation")
+            reason = {
+                "float32": "FP32 has the range",
+                "bfloat16": "BF16 has FP32's exponent range",
+            }.get(self.dtype_name, "the no-scaling ablation")
             return "none", reason, 1.0
         return kind, f"precision.loss_scaling={kind}", float(self.cfg.init_scale)
 
@@ -102,7 +116,7 @@ class PrecisionPolicy:
         torch.backends.cuda.matmul.allow_tf32 = allow
         torch.backends.cudnn.allow_tf32 = allow
 
-    def _new_scaler(self) -> Optional[LossScaler]:
+    def _new_scaler(self) -> LossScaler | None:
         if self.scaling_kind == "none":
             return None  # no scaler at all (BF16 must never get one)
         return build_scaler(self.scaling_kind, self.cfg, self._init_scale)
@@ -116,9 +130,16 @@ class PrecisionPolicy:
         elif self.low_precision_weights:
             parts.append(f"{d} weights/activations/grads (weights=low_precision)")
         else:
-            parts.append(f"FP32 weights, {d} autocast per op (weights=fp32_autocast; the weights are the master copy)")
+            parts.append(
+                f"FP32 weights, {d} autocast per op (weights=fp32_autocast; the weights are the "
+                "master copy)"
+            )
         if self.low_precision_weights:
-            parts.append("FP32 master weights" if self.master_weights else f"no master copy (optimizer updates {d} weights)")
+            parts.append(
+                "FP32 master weights"
+                if self.master_weights
+                else f"no master copy (optimizer updates {d} weights)"
+            )
             parts.append("BN in FP32" if self.bn_fp32 else f"BN in {d}")
         if self.scaling_kind == "none":
             parts.append(f"no loss scaling ({self.scaling_reason})")
@@ -127,9 +148,12 @@ class PrecisionPolicy:
         elif self.scaling_kind == "dynamic":
             c = self.cfg
             parts.append(
-                f"dynamic loss scale {self._init_scale:g} ({self.scaling_reason}; x{c.growth_factor:g} after "
-                f"{c.growth_interval} clean steps, x{c.backoff_factor:g} on overflow, hysteresis {c.hysteresis}, "
-                f"range [{c.min_scale:g}, {c.max_scale:g}])")
+                f"dynamic loss scale {self._init_scale:g} ({self.scaling_reason}; "
+                f"x{c.growth_factor:g} after "
+                f"{c.growth_interval} clean steps, x{c.backoff_factor:g} on overflow, hysteresis "
+                f"{c.hysteresis}, "
+                f"range [{c.min_scale:g}, {c.max_scale:g}])"
+            )
         elif self.scaling_kind == "adaptive":
             from mpt_repro.precision.adaptive import describe as describe_adaptive
 
@@ -137,8 +161,14 @@ class PrecisionPolicy:
         else:
             parts.append(f"{self.scaling_kind} loss scaling ({self.scaling_reason})")
         if self.scaling_kind != "none":
-            parts.append(("one scale per optimizer" if self.per_loss_scale else "one shared scale")
-                         + (", LR held on skipped steps" if self.hold_lr_on_skip else ", LR advances on skipped steps"))
+            parts.append(
+                ("one scale per optimizer" if self.per_loss_scale else "one shared scale")
+                + (
+                    ", LR held on skipped steps"
+                    if self.hold_lr_on_skip
+                    else ", LR advances on skipped steps"
+                )
+            )
         parts.append("TF32 on" if self.cfg.allow_tf32 else "TF32 off")
         return f"{self.name}: " + ", ".join(parts)
 
@@ -152,7 +182,8 @@ class PrecisionPolicy:
         if self.bn_fp32:
             for m in model.modules():
                 if isinstance(m, nn.modules.batchnorm._BatchNorm):
-                    m.float()  # affine params and running stats (apex skips non-affine BN: we do not)
+                    # affine params and running stats (apex skips non-affine BN: we do not)
+                    m.float()
                     m.register_forward_pre_hook(_bn_input_to_fp32)
                     m.register_forward_hook(_bn_output_to_input_dtype)
         return model
@@ -171,10 +202,14 @@ class PrecisionPolicy:
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     # -- optimizers -------------------------------------------------------------------------
-    def build_optimizer(self, model: nn.Module, factory: Callable, name: str = "model") -> torch.optim.Optimizer:
+    def build_optimizer(
+        self, model: nn.Module, factory: Callable, name: str = "model"
+    ) -> torch.optim.Optimizer:
         """``factory(params) -> Optimizer``; over FP32 masters when master weights are on."""
         if name in self._opts:
-            raise ValueError(f"an optimizer named {name!r} is already registered with the precision policy")
+            raise ValueError(
+                f"an optimizer named {name!r} is already registered with the precision policy"
+            )
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         names = [n for n, _ in named]
         params = [p for _, p in named]
@@ -195,14 +230,18 @@ class PrecisionPolicy:
     def _state(self, opt=None) -> _OptState:
         if opt is None:
             if not self._opts:
-                raise ValueError("no optimizer registered with the precision policy (call build_optimizer)")
+                raise ValueError(
+                    "no optimizer registered with the precision policy (call build_optimizer)"
+                )
             return next(iter(self._opts.values()))
         if isinstance(opt, str):
             return self._opts[opt]
         try:
             return self._opts[self._by_id[id(opt)]]
         except KeyError:
-            raise ValueError("this optimizer was not built by PrecisionPolicy.build_optimizer") from None
+            raise ValueError(
+                "this optimizer was not built by PrecisionPolicy.build_optimizer"
+            ) from None
 
     # -- the step ---------------------------------------------------------------------------
     def zero_grad(self, opt=None) -> None:
@@ -220,7 +259,7 @@ class PrecisionPolicy:
         scaler = self._state(opt).scaler
         (scaler.scale_loss(loss) if scaler is not None else loss).backward(**kwargs)
 
-    def step(self, opt=None, clip_grad_norm: Optional[float] = None) -> bool:
+    def step(self, opt=None, clip_grad_norm: float | None = None) -> bool:
         """Unscale, check for inf/NaN, then skip, or clip and step; refresh low-precision weights
         from the masters and move the scale. Returns True when the optimizer stepped."""
         st = self._state(opt)
@@ -269,9 +308,12 @@ class PrecisionPolicy:
         if scaler.at_floor_too_long:
             layer = self._diag["last_nonfinite_layer"]
             raise Diverged(
-                f"loss scale stuck at its floor {scaler.scale:g} for {scaler.floor_count} consecutive skipped steps "
-                f"(precision.floor_patience={self.cfg.floor_patience}); first non-finite gradient in layer "
-                f"{layer!r} ({self._diag['last_nonfinite_kind']}). Lower the LR, clip gradients, or use more precision.",
+                f"loss scale stuck at its floor {scaler.scale:g} for {scaler.floor_count} "
+                "consecutive skipped steps "
+                f"(precision.floor_patience={self.cfg.floor_patience}); first non-finite gradient "
+                "in layer "
+                f"{layer!r} ({self._diag['last_nonfinite_kind']}). Lower the LR, clip gradients, "
+                "or use more precision.",
                 st.steps,
             )
 
@@ -280,7 +322,11 @@ class PrecisionPolicy:
         so clean steps pay nothing for the diagnosis."""
         with torch.no_grad():
             bad = [(n, p.grad) for n, p in zip(st.names, st.params) if p.grad is not None]
-            flags = torch.stack([~torch.isfinite(g).all() for _, g in bad]).cpu().tolist() if bad else []
+            flags = (
+                torch.stack([~torch.isfinite(g).all() for _, g in bad]).cpu().tolist()
+                if bad
+                else []
+            )
             first = next((i for i, f in enumerate(flags) if f), None)
             if first is None:  # a scaler that reports overflow by its own rule (all grads finite)
                 return
@@ -300,14 +346,14 @@ class PrecisionPolicy:
             return self._init_scale
         return _scale(self._state(opt).scaler)
 
-    def loss_scales(self) -> Dict[str, float]:
+    def loss_scales(self) -> dict[str, float]:
         """{optimizer name: current scale}, for per-optimizer logging (no host sync)."""
         return {n: _scale(s.scaler) for n, s in self._opts.items()}
 
-    def layer_scales(self) -> Dict[str, float]:
+    def layer_scales(self) -> dict[str, float]:
         """{layer: its own loss scale in the last step} for layer-wise scalers (adaptive), else {}.
         With several optimizers the names are prefixed "<optimizer>/". No host sync."""
-        out: Dict[str, float] = {}
+        out: dict[str, float] = {}
         for n, s in self._opts.items():
             fn = getattr(s.scaler, "layer_scales", None)
             if fn is not None:
@@ -315,11 +361,11 @@ class PrecisionPolicy:
                 out.update({prefix + k: v for k, v in fn().items()})
         return out
 
-    def scaler(self, opt=None) -> Optional[LossScaler]:
+    def scaler(self, opt=None) -> LossScaler | None:
         """The scaler of ``opt`` (None when loss scaling is off)."""
         return self._state(opt).scaler
 
-    def last_grad_norm(self, opt=None) -> Optional[Tensor]:
+    def last_grad_norm(self, opt=None) -> Tensor | None:
         """The unscaled total grad norm from the last clipped step (a tensor: no host sync)."""
         return self._state(opt).last_grad_norm
 
@@ -331,39 +377,66 @@ class PrecisionPolicy:
             v = self._init_scale
             ls = {"initial": v, "final": v, "min": v, "max": v}
         else:
-            ls = {"initial": first.initial, "final": first.scale, "min": first.min_seen, "max": first.max_seen}
+            ls = {
+                "initial": first.initial,
+                "final": first.scale,
+                "min": first.min_seen,
+                "max": first.max_seen,
+            }
         ls["kind"] = self.scaling_kind
         diagnostics = dict(self._diag)
         diagnostics["scaling"] = self.scaling_kind
         diagnostics["describe"] = self.describe()
         diagnostics["per_optimizer"] = {
-            n: {"steps": s.steps, "skipped_steps": s.skipped, "loss_scale_final": _scale(s.scaler),
+            n: {
+                "steps": s.steps,
+                "skipped_steps": s.skipped,
+                "loss_scale_final": _scale(s.scaler),
                 "loss_scale_min": s.scaler.min_seen if s.scaler else 1.0,
-                "loss_scale_max": s.scaler.max_seen if s.scaler else 1.0}
+                "loss_scale_max": s.scaler.max_seen if s.scaler else 1.0,
+            }
             for n, s in self._opts.items()
         }
-        layerwise = [(n, s.scaler.adaptive_summary()) for n, s in self._opts.items()
-                     if hasattr(s.scaler, "adaptive_summary")]
-        if layerwise:  # per-layer final/min/max scales; layer names prefixed by optimizer if several
+        layerwise = [
+            (n, s.scaler.adaptive_summary())
+            for n, s in self._opts.items()
+            if hasattr(s.scaler, "adaptive_summary")
+        ]
+        if (
+            layerwise
+        ):  # per-layer final/min/max scales; layer names prefixed by optimizer if several
             many = len(self._opts) > 1
             diagnostics["adaptive"] = {
                 "updates": sum(a["updates"] for _, a in layerwise),
                 "fallback_steps": sum(a["fallback_steps"] for _, a in layerwise),
-                "accum_cap": {n: a["accum_cap"] for n, a in layerwise} if many else layerwise[0][1]["accum_cap"],
-                "layers": {(f"{n}/{k}" if many else k): v for n, a in layerwise for k, v in a["layers"].items()},
+                "accum_cap": {n: a["accum_cap"] for n, a in layerwise}
+                if many
+                else layerwise[0][1]["accum_cap"],
+                "layers": {
+                    (f"{n}/{k}" if many else k): v
+                    for n, a in layerwise
+                    for k, v in a["layers"].items()
+                },
             }
         # optimizer steps, summed over optimizers (a GAN iteration counts two)
-        return {"loss_scale": ls, "skipped_steps": sum(s.skipped for s in self._opts.values()),
-                "steps": sum(s.steps for s in self._opts.values()), "diagnostics": diagnostics}
+        return {
+            "loss_scale": ls,
+            "skipped_steps": sum(s.skipped for s in self._opts.values()),
+            "steps": sum(s.steps for s in self._opts.values()),
+            "diagnostics": diagnostics,
+        }
 
     # -- checkpoints ------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {
             "name": self.name,
             "optimizers": {
-                n: {"steps": s.steps, "skipped": s.skipped,
+                n: {
+                    "steps": s.steps,
+                    "skipped": s.skipped,
                     "scaler": s.scaler.state_dict() if s.scaler is not None else None,
-                    "masters": s.master.state_dict() if s.master is not None else None}
+                    "masters": s.master.state_dict() if s.master is not None else None,
+                }
                 for n, s in self._opts.items()
             },
             "shared_pending": dict(self._shared_pending),
@@ -373,7 +446,10 @@ class PrecisionPolicy:
     def load_state_dict(self, sd: dict) -> None:
         for n, o in sd["optimizers"].items():
             if n not in self._opts:
-                raise ValueError(f"checkpoint has precision state for optimizer {n!r}, which this run did not build")
+                raise ValueError(
+                    f"checkpoint has precision state for optimizer {n!r}, which this run did not "
+                    "build"
+                )
             st = self._opts[n]
             st.steps, st.skipped = int(o["steps"]), int(o["skipped"])
             if st.scaler is not None and o.get("scaler") is not None:
@@ -384,7 +460,7 @@ class PrecisionPolicy:
         self._diag.update(sd.get("diagnostics", {}))
 
 
-def _scale(scaler: Optional[LossScaler]) -> float:
+def _scale(scaler: LossScaler | None) -> float:
     return 1.0 if scaler is None else float(scaler.scale)
 
 

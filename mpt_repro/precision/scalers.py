@@ -3,8 +3,9 @@
 A scaler owns one number (the scale) and the counters that move it. The policy drives it:
 
     scaled = scaler.scale_loss(loss); scaled.backward()
-    found_inf = scaler.unscale_(grads)      # in place, FP16 or FP32 grads; returns a 1-element tensor
-    scaler.update(bool(found_inf))           # the one host sync per step is the policy's skip decision
+    # in place, FP16 or FP32 grads; returns a 1-element tensor
+    found_inf = scaler.unscale_(grads)
+    scaler.update(bool(found_inf))           # the policy's skip decision: one host sync per step
 
 The scale is a Python float. The skip decision already costs one host sync per step, so keeping
 the scale on the host costs nothing extra and lets min/max tracking and logging happen for free.
@@ -12,24 +13,25 @@ the scale on the host costs nothing extra and lets min/max tracking and logging 
 With ``loss_scaling=none`` (FP32, BF16, the no-scaling ablations) no scaler exists at all: the
 policy neither scales, nor inspects the grads, nor skips.
 
-New kinds (e.g. the layer-wise adaptive scaler) register themselves with ``@register_scaler("name")``
+New kinds (e.g. the layer-wise adaptive scaler) register with ``@register_scaler("name")``
 and are picked by ``precision.loss_scaling``.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Dict, List, Optional, Sequence, Type
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-SCALERS: Dict[str, Type["LossScaler"]] = {}
+SCALERS: dict[str, type[LossScaler]] = {}
 
 
-def register_scaler(kind: str) -> Callable[[Type["LossScaler"]], Type["LossScaler"]]:
+def register_scaler(kind: str) -> Callable[[type[LossScaler]], type[LossScaler]]:
     """Class decorator: make a scaler available as ``precision.loss_scaling=<kind>``."""
 
-    def wrap(cls: Type["LossScaler"]) -> Type["LossScaler"]:
+    def wrap(cls: type[LossScaler]) -> type[LossScaler]:
         cls.kind = kind
         SCALERS[kind] = cls
         return cls
@@ -37,7 +39,7 @@ def register_scaler(kind: str) -> Callable[[Type["LossScaler"]], Type["LossScale
     return wrap
 
 
-def build_scaler(kind: str, cfg, init_scale: Optional[float] = None) -> "LossScaler":
+def build_scaler(kind: str, cfg, init_scale: float | None = None) -> LossScaler:
     """A fresh scaler of ``kind`` configured from ``cfg`` (a PrecisionConfig)."""
     if kind not in SCALERS:
         from mpt_repro.errors import ConfigError
@@ -59,7 +61,7 @@ def unscale_and_check_(grads: Sequence[Tensor], scale: float) -> Tensor:
     Unscaled FP16 values below 2^-24 do flush to zero: that is the no-master-copy ablation's
     own loss of precision, which is what it measures.
     """
-    groups: Dict[tuple, List[Tensor]] = defaultdict(list)
+    groups: dict[tuple, list[Tensor]] = defaultdict(list)
     for g in grads:
         groups[(g.device, g.dtype)].append(g)
     found = None
@@ -81,7 +83,7 @@ class LossScaler:
 
     kind = "base"
 
-    def __init__(self, cfg, init_scale: Optional[float] = None):
+    def __init__(self, cfg, init_scale: float | None = None):
         self.cfg = cfg
         self.scale = float(init_scale if init_scale is not None else cfg.init_scale)
         self.initial = self.scale
@@ -94,7 +96,7 @@ class LossScaler:
         self.hysteresis_left = int(getattr(cfg, "hysteresis", 1))
 
     # -- hooks for layer-wise scalers ------------------------------------------------------
-    def attach(self, model: torch.nn.Module, names: List[str], params: List[Tensor]) -> None:
+    def attach(self, model: torch.nn.Module, names: list[str], params: list[Tensor]) -> None:
         """Called once by build_optimizer with the model and the optimizer's parameters.
         The global scalers need nothing; a layer-wise scaler registers its hooks here."""
 
@@ -131,8 +133,17 @@ class LossScaler:
         return self.floor_count >= self.cfg.floor_patience
 
     # -- checkpoints -----------------------------------------------------------------------
-    _state_keys = ("scale", "initial", "min_seen", "max_seen", "steps", "skipped", "floor_count",
-                   "growth_tracker", "hysteresis_left")
+    _state_keys = (
+        "scale",
+        "initial",
+        "min_seen",
+        "max_seen",
+        "steps",
+        "skipped",
+        "floor_count",
+        "growth_tracker",
+        "hysteresis_left",
+    )
 
     def state_dict(self) -> dict:
         return {"kind": self.kind, **{k: getattr(self, k) for k in self._state_keys}}
@@ -149,7 +160,7 @@ class StaticScaler(LossScaler):
     ConstantGradScaler; apex's static scale does not even check). The constant is its own floor:
     ``floor_patience`` consecutive overflows end the run as diverged."""
 
-    def __init__(self, cfg, init_scale: Optional[float] = None):
+    def __init__(self, cfg, init_scale: float | None = None):
         super().__init__(cfg, init_scale if init_scale is not None else cfg.static_scale)
 
     def _floor(self) -> float:
@@ -177,5 +188,6 @@ class DynamicScaler(LossScaler):
             if self.growth_tracker >= c.growth_interval:
                 self.growth_tracker = 0
                 self.scale = min(self.scale * c.growth_factor, c.max_scale)
-                # DeepSpeed (consecutive_hysteresis=false): the tolerance refills when the scale grows
+                # DeepSpeed (consecutive_hysteresis=false): the tolerance refills when the scale
+                # grows
                 self.hysteresis_left = c.hysteresis

@@ -1,7 +1,6 @@
 """Refuse precision knob combinations that make no sense, with a message naming the keys."""
-from __future__ import annotations
 
-from typing import Optional
+from __future__ import annotations
 
 from mpt_repro.errors import ConfigError
 
@@ -10,40 +9,52 @@ def _name(v) -> str:
     return getattr(v, "name", v)  # an Enum member (OmegaConf) or its string
 
 
-def validate_precision(p, paper_loss_scale: Optional[float] = None) -> None:
+def validate_precision(p, paper_loss_scale: float | None = None) -> None:
     dtype, scaling, weights = _name(p.compute_dtype), _name(p.loss_scaling), _name(p.weights)
     if not p.name:
         raise ConfigError("precision.name must name the preset (the run directory uses it).")
     if p.master_weights and weights == "fp32_autocast":
         raise ConfigError(
-            "precision.master_weights=true needs precision.weights=low_precision: with FP32 weights "
+            "precision.master_weights=true needs precision.weights=low_precision: with FP32 "
+            "weights "
             "(autocast) the weights already are the FP32 master copy."
         )
     if dtype == "float32" and weights == "low_precision":
         raise ConfigError(
-            "precision.weights=low_precision with precision.compute_dtype=float32: there is no low precision "
-            "to store the weights in. Use precision.weights=fp32_autocast or compute_dtype=float16/bfloat16."
+            "precision.weights=low_precision with precision.compute_dtype=float32: there is no "
+            "low precision "
+            "to store the weights in. Use precision.weights=fp32_autocast or "
+            "compute_dtype=float16/bfloat16."
         )
     if dtype == "float32" and scaling != "none":
         raise ConfigError(
-            f"precision.loss_scaling={scaling} with precision.compute_dtype=float32: FP32 gradients have the "
+            f"precision.loss_scaling={scaling} with precision.compute_dtype=float32: FP32 "
+            "gradients have the "
             "range, there is nothing to protect. Use precision.loss_scaling=none."
         )
     if dtype == "bfloat16" and scaling != "none":
         raise ConfigError(
-            f"precision.loss_scaling={scaling} with precision.compute_dtype=bfloat16: bfloat16 has FP32's "
+            f"precision.loss_scaling={scaling} with precision.compute_dtype=bfloat16: bfloat16 "
+            "has FP32's "
             "exponent range, so loss scaling is meaningless. Use precision.loss_scaling=none."
         )
     if scaling == "static" and not (p.static_scale and p.static_scale > 0):
-        raise ConfigError("precision.loss_scaling=static needs precision.static_scale > 0 (e.g. precision.static_scale=128).")
+        raise ConfigError(
+            "precision.loss_scaling=static needs precision.static_scale > 0 (e.g. "
+            "precision.static_scale=128)."
+        )
     if p.static_scale is not None and scaling != "static":
         raise ConfigError(
-            f"precision.static_scale={p.static_scale} is only used with precision.loss_scaling=static "
-            f"(got precision.loss_scaling={scaling}); for the paper's per-experiment constant set the "
+            f"precision.static_scale={p.static_scale} is only used with "
+            "precision.loss_scaling=static "
+            f"(got precision.loss_scaling={scaling}); for the paper's per-experiment constant set "
+            "the "
             "top-level paper_loss_scale and precision.loss_scaling=paper."
         )
     if scaling == "adaptive" and dtype != "float16":
-        raise ConfigError(f"precision.loss_scaling=adaptive needs precision.compute_dtype=float16 (got {dtype}).")
+        raise ConfigError(
+            f"precision.loss_scaling=adaptive needs precision.compute_dtype=float16 (got {dtype})."
+        )
     if scaling == "adaptive":
         _validate_adaptive(p, weights)
     if scaling not in ("none", "paper"):
@@ -59,7 +70,10 @@ def validate_precision(p, paper_loss_scale: Optional[float] = None) -> None:
     if not 0 < p.backoff_factor < 1:
         raise ConfigError(f"precision.backoff_factor must be in (0, 1) (got {p.backoff_factor}).")
     if p.growth_interval < 1 or p.hysteresis < 1 or p.floor_patience < 1:
-        raise ConfigError("precision.growth_interval, precision.hysteresis and precision.floor_patience must be >= 1.")
+        raise ConfigError(
+            "precision.growth_interval, precision.hysteresis and precision.floor_patience must be "
+            ">= 1."
+        )
     if not 0 < p.min_scale <= p.init_scale <= p.max_scale:
         raise ConfigError(
             f"need 0 < precision.min_scale <= precision.init_scale <= precision.max_scale "
@@ -74,16 +88,25 @@ def _validate_adaptive(p, weights: str) -> None:
 
     if weights != "low_precision" or not p.master_weights:
         raise ConfigError(
-            "precision.loss_scaling=adaptive needs precision.weights=low_precision and precision.master_weights=true: "
+            "precision.loss_scaling=adaptive needs precision.weights=low_precision and "
+            "precision.master_weights=true: "
             "each gradient is unscaled by its own layer's scale on the FP32 master copy."
         )
     if p.adaptive_method not in METHODS:
-        raise ConfigError(f"precision.adaptive_method={p.adaptive_method!r} is not implemented (available: {', '.join(METHODS)}).")
+        raise ConfigError(
+            f"precision.adaptive_method={p.adaptive_method!r} is not implemented (available: "
+            f"{', '.join(METHODS)})."
+        )
     if not 0 < p.adaptive_underflow_threshold < 1:
-        raise ConfigError(f"precision.adaptive_underflow_threshold must be in (0, 1) (got {p.adaptive_underflow_threshold}).")
+        raise ConfigError(
+            "precision.adaptive_underflow_threshold must be in (0, 1) (got "
+            f"{p.adaptive_underflow_threshold})."
+        )
     for key in ("adaptive_scale_upper_bound", "adaptive_accum_upper_bound"):
         v = getattr(p, key)
         if not (v >= 1 and math.log2(v).is_integer()):
             raise ConfigError(f"precision.{key} must be a power of two >= 1 (got {v}).")
     if p.adaptive_update_interval < 1:
-        raise ConfigError(f"precision.adaptive_update_interval must be >= 1 (got {p.adaptive_update_interval}).")
+        raise ConfigError(
+            f"precision.adaptive_update_interval must be >= 1 (got {p.adaptive_update_interval})."
+        )

@@ -3,6 +3,7 @@
 Only completed runs enter the means; diverged runs are counted and their steps kept, because the
 tables show them as the paper does ("diverged at step N").
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -10,7 +11,17 @@ import pandas as pd
 from mpt_repro.report.collect import COST_FIELDS, GROUP_KEYS
 
 # presets in the order the tables show them; a preset not listed here goes after, by name
-PRESET_ORDER = ["fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16", "adaptive"]
+PRESET_ORDER = [
+    "fp32",
+    "tf32",
+    "amp",
+    "mixed",
+    "no_master",
+    "no_scaling",
+    "fp16",
+    "bf16",
+    "adaptive",
+]
 
 
 def preset_order(names) -> list[str]:
@@ -19,7 +30,9 @@ def preset_order(names) -> list[str]:
 
 
 def value_columns(runs: pd.DataFrame) -> list[str]:
-    return [c for c in runs.columns if c.startswith("metric_")] + [c for c in COST_FIELDS if c in runs.columns]
+    return [c for c in runs.columns if c.startswith("metric_")] + [
+        c for c in COST_FIELDS if c in runs.columns
+    ]
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
@@ -41,7 +54,9 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
         diverged_steps=("diverged_at_step", lambda s: sorted(int(x) for x in s.dropna())),
     )
     # the metric's name and direction, for captions and "better" arrows
-    meta_cols = [c for c in ("primary_metric", "higher_is_better", "peak_memory_kind") if c in runs.columns]
+    meta_cols = [
+        c for c in ("primary_metric", "higher_is_better", "peak_memory_kind") if c in runs.columns
+    ]
     meta = runs.groupby(GROUP_KEYS, dropna=False)[meta_cols].first()
 
     out = pd.concat([meta, completed, div, stats], axis=1)

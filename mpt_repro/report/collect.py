@@ -5,6 +5,7 @@ paper reports them). Everything else (failed, still running or interrupted, unre
 another schema) goes into the problems list with its path and reason, so nothing is dropped
 without the reader seeing it.
 """
+
 from __future__ import annotations
 
 import json
@@ -16,7 +17,16 @@ import pandas as pd
 
 SCHEMA_VERSION = 1
 # the fields a record needs before it can be placed in any table
-REQUIRED = ("experiment", "task", "precision", "seed", "budget", "status", "metrics", "primary_metric")
+REQUIRED = (
+    "experiment",
+    "task",
+    "precision",
+    "seed",
+    "budget",
+    "status",
+    "metrics",
+    "primary_metric",
+)
 # the grouping key: runs are averaged over seeds only when all of these agree, so a synthetic-data
 # run is never averaged with a real-data run, nor a CPU run with a GPU run
 GROUP_KEYS = ["experiment", "task", "precision", "budget", "data", "device"]
@@ -88,8 +98,12 @@ def _check(record, path: Path) -> Problem | None:
     if not isinstance(record, dict):
         return Problem(where, "unreadable", "run.json does not hold a JSON object")
     if record.get("schema_version") != SCHEMA_VERSION:
-        return Problem(where, "unreadable",
-                       f"schema_version {record.get('schema_version')!r}, this reporter reads {SCHEMA_VERSION}")
+        return Problem(
+            where,
+            "unreadable",
+            f"schema_version {record.get('schema_version')!r}, this reporter reads "
+            f"{SCHEMA_VERSION}",
+        )
     missing = [k for k in REQUIRED if k not in record]
     if missing:
         return Problem(where, "unreadable", f"missing fields: {', '.join(missing)}")
@@ -99,14 +113,20 @@ def _check(record, path: Path) -> Problem | None:
     if status == "running":
         # the trainer rewrites the record at the end, so `running` means in progress or killed
         started = record.get("started_at") or "an unknown time"
-        return Problem(where, "running", f"still running or interrupted (started {started}, never finished)")
+        return Problem(
+            where, "running", f"still running or interrupted (started {started}, never finished)"
+        )
     if status not in ("completed", "diverged"):
         return Problem(where, "unreadable", f"unknown status {status!r}")
     if not isinstance(record["metrics"], dict):
         return Problem(where, "unreadable", "metrics is not an object")
     if status == "completed" and not _finite(record["metrics"].get(record["primary_metric"])):
-        return Problem(where, "unreadable",
-                       f"completed but its primary metric {record['primary_metric']!r} is missing or not finite")
+        return Problem(
+            where,
+            "unreadable",
+            f"completed but its primary metric {record['primary_metric']!r} is missing or not "
+            "finite",
+        )
     return None
 
 
@@ -117,7 +137,9 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         try:
             record = json.loads(path.read_text())
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-            problems.append(Problem(str(path.parent), "unreadable", f"cannot parse run.json: {err}"))
+            problems.append(
+                Problem(str(path.parent), "unreadable", f"cannot parse run.json: {err}")
+            )
             continue
         problem = _check(record, path)
         if problem:
@@ -129,8 +151,13 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         bad = sorted(k for k, v in record["metrics"].items() if not _finite(v))
         if record["status"] == "completed" and bad:
             values = ", ".join(f"{k}={record['metrics'][k]}" for k in bad)
-            problems.append(Problem(str(path.parent), "suspect",
-                                    f"completed with non-finite final metrics ({values}); kept in the tables"))
+            problems.append(
+                Problem(
+                    str(path.parent),
+                    "suspect",
+                    f"completed with non-finite final metrics ({values}); kept in the tables",
+                )
+            )
     columns = ["path", *GROUP_KEYS, "seed", "status"]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return _without_override_variants(runs, problems), problems
@@ -145,8 +172,15 @@ def _without_override_variants(runs: pd.DataFrame, problems: list[Problem]) -> p
     order = runs["path"].str.len().sort_values(kind="stable").index
     dup = runs.loc[order].duplicated(subset=[*GROUP_KEYS, "seed"], keep="first")
     for path in runs.loc[order][dup]["path"]:
-        problems.append(Problem(path, "variant", "same experiment, preset, budget, data, device and seed as "
-                                "another run, with other overrides: not averaged as a seed (report its folder on its own)"))
+        problems.append(
+            Problem(
+                path,
+                "variant",
+                "same experiment, preset, budget, data, device and seed as "
+                "another run, with other overrides: not averaged as a seed (report its folder on "
+                "its own)",
+            )
+        )
     return runs.drop(index=dup[dup].index).sort_index()
 
 

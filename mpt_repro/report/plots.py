@@ -2,6 +2,7 @@
 
 matplotlib runs headless (Agg): the reporter must work over SSH and in CI.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -38,8 +39,14 @@ def _plot_runs(ax, curves: list[tuple[str, pd.DataFrame]], column: str, colours)
         if column not in frame or frame[column].notna().sum() == 0:
             continue
         rows = frame[frame[column].notna()]
-        ax.plot(rows["step"], rows[column], color=colours[preset],
-                label=None if preset in labelled else preset, alpha=0.8, marker="." if len(rows) < 20 else None)
+        ax.plot(
+            rows["step"],
+            rows[column],
+            color=colours[preset],
+            label=None if preset in labelled else preset,
+            alpha=0.8,
+            marker="." if len(rows) < 20 else None,
+        )
         labelled.add(preset)
         drew = True
     if drew:
@@ -50,12 +57,16 @@ def _plot_runs(ax, curves: list[tuple[str, pd.DataFrame]], column: str, colours)
 def experiment_plots(runs: pd.DataFrame, folder: Path) -> tuple[list[Path], list[Problem]]:
     """Curves and loss-scale trace per (experiment, budget, data, device) from each metrics.csv."""
     written, problems = [], []
-    for (experiment, budget, data, device), part in runs.groupby(["experiment", "budget", "data", "device"]):
+    for (experiment, budget, data, device), part in runs.groupby(
+        ["experiment", "budget", "data", "device"]
+    ):
         curves = []
         for _, run in part.sort_values(["precision", "seed"]).iterrows():
             frame = load_metrics_csv(run["path"])
             if frame is None or "step" not in frame or "split" not in frame:
-                problems.append(Problem(run["path"], "no curves", "metrics.csv missing or unreadable"))
+                problems.append(
+                    Problem(run["path"], "no curves", "metrics.csv missing or unreadable")
+                )
                 continue
             curves.append((run["precision"], frame))
         if not curves:
@@ -99,16 +110,24 @@ def cost_plots(agg: pd.DataFrame, folder: Path) -> list[Path]:
         x = np.arange(len(groups))
         width = 0.8 / len(presets)
         fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) + 4), 4.5))
-        for ax, column, label in ((axes[0], "samples_per_s_mean", "samples/s"),
-                                  (axes[1], "peak_memory_bytes_mean", "peak memory (MiB)")):
+        for ax, column, label in (
+            (axes[0], "samples_per_s_mean", "samples/s"),
+            (axes[1], "peak_memory_bytes_mean", "peak memory (MiB)"),
+        ):
             for i, preset in enumerate(presets):
                 rows = part[part["precision"] == preset].set_index(["experiment", "data"])
-                heights = [rows[column].get(g, np.nan) if column in rows else np.nan for g in groups]
+                heights = [
+                    rows[column].get(g, np.nan) if column in rows else np.nan for g in groups
+                ]
                 if label.endswith("(MiB)"):
                     heights = [h / 2**20 for h in heights]
                 ax.bar(x + i * width, heights, width, label=preset, color=colours[preset])
-            ax.set_xticks(x + width * (len(presets) - 1) / 2, [f"{e}\n({d})" for e, d in groups],
-                          fontsize="small", rotation=30)
+            ax.set_xticks(
+                x + width * (len(presets) - 1) / 2,
+                [f"{e}\n({d})" for e, d in groups],
+                fontsize="small",
+                rotation=30,
+            )
             ax.set_yscale("log")
             ax.set(ylabel=label, title=label)
         axes[0].legend(fontsize="small")

@@ -4,6 +4,7 @@ Every value in that file is copied from the paper via ../shared/reference/papers
 section it comes from and how sure we are of it: P = read in the paper's own text, S = from
 secondary notes that agree, U = unconfirmed. Nothing else in the reporter types a number.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -16,7 +17,7 @@ CONFIDENCE_LABELS = {"P": "primary text", "S": "secondary notes", "U": "unconfir
 
 @lru_cache(maxsize=1)
 def load_reference() -> pd.DataFrame:
-    """All reference rows; `value` is a float or NaN (an outcome like "diverges" is in `outcome`)."""
+    """All reference rows; `value` is a float or NaN (an outcome like "diverges": `outcome`)."""
     with resources.files("mpt_repro.report").joinpath("paper_reference.csv").open() as f:
         ref = pd.read_csv(f, dtype=str, keep_default_na=False)
     # the value as the paper prints it ("69.1", "2.20"): shown as is, so no digit is invented

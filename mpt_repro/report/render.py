@@ -1,4 +1,5 @@
 """Write a Table as Markdown, CSV and LaTeX (booktabs). All three show the same cell strings."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -7,9 +8,22 @@ from mpt_repro.report.tables import Table
 
 # LaTeX needs these escaped; the unicode signs of the cells become math-mode symbols
 LATEX_ESCAPES = {
-    "\\": r"\textbackslash{}", "&": r"\&", "%": r"\%", "$": r"\$", "#": r"\#", "_": r"\_",
-    "{": r"\{", "}": r"\}", "~": r"\textasciitilde{}", "^": r"\textasciicircum{}",
-    "±": r"$\pm$", "Δ": r"$\Delta$", "−": r"$-$", "×": r"$\times$", "÷": r"$\div$", "§": r"\S{}",
+    "\\": r"\textbackslash{}",
+    "&": r"\&",
+    "%": r"\%",
+    "$": r"\$",
+    "#": r"\#",
+    "_": r"\_",
+    "{": r"\{",
+    "}": r"\}",
+    "~": r"\textasciitilde{}",
+    "^": r"\textasciicircum{}",
+    "±": r"$\pm$",
+    "Δ": r"$\Delta$",
+    "−": r"$-$",
+    "×": r"$\times$",
+    "÷": r"$\div$",
+    "§": r"\S{}",
     "≈": r"$\approx$",
 }
 
@@ -41,11 +55,19 @@ def latex(table: Table) -> str:
     """A booktabs table: \\toprule, header, \\midrule, rows, \\bottomrule; caption included."""
     frame = table.frame
     spec = "l" * max(len(frame.columns), 1)
-    out = [r"\begin{table}[ht]", r"\centering", r"\small",
-           rf"\caption{{{latex_escape(table.title)}. {latex_escape(table.caption)}}}",
-           rf"\begin{{tabular}}{{{spec}}}", r"\toprule",
-           " & ".join(latex_escape(c) for c in frame.columns) + r" \\", r"\midrule"]
-    out += [" & ".join(latex_escape(c) for c in row) + r" \\" for row in frame.itertuples(index=False)]
+    out = [
+        r"\begin{table}[ht]",
+        r"\centering",
+        r"\small",
+        rf"\caption{{{latex_escape(table.title)}. {latex_escape(table.caption)}}}",
+        rf"\begin{{tabular}}{{{spec}}}",
+        r"\toprule",
+        " & ".join(latex_escape(c) for c in frame.columns) + r" \\",
+        r"\midrule",
+    ]
+    out += [
+        " & ".join(latex_escape(c) for c in row) + r" \\" for row in frame.itertuples(index=False)
+    ]
     out += [r"\bottomrule", r"\end{tabular}", r"\end{table}"]
     return "\n".join(out) + "\n"
 

@@ -5,6 +5,7 @@ that setting can and cannot show: a smoke or synthetic run is never presented as
 of the paper's number. Cells are formatted once here, so the Markdown, CSV and LaTeX outputs
 show the same strings.
 """
+
 from __future__ import annotations
 
 import math
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from mpt_repro.report.aggregate import preset_order
-from mpt_repro.report.reference import claims_for, cite, load_reference, table1_reference
+from mpt_repro.report.reference import cite, claims_for, load_reference, table1_reference
 
 # the data set the paper's Table 1 used; only runs on it, at the paper budget, compare with it
 PAPER_DATA = {"table1": "imagenet"}
@@ -67,7 +68,12 @@ def result_cell(group: pd.Series | None, column: str, decimals: int) -> str:
     """A group's value of `column` (metric_top1, ...), with its diverged seeds if any."""
     if group is None:
         return ""
-    stat = fmt_stat(group.get(f"{column}_mean"), group.get(f"{column}_std"), group.get(f"{column}_count"), decimals)
+    stat = fmt_stat(
+        group.get(f"{column}_mean"),
+        group.get(f"{column}_std"),
+        group.get(f"{column}_count"),
+        decimals,
+    )
     n_div = int(group.get("n_diverged", 0))
     if not n_div:
         return stat
@@ -86,9 +92,12 @@ def slugify(*parts: str) -> str:
 
 
 def verdict(budget: str, data: str, paper_data: str | None) -> str:
-    """What numbers from this setting can show; only the paper budget on the paper's data compares."""
+    """What numbers from this setting can show; only the paper budget on the paper's data do."""
     if data == "synthetic":
-        return "random inputs check the pipeline and the speed; accuracy means nothing, not comparable with the paper"
+        return (
+            "random inputs check the pipeline and the speed; accuracy means nothing, "
+            "not comparable with the paper"
+        )
     if budget == "smoke":
         return "checks the pipeline, not comparable with the paper"
     if budget == "short":
@@ -150,23 +159,52 @@ def table1(agg: pd.DataFrame) -> list[Table]:
             }
             for p in presets:
                 row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
-            fp32, mixed = _mean(mine.get("fp32"), "metric_top1"), _mean(mine.get("mixed"), "metric_top1")
-            for name, ours, theirs in (("fp32", fp32, paper["fp32"]), ("mixed", mixed, paper["mixed"])):
-                row[f"Δ {name} vs paper"] = fmt_signed(_diff(ours, theirs), 2) if ok else (NOT_COMPARABLE if not _nan(ours) else "")
+            fp32, mixed = (
+                _mean(mine.get("fp32"), "metric_top1"),
+                _mean(mine.get("mixed"), "metric_top1"),
+            )
+            for name, ours, theirs in (
+                ("fp32", fp32, paper["fp32"]),
+                ("mixed", mixed, paper["mixed"]),
+            ):
+                row[f"Δ {name} vs paper"] = (
+                    fmt_signed(_diff(ours, theirs), 2)
+                    if ok
+                    else (NOT_COMPARABLE if not _nan(ours) else "")
+                )
             row["Δ mixed − fp32 (ours)"] = fmt_signed(_diff(mixed, fp32), 2)
             rows.append(row)
-        notes = [f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, single-crop top-1 on "
-                 "ILSVRC12 val (Caffe on V100; ResNet-50 in PyTorch); no loss scaling was needed."]
+        notes = [
+            f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, single-crop "
+            "top-1 on "
+            "ILSVRC12 val (Caffe on V100; ResNet-50 in PyTorch); no loss scaling was needed."
+        ]
         if not ok:
-            notes.append(f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no difference is shown.")
-        tables.append(Table(slugify("table1", budget, data, device),
-                            "Table 1: ILSVRC12 classification, top-1 accuracy (%)",
-                            caption(budget, data, device, PAPER_DATA["table1"]), pd.DataFrame(rows), notes))
+            notes.append(
+                f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
+                "difference is shown."
+            )
+        tables.append(
+            Table(
+                slugify("table1", budget, data, device),
+                "Table 1: ILSVRC12 classification, top-1 accuracy (%)",
+                caption(budget, data, device, PAPER_DATA["table1"]),
+                pd.DataFrame(rows),
+                notes,
+            )
+        )
     return tables
 
 
-def metric_table(agg: pd.DataFrame, task: str, exclude: set[str], title: str, slug: str,
-                 decimals: int = 2, notes_for=None) -> list[Table]:
+def metric_table(
+    agg: pd.DataFrame,
+    task: str,
+    exclude: set[str],
+    title: str,
+    slug: str,
+    decimals: int = 2,
+    notes_for=None,
+) -> list[Table]:
     """Experiments as rows, presets as columns, each cell the primary metric (or 'diverged')."""
     part_all = agg[(agg["task"] == task) & ~agg["experiment"].isin(exclude)]
     tables = []
@@ -180,19 +218,30 @@ def metric_table(agg: pd.DataFrame, task: str, exclude: set[str], title: str, sl
             row = {"Experiment": experiment, "Metric": metric}
             for p in presets:
                 row[p] = result_cell(mine.get(p), col, decimals)
-            row["Δ mixed − fp32"] = fmt_signed(_diff(_mean(mine.get("mixed"), col), _mean(mine.get("fp32"), col)), decimals)
+            row["Δ mixed − fp32"] = fmt_signed(
+                _diff(_mean(mine.get("mixed"), col), _mean(mine.get("fp32"), col)), decimals
+            )
             rows.append(row)
             if notes_for:
                 notes += notes_for(experiment)
-        tables.append(Table(slugify(slug, budget, data, device), title, caption(budget, data, device),
-                            pd.DataFrame(rows), notes))
+        tables.append(
+            Table(
+                slugify(slug, budget, data, device),
+                title,
+                caption(budget, data, device),
+                pd.DataFrame(rows),
+                notes,
+            )
+        )
     return tables
 
 
 def claim_notes(experiment: str) -> list[str]:
     """The paper's qualitative claims about an experiment, labelled as the paper's."""
-    return [f"Paper ({cite(c)}), {c['column']}: {c['outcome']} ({c['row_label']}; {c['note']})."
-            for _, c in claims_for(experiment).iterrows()]
+    return [
+        f"Paper ({cite(c)}), {c['column']}: {c['outcome']} ({c['row_label']}; {c['note']})."
+        for _, c in claims_for(experiment).iterrows()
+    ]
 
 
 def gan_table(agg: pd.DataFrame) -> list[Table]:
@@ -201,8 +250,11 @@ def gan_table(agg: pd.DataFrame) -> list[Table]:
     tables = []
     for (budget, data, device), part in by_setting(gans):
         # in the order the records list them (the trainer puts the main losses first)
-        metrics = [c[len("metric_"):-len("_mean")] for c in part.columns
-                   if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()]
+        metrics = [
+            c[len("metric_") : -len("_mean")]
+            for c in part.columns
+            if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()
+        ]
         rows, notes = [], []
         for experiment in sorted(part["experiment"].unique()):
             mine = _lookup(part, experiment)
@@ -211,14 +263,29 @@ def gan_table(agg: pd.DataFrame) -> list[Table]:
                 n_done = int(g["n_completed"])
                 outcome = [f"{n_done} completed"] if n_done else []
                 if g["n_diverged"]:
-                    outcome.append(f"{int(g['n_diverged'])} {diverged_text(g['diverged_steps'], g['n_diverged'])}")
+                    outcome.append(
+                        f"{int(g['n_diverged'])} "
+                        f"{diverged_text(g['diverged_steps'], g['n_diverged'])}"
+                    )
                 row = {"Experiment": experiment, "Preset": p, "Outcome": "; ".join(outcome)}
                 for m in metrics:
-                    row[m] = fmt_stat(g.get(f"metric_{m}_mean"), g.get(f"metric_{m}_std"), g.get(f"metric_{m}_count"), 3)
+                    row[m] = fmt_stat(
+                        g.get(f"metric_{m}_mean"),
+                        g.get(f"metric_{m}_std"),
+                        g.get(f"metric_{m}_count"),
+                        3,
+                    )
                 rows.append(row)
             notes += claim_notes(experiment)
-        tables.append(Table(slugify("gan", budget, data, device), "DCGAN: what ran, final losses",
-                            caption(budget, data, device), pd.DataFrame(rows), notes))
+        tables.append(
+            Table(
+                slugify("gan", budget, data, device),
+                "DCGAN: what ran, final losses",
+                caption(budget, data, device),
+                pd.DataFrame(rows),
+                notes,
+            )
+        )
     return tables
 
 
@@ -233,26 +300,51 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
             for p in preset_order(mine):
                 g = mine[p]
                 speed, memory = _mean(g, "samples_per_s"), _mean(g, "peak_memory_bytes")
-                rows.append({
-                    "Experiment": experiment, "Data": data, "Preset": p, "Runs": _runs_text(g),
-                    "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
-                    "Samples/s": fmt_stat(speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1),
-                    "Samples/s ÷ fp32": fmt_num(_ratio(speed, _mean(fp32, "samples_per_s")), 2),
-                    "Peak memory (MiB)": fmt_num(None if _nan(memory) else memory / 2**20, 1),
-                    "Memory ÷ fp32": fmt_num(_ratio(memory, _mean(fp32, "peak_memory_bytes")), 2),
-                })
+                rows.append(
+                    {
+                        "Experiment": experiment,
+                        "Data": data,
+                        "Preset": p,
+                        "Runs": _runs_text(g),
+                        "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
+                        "Samples/s": fmt_stat(
+                            speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1
+                        ),
+                        "Samples/s ÷ fp32": fmt_num(_ratio(speed, _mean(fp32, "samples_per_s")), 2),
+                        "Peak memory (MiB)": fmt_num(None if _nan(memory) else memory / 2**20, 1),
+                        "Memory ÷ fp32": fmt_num(
+                            _ratio(memory, _mean(fp32, "peak_memory_bytes")), 2
+                        ),
+                    }
+                )
         kinds = sorted(set(part.get("peak_memory_kind", pd.Series(dtype=str)).dropna()) - {""})
-        notes = ["Completed runs only; means over seeds. Ratios divide by the fp32 run of the same experiment, data and device."]
+        notes = [
+            "Completed runs only; means over seeds. Ratios divide by the fp32 run of the same "
+            "experiment, data and device."
+        ]
         if budget != "paper":
-            notes.append("Below the paper budget start-up and first steps weigh heavily: compare ratios, not absolute speed.")
+            notes.append(
+                "Below the paper budget start-up and first steps weigh heavily: compare ratios, "
+                "not absolute speed."
+            )
         if device.startswith("cpu"):
-            notes.append("On a CPU, peak memory is the process's maximum resident set size (Python and libraries "
-                         "included); a Hydra multirun runs its jobs in one process, so a later job carries the "
-                         "peak of the jobs before it.")
+            notes.append(
+                "On a CPU, peak memory is the process's maximum resident set size (Python and "
+                "libraries "
+                "included); a Hydra multirun runs its jobs in one process, so a later job carries "
+                "the "
+                "peak of the jobs before it."
+            )
         memory = f"; memory measured as {', '.join(kinds)}" if kinds else ""
-        tables.append(Table(slugify("cost", budget, device), "Cost: time, throughput and memory",
-                            f"budget={budget}, device {device}, data set per row{memory}.",
-                            pd.DataFrame(rows), notes))
+        tables.append(
+            Table(
+                slugify("cost", budget, device),
+                "Cost: time, throughput and memory",
+                f"budget={budget}, device {device}, data set per row{memory}.",
+                pd.DataFrame(rows),
+                notes,
+            )
+        )
     return tables
 
 
@@ -270,25 +362,42 @@ def reference_tables() -> list[Table]:
     """The paper's other numbers (Tables 2 and 3, and its claims), labelled as the paper's."""
     ref = load_reference()
     tables = []
-    for name, title in (("table2", "Paper Table 2: detection mAP, PASCAL VOC 2007 test (not run by this suite)"),
-                        ("table3", "Paper Table 3: speech recognition CER (not run by this suite)")):
+    for name, title in (
+        ("table2", "Paper Table 2: detection mAP, PASCAL VOC 2007 test (not run by this suite)"),
+        ("table3", "Paper Table 3: speech recognition CER (not run by this suite)"),
+    ):
         part = ref[ref["table"] == name]
         rows = []
-        for row, entries in part.groupby("row", sort=False):
+        for _row, entries in part.groupby("row", sort=False):
             cells = {"Model": entries["row_label"].iloc[0]}
             for _, e in entries.iterrows():
                 cells[e["column"]] = e["outcome"] or e["value_text"]
             cells["Unit"] = entries["unit"].iloc[0]
             cells["Source"] = ", ".join(sorted({cite(e) for _, e in entries.iterrows()}))
             rows.append(cells)
-        tables.append(Table(name + "_paper", title, "The paper's reference values, for completeness; "
-                            "[P] primary text, [S] secondary notes, [U] unconfirmed.", pd.DataFrame(rows).fillna("")))
+        tables.append(
+            Table(
+                name + "_paper",
+                title,
+                "The paper's reference values, for completeness; "
+                "[P] primary text, [S] secondary notes, [U] unconfirmed.",
+                pd.DataFrame(rows).fillna(""),
+            )
+        )
     claims = ref[ref["table"] == "claim"]
-    rows = [{"Subject": c["row_label"], "Preset": c["column"], "Claim": c["outcome"], "Source": cite(c)}
-            for _, c in claims.iterrows()]
-    tables.append(Table("claims_paper", "The paper's qualitative claims",
-                        "The paper's statements, labelled with where they come from and how sure the reference is.",
-                        pd.DataFrame(rows)))
+    rows = [
+        {"Subject": c["row_label"], "Preset": c["column"], "Claim": c["outcome"], "Source": cite(c)}
+        for _, c in claims.iterrows()
+    ]
+    tables.append(
+        Table(
+            "claims_paper",
+            "The paper's qualitative claims",
+            "The paper's statements, labelled with where they come from and how sure the "
+            "reference is.",
+            pd.DataFrame(rows),
+        )
+    )
     return tables
 
 
@@ -296,9 +405,21 @@ def all_tables(agg: pd.DataFrame) -> list[Table]:
     ilsvrc = set(table1_reference()["experiment"])
     return [
         *table1(agg),
-        *metric_table(agg, "classification", ilsvrc, "Other classification experiments (primary metric)", "classification"),
-        *metric_table(agg, "language_model", set(), "Language model: perplexity per preset", "lm",
-                      notes_for=claim_notes),
+        *metric_table(
+            agg,
+            "classification",
+            ilsvrc,
+            "Other classification experiments (primary metric)",
+            "classification",
+        ),
+        *metric_table(
+            agg,
+            "language_model",
+            set(),
+            "Language model: perplexity per preset",
+            "lm",
+            notes_for=claim_notes,
+        ),
         *gan_table(agg),
         *cost_table(agg),
         *reference_tables(),

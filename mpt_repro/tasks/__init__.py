@@ -1,3 +1,7 @@
 """Tasks register themselves on import (see mpt_repro/tasks/base.py)."""
-from mpt_repro.tasks import classification  # noqa: F401
-from mpt_repro.tasks import gan, language_model  # noqa: F401
+
+from mpt_repro.tasks import (  # noqa: F401
+    classification,  # noqa: F401
+    gan,
+    language_model,
+)

@@ -3,15 +3,17 @@
 The one training loop (mpt_repro/trainer.py) drives any Task; precision enters only through the
 PrecisionPolicy that the task uses for its forward and its optimizer steps.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
 
-TASKS: dict[str, type["Task"]] = {}
+TASKS: dict[str, type[Task]] = {}
 
 
 def register_task(name: str) -> Callable[[type], type]:
@@ -50,7 +52,9 @@ class Task:
         raise NotImplementedError
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        """Batches of one epoch, in an order fixed by (seed, epoch); the first `skip` left out (resume)."""
+        """Batches of one epoch, in an order fixed by (seed, epoch); the first `skip` left out
+        (resume).
+        """
         raise NotImplementedError
 
     def train_step(self, batch: Any) -> StepResult:
@@ -75,7 +79,11 @@ class Task:
 
     def describe_model(self) -> dict:
         params = sum(p.numel() for m in self.models.values() for p in m.parameters())
-        return {"name": self.cfg.model.name, "variant": self.cfg.model.variant or None, "parameters": params}
+        return {
+            "name": self.cfg.model.name,
+            "variant": self.cfg.model.variant or None,
+            "parameters": params,
+        }
 
 
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:

@@ -1,7 +1,9 @@
 """Image classification (the paper's ILSVRC experiments and the digits demo): top-1 and top-5."""
+
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -27,23 +29,36 @@ class Classification(Task):
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
-        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and all processes' batch
+        batch, global_batch = distributed.batch_sizes(
+            cfg
+        )  # this process's and all processes' batch
         self.data = build_image_data(d)
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes=self.data.num_classes, channels=self.data.channels, image_size=d.image_size)
+        model = build_model(
+            cfg.model,
+            num_classes=self.data.num_classes,
+            channels=self.data.channels,
+            image_size=d.image_size,
+        )
         model = distributed.maybe_sync_bn(model, cfg.distributed, device)
         self.channels_last = cfg.model.channels_last and device.type == "cuda"
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = policy.prepare_model(model.to(device))
-        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, global_batch), name="model")
+        self.optimizer = policy.build_optimizer(
+            self.model, optimizer_factory(cfg.optim, global_batch), name="model"
+        )
         # Under DDP the forward/backward goes through the wrapper (gradient averaging); the bare
         # model is what the optimizer, the checkpoints and evaluation see.
         self.train_model = distributed.wrap_model(self.model, cfg.distributed)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
         loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
-        self.sampler, self.train_loader, self.eval_loader = loaders.sampler, loaders.train, loaders.eval
+        self.sampler, self.train_loader, self.eval_loader = (
+            loaders.sampler,
+            loaders.train,
+            loaders.eval,
+        )
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch()
@@ -93,11 +108,23 @@ class Classification(Task):
             hits = logits.topk(k, dim=1).indices.eq(y[:, None])
             correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()]).float()
             total += y.shape[0]
-        s = distributed.reduce_sums({"loss": float(loss_sum), "top1": float(correct[0]), "top5": float(correct[1]),
-                                     "total": total}, self.device)
+        s = distributed.reduce_sums(
+            {
+                "loss": float(loss_sum),
+                "top1": float(correct[0]),
+                "top5": float(correct[1]),
+                "total": total,
+            },
+            self.device,
+        )
         n = max(s["total"], 1)
         return {"loss": s["loss"] / n, "top1": 100.0 * s["top1"] / n, "top5": 100.0 * s["top5"] / n}
 
     def describe_data(self) -> dict:
-        return {"name": self.cfg.data.name, "root": self.cfg.data.root, "train_size": len(self.data.train),
-                "eval_size": len(self.data.eval), "description": self.data.description}
+        return {
+            "name": self.cfg.data.name,
+            "root": self.cfg.data.root,
+            "train_size": len(self.data.train),
+            "eval_size": len(self.data.eval),
+            "description": self.data.description,
+        }

@@ -14,11 +14,13 @@ takes its shard of every global batch and draws its own noise; evaluation sums o
 shards of the held-out images. The replicas stay identical; the run is not the one-process run
 with the global batch (other noise, per-process BatchNorm batch statistics).
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -32,7 +34,9 @@ from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import StepResult, Task, register_task
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
-NOISE_SEED_PER_RANK = 1_000_003  # rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
+NOISE_SEED_PER_RANK = (
+    1_000_003  # rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
+)
 
 
 @contextmanager
@@ -59,10 +63,13 @@ class GAN(Task):
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
-        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and all processes' batch
+        batch, global_batch = distributed.batch_sizes(
+            cfg
+        )  # this process's and all processes' batch
         self.data = build_image_data(d)
         self.image_size = d.image_size
-        # Seed right before building the models: every precision preset starts from the same weights.
+        # Seed right before building the models: every precision preset starts from the same
+        # weights.
         torch.manual_seed(cfg.seed)
         pair = build_model(cfg.model, channels=self.data.channels, image_size=self.image_size)
         self.generator = policy.prepare_model(pair.generator.to(device))
@@ -78,15 +85,26 @@ class GAN(Task):
         self.train_g = distributed.wrap_model(self.generator, cfg.distributed)
         self.train_d = distributed.wrap_model(self.discriminator, cfg.distributed)
         self.latent_dim = cfg.model.latent_dim
-        # Noise has its own generator (saved with the task state), so a resumed run draws the same z.
+        # Noise has its own generator (saved with the task state), so a resumed run draws the same
+        # z.
         # One stream per rank: the ranks' shares of the global batch must not get the same noise.
-        self.noise_rng = torch.Generator(device=device).manual_seed(cfg.seed + 1 + NOISE_SEED_PER_RANK * distributed.rank())
+        self.noise_rng = torch.Generator(device=device).manual_seed(
+            cfg.seed + 1 + NOISE_SEED_PER_RANK * distributed.rank()
+        )
         # Fixed and evaluation noise are the same on every rank (evaluation noise is per example).
         fixed = torch.Generator(device=device).manual_seed(cfg.seed + 2)
-        self.fixed_noise = torch.randn(GRID_SAMPLES, self.latent_dim, generator=fixed, device=device)
-        self.eval_noise = torch.randn(len(self.data.eval), self.latent_dim, generator=fixed, device=device)
+        self.fixed_noise = torch.randn(
+            GRID_SAMPLES, self.latent_dim, generator=fixed, device=device
+        )
+        self.eval_noise = torch.randn(
+            len(self.data.eval), self.latent_dim, generator=fixed, device=device
+        )
         loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
-        self.sampler, self.train_loader, self.eval_loader = loaders.sampler, loaders.train, loaders.eval
+        self.sampler, self.train_loader, self.eval_loader = (
+            loaders.sampler,
+            loaders.train,
+            loaders.eval,
+        )
         # which evaluation noise goes with which image of this rank's slice
         self.eval_indices = torch.tensor(list(loaders.eval_shard), dtype=torch.long, device=device)
 
@@ -102,11 +120,15 @@ class GAN(Task):
         x = x.to(self.device, non_blocking=True)
         if x.shape[-1] != self.image_size:
             # The embedded 8x8 digits, up-sampled when a budget asks for a deeper stack.
-            x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False)
+            x = F.interpolate(
+                x, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+            )
         return self.policy.cast_inputs(x)
 
     def _noise(self, n: int) -> torch.Tensor:
-        return self.policy.cast_inputs(torch.randn(n, self.latent_dim, generator=self.noise_rng, device=self.device))
+        return self.policy.cast_inputs(
+            torch.randn(n, self.latent_dim, generator=self.noise_rng, device=self.device)
+        )
 
     @staticmethod
     def _bce(logits: torch.Tensor, real: bool) -> torch.Tensor:
@@ -125,7 +147,10 @@ class GAN(Task):
     def train_step(self, batch: Any) -> StepResult:
         real = self._real(batch)
         n = real.shape[0]
-        G, D = self.train_g, self.train_d  # the DDP wrappers (the networks themselves in one process)
+        G, D = (
+            self.train_g,
+            self.train_d,
+        )  # the DDP wrappers (the networks themselves in one process)
         G.train()
         D.train()
         pairs = ((self.generator, self.opt_g), (self.discriminator, self.opt_d))
@@ -160,12 +185,19 @@ class GAN(Task):
             "g_stepped": torch.tensor(float(g_stepped)),
         }
         # loss: the sum of both, so a non-finite value in either one ends the run as diverged.
-        return StepResult(loss=(d_loss + g_loss).detach(), stepped=d_stepped and g_stepped, samples=n, logs=logs,
-                          stepped_by={"discriminator": d_stepped, "generator": g_stepped})
+        return StepResult(
+            loss=(d_loss + g_loss).detach(),
+            stepped=d_stepped and g_stepped,
+            samples=n,
+            logs=logs,
+            stepped_by={"discriminator": d_stepped, "generator": g_stepped},
+        )
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Both losses and the mean D outputs on the held-out images against fixed noise (eval-mode BN)."""
+        """Both losses and the mean D outputs on the held-out images against fixed noise (eval-mode
+        BN).
+        """
         G, D = self.generator, self.discriminator
         for model in (G, D):
             distributed.sync_buffers(model)  # every rank evaluates rank 0's BN statistics
@@ -183,8 +215,14 @@ class GAN(Task):
                 d_fake_logits = D(G(z))
                 d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
                 g_loss = self._bce(d_fake_logits, True)
-            sums += n * torch.stack([d_loss, g_loss, torch.sigmoid(d_real_logits.float()).mean(),
-                                     torch.sigmoid(d_fake_logits.float()).mean()])
+            sums += n * torch.stack(
+                [
+                    d_loss,
+                    g_loss,
+                    torch.sigmoid(d_real_logits.float()).mean(),
+                    torch.sigmoid(d_fake_logits.float()).mean(),
+                ]
+            )
             seen += n
         names = ("d_loss", "g_loss", "d_real", "d_fake")
         s = distributed.reduce_sums({**dict(zip(names, sums.tolist())), "n": seen}, self.device)
@@ -222,10 +260,20 @@ class GAN(Task):
             self.noise_rng.set_state(state["noise_rng"])
 
     def describe_data(self) -> dict:
-        return {"name": self.cfg.data.name, "root": self.cfg.data.root, "train_size": len(self.data.train),
-                "eval_size": len(self.data.eval), "image_size": self.image_size, "description": self.data.description}
+        return {
+            "name": self.cfg.data.name,
+            "root": self.cfg.data.root,
+            "train_size": len(self.data.train),
+            "eval_size": len(self.data.eval),
+            "image_size": self.image_size,
+            "description": self.data.description,
+        }
 
     def describe_model(self) -> dict:
         count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731
-        return {**super().describe_model(), "generator_parameters": count(self.generator),
-                "discriminator_parameters": count(self.discriminator), "latent_dim": self.latent_dim}
+        return {
+            **super().describe_model(),
+            "generator_parameters": count(self.generator),
+            "discriminator_parameters": count(self.discriminator),
+            "latent_dim": self.latent_dim,
+        }

@@ -12,10 +12,12 @@ the validation streams and sums token losses and counts over the ranks. N proces
 what one process with the global batch computes (up to the order of float additions; dropout
 masks differ).
 """
+
 from __future__ import annotations
 
 import math
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -42,12 +44,13 @@ class _LossForward(nn.Module):
     its gradient arrives). Holds no parameters of its own, so the bare model stays what is saved.
     """
 
-    def __init__(self, model: nn.Module, sampler: Optional[LogUniformSampler]):
+    def __init__(self, model: nn.Module, sampler: LogUniformSampler | None):
         super().__init__()
         self.model, self.sampler = model, sampler
 
-    def forward(self, x: torch.Tensor, y: torch.Tensor, hidden: Hidden,
-                generator: torch.Generator) -> tuple[torch.Tensor, Hidden]:
+    def forward(
+        self, x: torch.Tensor, y: torch.Tensor, hidden: Hidden, generator: torch.Generator
+    ) -> tuple[torch.Tensor, Hidden]:
         features, hidden = self.model(x, hidden)
         if self.sampler is None:
             return self.model.full_loss(features, y), hidden
@@ -65,8 +68,11 @@ class LanguageModel(Task):
         d, m = cfg.data, cfg.model
         if cfg.budget.name == "paper" and d.root is None:
             # The paper-sized model on the small embedded text would run for days and mean nothing.
-            raise ConfigError("budget=paper is the paper's model and data: set data.root to a word-level corpus "
-                              "(the One Billion Word benchmark as train.txt/valid.txt/test.txt; see docs/experiments_lm_gan.md)")
+            raise ConfigError(
+                "budget=paper is the paper's model and data: set data.root to a word-level corpus "
+                "(the One Billion Word benchmark as train.txt/valid.txt/test.txt; see "
+                "docs/experiments_lm_gan.md)"
+            )
         self.corpus = Corpus(d.root, d.min_freq, d.max_vocab)
         # Budgets trim the text: train_limit / eval_limit count tokens for a corpus.
         train, valid = self.corpus.train[: d.train_limit], self.corpus.valid[: d.eval_limit]
@@ -84,21 +90,28 @@ class LanguageModel(Task):
         self.global_streams = global_batch
         self.train_streams = shard_streams(batchify(train, global_batch), rank, world).to(device)
         self.eval_streams = shard_streams(batchify(valid, eval_global), rank, world).to(device)
-        self.train_tokens, self.valid_tokens = self.train_streams.size(0) * global_batch, self.eval_streams.size(0) * eval_global
+        self.train_tokens, self.valid_tokens = (
+            self.train_streams.size(0) * global_batch,
+            self.eval_streams.size(0) * eval_global,
+        )
         vocab_size = len(self.corpus.vocab)
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         self.model = policy.prepare_model(build_model(m, vocab_size=vocab_size).to(device))
-        self.optimizer = policy.build_optimizer(self.model, optimizer_factory(cfg.optim, global_batch), name="model")
+        self.optimizer = policy.build_optimizer(
+            self.model, optimizer_factory(cfg.optim, global_batch), name="model"
+        )
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
         self.sampler = LogUniformSampler(vocab_size, m.num_sampled) if m.num_sampled > 0 else None
         # Trained through DDP (gradient averaging); the bare model is what is saved and evaluated.
-        self.train_model = distributed.wrap_model(_LossForward(self.model, self.sampler), cfg.distributed)
+        self.train_model = distributed.wrap_model(
+            _LossForward(self.model, self.sampler), cfg.distributed
+        )
         # The candidate draws have their own generator (saved with the task state): resume is exact.
         # Deliberately the same seed on every rank: one candidate set serves the whole global
         # batch, as it serves all streams in one process, so N processes train what one does.
         self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
-        self.hidden: Optional[Hidden] = None  # this rank's streams' carried state
+        self.hidden: Hidden | None = None  # this rank's streams' carried state
 
     def steps_per_epoch(self) -> int:
         return num_bptt_batches(self.train_streams, self.seq_len)
@@ -138,11 +151,16 @@ class LanguageModel(Task):
             for x, y in bptt_batches(self.eval_streams, self.seq_len):
                 with self.policy.autocast():
                     features, hidden = self.model(x, hidden)
-                    total += self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
+                    total += self.model.full_loss(
+                        features, y, reduction="sum", chunk_rows=chunk_rows
+                    )
                 tokens += y.numel()
         s = distributed.reduce_sums({"loss": float(total), "tokens": tokens}, self.device)
         loss = s["loss"] / max(s["tokens"], 1)
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows a float past ~709
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+        }  # exp overflows a float past ~709
 
     def state_dict(self) -> dict:
         hidden = None if self.hidden is None else [h.cpu() for h in self.hidden]
@@ -159,8 +177,11 @@ class LanguageModel(Task):
         return {
             "name": d.name,
             "root": None if c.embedded else str(c.root),
-            "description": "embedded: King James Bible, Genesis + Exodus (mpt_repro/data/embedded/README.md)"
-            if c.embedded else f"word-level corpus at {c.root}",
+            "description": (
+                "embedded: King James Bible, Genesis + Exodus (mpt_repro/data/embedded/README.md)"
+            )
+            if c.embedded
+            else f"word-level corpus at {c.root}",
             "vocab_size": len(c.vocab),
             "train_tokens": int(self.train_tokens),  # all ranks' streams together
             "valid_tokens": int(self.valid_tokens),
@@ -172,6 +193,11 @@ class LanguageModel(Task):
 
     def describe_model(self) -> dict:
         m = self.cfg.model
-        return {**super().describe_model(), "embed_dim": m.embed_dim, "hidden_size": m.hidden_size,
-                "proj_size": m.proj_size, "num_layers": m.num_layers,
-                "softmax": f"sampled ({m.num_sampled} candidates)" if m.num_sampled > 0 else "full"}
+        return {
+            **super().describe_model(),
+            "embed_dim": m.embed_dim,
+            "hidden_size": m.hidden_size,
+            "proj_size": m.proj_size,
+            "num_layers": m.num_layers,
+            "softmax": f"sampled ({m.num_sampled} candidates)" if m.num_sampled > 0 else "full",
+        }

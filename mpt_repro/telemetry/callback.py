@@ -12,13 +12,14 @@ to on_step_start and after it to on_step_end; a sample is recorded under the lat
 metrics.csv uses). Gradients are therefore captured while backward accumulates them, because
 policy.step unscales, steps and may drop them before on_step_end.
 """
+
 from __future__ import annotations
 
 import json
 import math
 from functools import partial
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -28,7 +29,9 @@ from mpt_repro.telemetry.config import validate_telemetry
 
 
 def _tensors(obj: Any) -> list[Tensor]:
-    """The tensors in a module's inputs or outputs (tuples, lists, dicts, e.g. an LSTM's (out, (h, c)))."""
+    """The tensors in a module's inputs or outputs (tuples, lists, dicts, e.g. an LSTM's (out, (h,
+    c))).
+    """
     if torch.is_tensor(obj):
         return [obj]
     if isinstance(obj, (list, tuple)):
@@ -52,7 +55,7 @@ class _Capture:
         # backward: groups of hooks that saw the same gradient tensor, in firing order;
         # each group is (max |grad|, [(layer, "grad_output" | "grad_input"), ...])
         self.groups: list[tuple[Tensor, list[tuple[str, str]]]] = []
-        self.last_grad: Optional[Tensor] = None  # held so the `is` test below cannot see a reused id
+        self.last_grad: Tensor | None = None  # held so the `is` test below cannot see a reused id
         self.act: dict[str, Tensor] = {}  # layer -> summed count vector of its output gradients
         self.weight: dict[str, tuple[str, Tensor]] = {}  # param name -> (layer, count vector)
         self.snapshot: list[tuple[str, Tensor, Tensor]] = []  # (layer, FP32 param, copy before)
@@ -67,16 +70,16 @@ class _Capture:
 
 
 class TelemetryCallback:
-    """Trainer callback; append it when cfg.telemetry.enabled: ``TelemetryCallback(cfg.telemetry)``."""
+    """Trainer callback, added when cfg.telemetry.enabled: ``TelemetryCallback(cfg.telemetry)``."""
 
     def __init__(self, cfg: Any):
         validate_telemetry(cfg)
         self.cfg = cfg
         self.every = int(cfg.every)
         self.what_if = None if cfg.what_if_scale is None else float(cfg.what_if_scale)
-        self._cap: Optional[_Capture] = None
+        self._cap: _Capture | None = None
         self.records: list[dict] = []  # kept only when there is no run directory to write to
-        self.record_path: Optional[Path] = None
+        self.record_path: Path | None = None
         self._reset()
 
     def _reset(self) -> None:
@@ -84,10 +87,11 @@ class TelemetryCallback:
         self.probes = 0
         self.skips_seen = 0
         self._probe_next = False
-        self.first_nonfinite: Optional[dict] = None
+        self.first_nonfinite: dict | None = None
         self.figure_paths: list[str] = []
 
-    # -- trainer hooks ------------------------------------------------------------------------------
+    # -- trainer hooks
+    # ------------------------------------------------------------------------------
     def on_fit_start(self, trainer: Any) -> None:
         self._reset()
         run_dir = getattr(trainer, "run_dir", None)
@@ -138,7 +142,8 @@ class TelemetryCallback:
         tel["skipped_steps_seen"] = self.skips_seen
         summary["telemetry"] = tel
 
-    # -- arming the hooks ---------------------------------------------------------------------------
+    # -- arming the hooks
+    # ---------------------------------------------------------------------------
     def _layer_table(self, trainer: Any) -> dict:
         """Which modules to hook, their layer names, and which model each belongs to."""
         models: dict[str, nn.Module] = trainer.task.models
@@ -174,12 +179,16 @@ class TelemetryCallback:
         full = mode == "sample"
         for mname, layer, m, weighted in self._layers["modules"]:
             hist = full and weighted and self.cfg.activations
-            cap.handles.append(m.register_forward_hook(partial(self._forward_hook, cap, mname, layer, hist)))
+            cap.handles.append(
+                m.register_forward_hook(partial(self._forward_hook, cap, mname, layer, hist))
+            )
         if full and self.cfg.weights:
             for model in task.models.values():
                 for p in model.parameters():
                     if p.requires_grad:
-                        cap.handles.append(p.register_post_accumulate_grad_hook(partial(self._weight_hook, cap)))
+                        cap.handles.append(
+                            p.register_post_accumulate_grad_hook(partial(self._weight_hook, cap))
+                        )
         if full and self.cfg.lost_updates:
             cap.snapshot = self._snapshot(task)
         self._cap = cap
@@ -195,7 +204,9 @@ class TelemetryCallback:
         params = self._layers["params"]
         for oname, opt in task.optimizers.items():
             ops = [p for g in opt.param_groups for p in g["params"]]
-            model = task.models.get(oname) or (next(iter(task.models.values())) if len(task.models) == 1 else None)
+            model = task.models.get(oname) or (
+                next(iter(task.models.values())) if len(task.models) == 1 else None
+            )
             mps = [p for p in model.parameters() if p.requires_grad] if model is not None else []
             by_position = len(mps) == len(ops) and all(a.shape == b.shape for a, b in zip(mps, ops))
             for i, p in enumerate(ops):
@@ -204,9 +215,18 @@ class TelemetryCallback:
                 out.append((layer, p, p.detach().float().clone()))
         return out
 
-    # -- the hooks (sampled and probe steps only) ---------------------------------------------------
-    def _forward_hook(self, cap: _Capture, mname: str, layer: str, hist: bool, module: nn.Module,
-                      args: Any, output: Any) -> None:
+    # -- the hooks (sampled and probe steps only)
+    # ---------------------------------------------------
+    def _forward_hook(
+        self,
+        cap: _Capture,
+        mname: str,
+        layer: str,
+        hist: bool,
+        module: nn.Module,
+        args: Any,
+        output: Any,
+    ) -> None:
         if not torch.is_grad_enabled():
             return
         outs = _grad_tensors(output)
@@ -219,7 +239,9 @@ class TelemetryCallback:
             if not any(t is o for o in outs):
                 t.register_hook(partial(self._grad_hook, cap, mname, layer, "grad_input", False))
 
-    def _grad_hook(self, cap: _Capture, mname: str, layer: str, where: str, hist: bool, grad: Tensor) -> None:
+    def _grad_hook(
+        self, cap: _Capture, mname: str, layer: str, where: str, hist: bool, grad: Tensor
+    ) -> None:
         # Hooks on one tensor fire one after the other with the same gradient object: they form a
         # group, whose max is computed once.
         if grad is cap.last_grad and cap.groups:
@@ -229,14 +251,20 @@ class TelemetryCallback:
             cap.groups.append((grad.detach().abs().amax().float(), [(layer, where)]))
         if hist:
             c = nx.tensor_counts(grad, cap.divide_by[mname], cap.scale[mname])
-            cap.act[layer] = cap.act[layer] + c if layer in cap.act else c  # a layer used twice: summed
+            cap.act[layer] = (
+                cap.act[layer] + c if layer in cap.act else c
+            )  # a layer used twice: summed
 
     def _weight_hook(self, cap: _Capture, p: Tensor) -> None:
         mname, pname, layer = self._layers["params"][id(p)]
         # fires at every accumulation into .grad: the last call holds the total of the step
-        cap.weight[pname] = (layer, nx.tensor_counts(p.grad, cap.divide_by[mname], cap.scale[mname]))
+        cap.weight[pname] = (
+            layer,
+            nx.tensor_counts(p.grad, cap.divide_by[mname], cap.scale[mname]),
+        )
 
-    # -- after the step: one host copy, then plain Python -------------------------------------------
+    # -- after the step: one host copy, then plain Python
+    # -------------------------------------------
     def _gather(self, trainer: Any, cap: _Capture, step: int, result: Any) -> dict:
         stepped = bool(result.stepped)
         lost: dict[str, Tensor] = {}
@@ -250,7 +278,13 @@ class TelemetryCallback:
             weight[layer] = weight[layer] + c if layer in weight else c
         # one transfer for everything
         keys = [("act", k) for k in cap.act] + [("weight", k) for k in weight]
-        counts = torch.stack([cap.act[k] if kind == "act" else weight[k] for kind, k in keys]).cpu().tolist() if keys else []
+        counts = (
+            torch.stack([cap.act[k] if kind == "act" else weight[k] for kind, k in keys])
+            .cpu()
+            .tolist()
+            if keys
+            else []
+        )
         lost_host = torch.stack(list(lost.values())).cpu().tolist() if lost else []
         fwd = torch.stack([a for _, a in cap.forward]).cpu().tolist() if cap.forward else []
         bwd = torch.stack([a for a, _ in cap.groups]).cpu().tolist() if cap.groups else []
@@ -266,8 +300,13 @@ class TelemetryCallback:
         order = [layer for _, layer, _, _ in self._layers["modules"] if layer in found]
         layers = {layer: found[layer] for layer in order + [k for k in found if k not in order]}
         record = {
-            "step": step, "mode": cap.mode, "stepped": stepped, "loss": loss if math.isfinite(loss) else str(loss),
-            "loss_scale": cap.divide_by, "scale_shown": cap.scale, "layers": layers,
+            "step": step,
+            "mode": cap.mode,
+            "stepped": stepped,
+            "loss": loss if math.isfinite(loss) else str(loss),
+            "loss_scale": cap.divide_by,
+            "scale_shown": cap.scale,
+            "layers": layers,
             "nonfinite": self._locate(cap, fwd, bwd, lambda v: not math.isfinite(v)),
             "overflow": self._locate(cap, [], bwd, lambda v: v > nx.FP16_MAX, scaled=True),
         }
@@ -276,8 +315,12 @@ class TelemetryCallback:
             # headroom below 65504 instead, an estimate of where it happened
             i = max(range(len(bwd)), key=lambda j: bwd[j] if math.isfinite(bwd[j]) else -1.0)
             layer, where = self._blame(cap.groups[i][1])
-            record["least_headroom"] = {"layer": layer, "where": where, "max_abs_grad": bwd[i],
-                                        "headroom_log2": math.log2(nx.FP16_MAX / bwd[i]) if bwd[i] > 0 else None}
+            record["least_headroom"] = {
+                "layer": layer,
+                "where": where,
+                "max_abs_grad": bwd[i],
+                "headroom_log2": math.log2(nx.FP16_MAX / bwd[i]) if bwd[i] > 0 else None,
+            }
         return record
 
     @staticmethod
@@ -290,26 +333,34 @@ class TelemetryCallback:
                 return layer, where
         return labels[0]
 
-    def _locate(self, cap: _Capture, fwd: list[float], bwd: list[float], bad, scaled: bool = False) -> Optional[dict]:
+    def _locate(
+        self, cap: _Capture, fwd: list[float], bwd: list[float], bad, scaled: bool = False
+    ) -> dict | None:
         """First forward output, else first backward gradient (in backward order) that is bad."""
         for (layer, _), v in zip(cap.forward, fwd):
             if bad(v):
                 return {"layer": layer, "pass": "forward", "where": "output", "value": str(v)}
-        for (amax, labels), v in zip(cap.groups, bwd):
+        for (_amax, labels), v in zip(cap.groups, bwd):
             if scaled:
                 # the captured gradient carries the run's loss scale; show the what-if scale instead
                 mname = self._layers["model_of"][labels[0][0]]
                 v = v / cap.divide_by[mname] * cap.scale[mname]
             if bad(v):
                 layer, where = self._blame(labels)
-                out = {"layer": layer, "pass": "backward", "where": where, "value": str(v) if not math.isfinite(v) else v}
-                others = [l for l, w in labels if w == "grad_input" and l != layer]
+                out = {
+                    "layer": layer,
+                    "pass": "backward",
+                    "where": where,
+                    "value": str(v) if not math.isfinite(v) else v,
+                }
+                others = [name for name, w in labels if w == "grad_input" and name != layer]
                 if others:
                     out["or"] = others  # the gradient was the sum over several consumers
                 return out
         return None
 
-    # -- output --------------------------------------------------------------------------------------
+    # -- output
+    # --------------------------------------------------------------------------------------
     def _emit(self, trainer: Any, record: dict) -> None:
         if record["mode"] == "sample":
             self.samples += 1
@@ -318,13 +369,24 @@ class TelemetryCallback:
         if record["nonfinite"] is not None and self.first_nonfinite is None:
             self.first_nonfinite = {"step": record["step"], **record["nonfinite"]}
             nf = record["nonfinite"]
-            trainer.log.warning("telemetry: first non-finite value at step %d: %s pass, %s of layer %r (%s)",
-                                record["step"], nf["pass"], nf["where"], nf["layer"], nf["value"])
+            trainer.log.warning(
+                "telemetry: first non-finite value at step %d: %s pass, %s of layer %r (%s)",
+                record["step"],
+                nf["pass"],
+                nf["where"],
+                nf["layer"],
+                nf["value"],
+            )
         elif record.get("least_headroom"):
             lh = record["least_headroom"]
-            trainer.log.info("telemetry: probe after a skipped step (step %d): no overflow this time; least "
-                             "headroom in %s of %r (2^%.1f below 65504)", record["step"], lh["where"], lh["layer"],
-                             lh["headroom_log2"] if lh["headroom_log2"] is not None else float("nan"))
+            trainer.log.info(
+                "telemetry: probe after a skipped step (step %d): no overflow this time; least "
+                "headroom in %s of %r (2^%.1f below 65504)",
+                record["step"],
+                lh["where"],
+                lh["layer"],
+                lh["headroom_log2"] if lh["headroom_log2"] is not None else float("nan"),
+            )
         if self.record_path is not None:
             self.record_path.parent.mkdir(parents=True, exist_ok=True)
             with open(self.record_path, "a") as f:
@@ -343,8 +405,11 @@ class TelemetryCallback:
         for kind in ("act", "weight"):
             if kind in net:
                 f = nx.fractions_of(net[kind])
-                parts.append(f"{kind}-grad underflow {f['underflow']:.2%} (scaled {f['underflow_scaled']:.2%}), "
-                             f"overflow scaled {f['overflow_scaled']:.2%}")
+                parts.append(
+                    f"{kind}-grad underflow {f['underflow']:.2%} (scaled "
+                    f"{f['underflow_scaled']:.2%}), "
+                    f"overflow scaled {f['overflow_scaled']:.2%}"
+                )
         if "lost" in net:
             parts.append(f"lost updates {nx.lost_fraction(net['lost']):.2%}")
         trainer.log.info("telemetry step %d: %s", step, "; ".join(parts) or "no gradients seen")
@@ -356,7 +421,9 @@ class TelemetryCallback:
                 continue
             for k, v in nx.fractions_of(net[kind]).items():
                 writer.add_scalar(f"telemetry/{names[kind]}/{k}", v, step)
-            _add_exponent_histogram(writer, f"telemetry/{names[kind]}_log2", net[kind]["hist"], step)
+            _add_exponent_histogram(
+                writer, f"telemetry/{names[kind]}_log2", net[kind]["hist"], step
+            )
         if "lost" in net:
             writer.add_scalar("telemetry/lost_update", nx.lost_fraction(net["lost"]), step)
         for layer, entry in record["layers"].items():
@@ -365,12 +432,25 @@ class TelemetryCallback:
                     continue
                 if self.cfg.layer_scalars:
                     f = nx.fractions_of(entry[kind])
-                    for k in ("underflow", "subnormal", "overflow", "underflow_scaled", "overflow_scaled"):
+                    for k in (
+                        "underflow",
+                        "subnormal",
+                        "overflow",
+                        "underflow_scaled",
+                        "overflow_scaled",
+                    ):
                         writer.add_scalar(f"telemetry_layers/{names[kind]}_{k}/{layer}", f[k], step)
                 if self.cfg.layer_histograms:
-                    _add_exponent_histogram(writer, f"telemetry_layers/{names[kind]}_log2/{layer}", entry[kind]["hist"], step)
+                    _add_exponent_histogram(
+                        writer,
+                        f"telemetry_layers/{names[kind]}_log2/{layer}",
+                        entry[kind]["hist"],
+                        step,
+                    )
             if "lost" in entry and self.cfg.layer_scalars:
-                writer.add_scalar(f"telemetry_layers/lost_update/{layer}", nx.lost_fraction(entry["lost"]), step)
+                writer.add_scalar(
+                    f"telemetry_layers/lost_update/{layer}", nx.lost_fraction(entry["lost"]), step
+                )
 
 
 def _add_exponent_histogram(writer: Any, tag: str, trimmed: dict, step: int) -> None:
@@ -383,6 +463,13 @@ def _add_exponent_histogram(writer: Any, tag: str, trimmed: dict, step: int) -> 
     exps = [lo + i for i in range(len(counts))]
     n = sum(counts)
     writer.add_histogram_raw(
-        tag, min=float(lo), max=float(lo + len(counts)), num=n,
-        sum=float(sum(e * c for e, c in zip(exps, counts))), sum_squares=float(sum(e * e * c for e, c in zip(exps, counts))),
-        bucket_limits=[float(e + 1) for e in exps], bucket_counts=counts, global_step=step)
+        tag,
+        min=float(lo),
+        max=float(lo + len(counts)),
+        num=n,
+        sum=float(sum(e * c for e, c in zip(exps, counts))),
+        sum_squares=float(sum(e * e * c for e, c in zip(exps, counts))),
+        bucket_limits=[float(e + 1) for e in exps],
+        bucket_counts=counts,
+        global_step=step,
+    )

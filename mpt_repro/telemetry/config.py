@@ -3,10 +3,11 @@
 Off by default; `telemetry=diagnostic` (conf/telemetry/diagnostic.yaml) or
 `telemetry.enabled=true` turns it on. See docs/telemetry.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any
 
 
 @dataclass
@@ -18,7 +19,7 @@ class TelemetryConfig:
     lost_updates: bool = True  # FP32 snapshot of the weights, to count updates FP16 would lose
     # the loss scale whose effect the *_scaled fractions show; null: the run's current scale.
     # Set it on an FP32 run to ask "what would a scale of 8 have kept?" (paper Fig. 3, SSD).
-    what_if_scale: Optional[float] = None
+    what_if_scale: float | None = None
     # after a skipped (overflowing) step that was not sampled, hook the next step to name the
     # layer; at most this many such probe steps in a run (0: never)
     probe_limit: int = 10
@@ -33,10 +34,17 @@ def validate_telemetry(cfg: Any) -> None:
     from mpt_repro.errors import ConfigError
 
     if int(cfg.every) < 1:
-        raise ConfigError(f"telemetry.every must be a positive integer (got {cfg.every!r}), e.g. telemetry.every=100")
+        raise ConfigError(
+            f"telemetry.every must be a positive integer (got {cfg.every!r}), e.g. "
+            "telemetry.every=100"
+        )
     if cfg.what_if_scale is not None and not float(cfg.what_if_scale) > 0:
-        raise ConfigError(f"telemetry.what_if_scale must be > 0 or null (got {cfg.what_if_scale!r})")
+        raise ConfigError(
+            f"telemetry.what_if_scale must be > 0 or null (got {cfg.what_if_scale!r})"
+        )
     if int(cfg.probe_limit) < 0:
         raise ConfigError(f"telemetry.probe_limit must be >= 0 (got {cfg.probe_limit!r})")
     if not str(cfg.record_file) or "/" in str(cfg.record_file):
-        raise ConfigError(f"telemetry.record_file must be a plain file name (got {cfg.record_file!r})")
+        raise ConfigError(
+            f"telemetry.record_file must be a plain file name (got {cfg.record_file!r})"
+        )

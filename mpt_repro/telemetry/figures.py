@@ -10,6 +10,7 @@ Writes into the run directory (or --out):
   telemetry_underflow_heatmap.png per-layer fractions over training (layers x sampled steps):
                                   activation- and weight-gradient underflow, lost updates
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,12 +18,15 @@ import math
 import sys
 from collections import Counter
 from pathlib import Path
-from typing import Optional
 
 from mpt_repro.telemetry import numerics as nx
 from mpt_repro.telemetry.records import add_entries, network_counts, read_records
 
-FIGURES = ("telemetry_act_grad_hist.png", "telemetry_weight_grad_hist.png", "telemetry_underflow_heatmap.png")
+FIGURES = (
+    "telemetry_act_grad_hist.png",
+    "telemetry_weight_grad_hist.png",
+    "telemetry_underflow_heatmap.png",
+)
 
 
 def _plt():
@@ -47,36 +51,75 @@ def draw_histogram(path: Path, total: dict, title: str, scale: float) -> None:
     f = nx.fractions_of(total)
     counts, lo = total["hist"]["counts"], total["hist"]["lo"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    floor = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(scale)  # FP16's floor for the true value, loss-scaled
+    floor = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(
+        scale
+    )  # FP16's floor for the true value, loss-scaled
     left = math.floor(min(lo if counts else -30, -30, floor - 2)) - 1
     right = max(lo + len(counts) if counts else 0, 17) + 1
     # FP16 ranges of the true value: what FP16 loses, holds imprecisely, holds, and overflows
-    ax.axvspan(left, nx.FP16_MIN_SUBNORMAL_EXP, color="tab:red", alpha=0.12, label="lost in FP16 (< 2^-24)")
-    ax.axvspan(nx.FP16_MIN_SUBNORMAL_EXP, nx.FP16_MIN_NORMAL_EXP, color="tab:orange", alpha=0.15,
-               label="FP16 subnormal [2^-24, 2^-14)")
-    ax.axvspan(nx.FP16_MIN_NORMAL_EXP, math.log2(nx.FP16_MAX), color="tab:green", alpha=0.08, label="FP16 normal")
-    ax.axvspan(math.log2(nx.FP16_MAX), right, color="tab:red", alpha=0.25, label="overflow (> 65504)")
+    ax.axvspan(
+        left, nx.FP16_MIN_SUBNORMAL_EXP, color="tab:red", alpha=0.12, label="lost in FP16 (< 2^-24)"
+    )
+    ax.axvspan(
+        nx.FP16_MIN_SUBNORMAL_EXP,
+        nx.FP16_MIN_NORMAL_EXP,
+        color="tab:orange",
+        alpha=0.15,
+        label="FP16 subnormal [2^-24, 2^-14)",
+    )
+    ax.axvspan(
+        nx.FP16_MIN_NORMAL_EXP,
+        math.log2(nx.FP16_MAX),
+        color="tab:green",
+        alpha=0.08,
+        label="FP16 normal",
+    )
+    ax.axvspan(
+        math.log2(nx.FP16_MAX), right, color="tab:red", alpha=0.25, label="overflow (> 65504)"
+    )
     if counts:
         xs = [lo + i for i in range(len(counts))]
-        ax.bar(xs, [100.0 * c / n for c in counts], width=1.0, align="edge", color="tab:blue", edgecolor="white",
-               linewidth=0.3)
+        ax.bar(
+            xs,
+            [100.0 * c / n for c in counts],
+            width=1.0,
+            align="edge",
+            color="tab:blue",
+            edgecolor="white",
+            linewidth=0.3,
+        )
     if scale != 1.0:
         # with loss scale s, a true value x is held as s*x: FP16's floor moves down by log2(s)
-        ax.axvline(floor, color="black", linestyle="--", linewidth=1, label=f"2^-24 / loss scale {scale:g}")
+        ax.axvline(
+            floor, color="black", linestyle="--", linewidth=1, label=f"2^-24 / loss scale {scale:g}"
+        )
     ax.set_xlim(left, right)
     ax.set_xlabel("log2 |value| (bin e holds [2^e, 2^(e+1)))")
     ax.set_ylabel("% of all values")
     ax.set_title(title)
-    text = (f"values: {total['numel']:,}\nzero: {100 * f['zero']:.1f}%\n"
-            f"lost in FP16 (< 2^-24): {100 * f['underflow']:.2f}%\nsubnormal: {100 * f['subnormal']:.2f}%\n"
-            f"overflow: {100 * f['overflow']:.3f}%")
+    text = (
+        f"values: {total['numel']:,}\nzero: {100 * f['zero']:.1f}%\n"
+        f"lost in FP16 (< 2^-24): {100 * f['underflow']:.2f}%\nsubnormal: "
+        f"{100 * f['subnormal']:.2f}%\n"
+        f"overflow: {100 * f['overflow']:.3f}%"
+    )
     if scale != 1.0:
-        text += (f"\nwith loss scale {scale:g}: lost {100 * f['underflow_scaled']:.2f}%, "
-                 f"overflow {100 * f['overflow_scaled']:.3f}%")
+        text += (
+            f"\nwith loss scale {scale:g}: lost {100 * f['underflow_scaled']:.2f}%, "
+            f"overflow {100 * f['overflow_scaled']:.3f}%"
+        )
     if f["nan"] or f["inf"]:
         text += f"\nnon-finite: {100 * (f['nan'] + f['inf']):.3f}%"
-    ax.text(0.99, 0.97, text, transform=ax.transAxes, ha="right", va="top", fontsize=8,
-            bbox=dict(boxstyle="round", facecolor="white", alpha=0.85))
+    ax.text(
+        0.99,
+        0.97,
+        text,
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=8,
+        bbox=dict(boxstyle="round", facecolor="white", alpha=0.85),
+    )
     ax.legend(loc="upper left", fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -110,14 +153,19 @@ def draw_heatmap(path: Path, samples: list[dict]) -> None:
     panels = [("act", "underflow", "activation grads < 2^-24 (%)")]
     if scaled:
         panels.append(("act", "underflow_scaled", "activation grads, loss-scaled, < 2^-24 (%)"))
-    panels += [("weight", "underflow", "weight grads < 2^-24 (%)"), ("lost", "", "updates lost in FP16 weights (%)")]
+    panels += [
+        ("weight", "underflow", "weight grads < 2^-24 (%)"),
+        ("lost", "", "updates lost in FP16 weights (%)"),
+    ]
     height = max(3.0, 0.16 * len(layers) + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False)
     for ax, (kind, key, title) in zip(axes[0], panels):
         data = grid(kind, key)
         finite = [v for row in data for v in row if not math.isnan(v)]
         top = max(finite + [1e-3])
-        im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="magma", vmin=0.0, vmax=top)
+        im = ax.imshow(
+            data, aspect="auto", interpolation="nearest", cmap="magma", vmin=0.0, vmax=top
+        )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("step")
         tick = max(1, len(steps) // 8)
@@ -132,7 +180,9 @@ def draw_heatmap(path: Path, samples: list[dict]) -> None:
     plt.close(fig)
 
 
-def draw_figures(run_dir: Path, records: Optional[list[dict]] = None, out_dir: Optional[Path] = None) -> list[Path]:
+def draw_figures(
+    run_dir: Path, records: list[dict] | None = None, out_dir: Path | None = None
+) -> list[Path]:
     """Draw the telemetry figures of one run; returns the files written (none without samples)."""
     run_dir = Path(run_dir)
     out_dir = Path(out_dir) if out_dir is not None else run_dir
@@ -144,8 +194,13 @@ def draw_figures(run_dir: Path, records: Optional[list[dict]] = None, out_dir: O
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     scale = _typical_scale(samples)
-    for kind, fname, what in (("act", FIGURES[0], "Activation gradients"), ("weight", FIGURES[1], "Weight gradients")):
-        total = add_entries(net[kind] for net in (network_counts(r) for r in samples) if kind in net)
+    for kind, fname, what in (
+        ("act", FIGURES[0], "Activation gradients"),
+        ("weight", FIGURES[1], "Weight gradients"),
+    ):
+        total = add_entries(
+            net[kind] for net in (network_counts(r) for r in samples) if kind in net
+        )
         if total is None:
             continue
         title = f"{what}, all layers, {len(samples)} sampled steps ({run_dir.name})"
@@ -156,17 +211,30 @@ def draw_figures(run_dir: Path, records: Optional[list[dict]] = None, out_dir: O
     return written
 
 
-def main(argv: Optional[list[str]] = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m mpt_repro.telemetry.figures",
-                                 description="Draw the gradient-histogram and underflow figures of a run with telemetry.")
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m mpt_repro.telemetry.figures",
+        description="Draw the gradient-histogram and underflow figures of a run with telemetry.",
+    )
     ap.add_argument("run_dir", type=Path, help="run directory holding telemetry.jsonl")
-    ap.add_argument("--out", type=Path, default=None, help="where to write the PNGs (default: the run directory)")
-    ap.add_argument("--record", default="telemetry.jsonl", help="record file name inside the run directory")
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write the PNGs (default: the run directory)",
+    )
+    ap.add_argument(
+        "--record", default="telemetry.jsonl", help="record file name inside the run directory"
+    )
     args = ap.parse_args(argv)
     path = args.run_dir / args.record
     records = read_records(path)
     if not records:
-        print(f"no telemetry samples in {path}: run with telemetry.enabled=true (or telemetry=diagnostic)", file=sys.stderr)
+        print(
+            f"no telemetry samples in {path}: run with telemetry.enabled=true (or "
+            "telemetry=diagnostic)",
+            file=sys.stderr,
+        )
         return 2
     for p in draw_figures(args.run_dir, records, args.out):
         print(p)

@@ -13,6 +13,7 @@ Definitions (|x| is the magnitude of a value as it would be in FP32; docs/teleme
   overflow   |x| > 65504 (the largest finite FP16), inf included; NaN is counted apart.
 Every fraction is over all elements (zeros included), as the paper's "67% of values are zero".
 """
+
 from __future__ import annotations
 
 import math
@@ -20,7 +21,10 @@ import math
 import torch
 from torch import Tensor
 
-EXP_MIN, EXP_MAX = -149, 127  # every FP32 exponent: smallest subnormal 2^-149 .. largest finite < 2^128
+EXP_MIN, EXP_MAX = (
+    -149,
+    127,
+)  # every FP32 exponent: smallest subnormal 2^-149 .. largest finite < 2^128
 N_BINS = EXP_MAX - EXP_MIN + 1
 FP16_MAX = 65504.0
 FP16_MIN_SUBNORMAL_EXP = -24  # 2^-24, the smallest positive FP16 value
@@ -28,9 +32,18 @@ FP16_MIN_NORMAL_EXP = -14  # 2^-14, the smallest normal FP16 value
 FP16_MANTISSA_BITS = 10
 
 # Layout of the count vector that tensor_counts returns: the histogram, then these counts.
-FIELDS = ("numel", "zero", "nan", "inf",
-          "underflow", "subnormal", "overflow",  # of the true (unscaled) values
-          "underflow_scaled", "subnormal_scaled", "overflow_scaled")  # of the values times the scale
+FIELDS = (
+    "numel",
+    "zero",
+    "nan",
+    "inf",
+    "underflow",
+    "subnormal",
+    "overflow",  # of the true (unscaled) values
+    "underflow_scaled",
+    "subnormal_scaled",
+    "overflow_scaled",
+)  # of the values times the scale
 _FIELD = {name: N_BINS + i for i, name in enumerate(FIELDS)}
 VECTOR_LEN = N_BINS + len(FIELDS)
 
@@ -46,11 +59,11 @@ def histogram(counts: Tensor) -> Tensor:
 
 
 def range_counts(a: Tensor) -> list[Tensor]:
-    """[underflow, subnormal, overflow] counts of magnitudes `a` (0-d int64 tensors, no host sync)."""
+    """[underflow, subnormal, overflow] counts of magnitudes `a` (0-d int64 tensors, no sync)."""
     nonzero = a > 0
     return [
-        (nonzero & (a < 2.0 ** FP16_MIN_SUBNORMAL_EXP)).sum(),
-        ((a >= 2.0 ** FP16_MIN_SUBNORMAL_EXP) & (a < 2.0 ** FP16_MIN_NORMAL_EXP)).sum(),
+        (nonzero & (a < 2.0**FP16_MIN_SUBNORMAL_EXP)).sum(),
+        ((a >= 2.0**FP16_MIN_SUBNORMAL_EXP) & (a < 2.0**FP16_MIN_NORMAL_EXP)).sum(),
         (a > FP16_MAX).sum(),  # inf > 65504 is True, NaN compares False
     ]
 
@@ -60,7 +73,7 @@ def _ranges_from_histogram(hist: Tensor, shift: int) -> list[Tensor]:
     sub = FP16_MIN_SUBNORMAL_EXP - shift - EXP_MIN  # first bin that lands at or above 2^-24
     normal = FP16_MIN_NORMAL_EXP - shift - EXP_MIN
     clip = lambda i: min(max(i, 0), N_BINS)  # noqa: E731
-    return [hist[:clip(sub)].sum(), hist[clip(sub):clip(normal)].sum()]
+    return [hist[: clip(sub)].sum(), hist[clip(sub) : clip(normal)].sum()]
 
 
 @torch.no_grad()
@@ -90,8 +103,11 @@ def tensor_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tens
         scaled = range_counts(a * scale)
     extra = [
         torch.tensor(a.numel(), device=a.device),
-        (a == 0).sum(), torch.isnan(a).sum(), torch.isinf(a).sum(),
-        *unscaled, *scaled,
+        (a == 0).sum(),
+        torch.isnan(a).sum(),
+        torch.isinf(a).sum(),
+        *unscaled,
+        *scaled,
     ]
     return torch.cat([hist, torch.stack(extra)])
 
@@ -129,7 +145,7 @@ def trim_histogram(hist) -> dict:
     nz = [i for i, v in enumerate(h) if v]
     if not nz:
         return {"lo": 0, "counts": []}
-    return {"lo": EXP_MIN + nz[0], "counts": h[nz[0]:nz[-1] + 1]}
+    return {"lo": EXP_MIN + nz[0], "counts": h[nz[0] : nz[-1] + 1]}
 
 
 def untrim_histogram(trimmed: dict) -> list[int]:
@@ -151,7 +167,9 @@ def count_dict(counts) -> dict[str, int]:
 
 
 def fractions_of(entry: dict) -> dict[str, float]:
-    """Fractions (over numel) from a record entry {"numel": ..., "zero": ..., "underflow": ..., ...}."""
+    """Fractions (over numel) from a record entry {"numel": ..., "zero": ..., "underflow": ...,
+    ...}.
+    """
     n = max(int(entry["numel"]), 1)
     return {k: entry[k] / n for k in FIELDS if k != "numel"}
 

@@ -1,19 +1,23 @@
 """The per-sample record file (telemetry.jsonl) and the run.json summary made from it.
 
 One JSON line per sampled or probe step:
-  {"step", "mode": "sample"|"probe", "stepped", "loss", "loss_scale": {model: s}, "scale_shown": {model: s},
+  {"step", "mode": "sample"|"probe", "stepped", "loss",
+   "loss_scale": {model: s}, "scale_shown": {model: s},
    "layers": {layer: {"act": ENTRY, "weight": ENTRY, "lost": {"lost", "nonzero", "numel"}}},
    "nonfinite": LOCATION|null, "overflow": LOCATION|null, ["least_headroom": {...}]}
-ENTRY = {"hist": {"lo": first exponent, "counts": [...]}, "numel", "zero", "nan", "inf", "underflow",
-         "subnormal", "overflow", "underflow_scaled", "subnormal_scaled", "overflow_scaled"} (raw counts).
-LOCATION = {"layer", "pass": "forward"|"backward", "where": "output"|"grad_output"|"grad_input", "value"}.
+ENTRY = {"hist": {"lo": first exponent, "counts": [...]}, "numel", "zero", "nan", "inf",
+         "underflow", "subnormal", "overflow",
+         "underflow_scaled", "subnormal_scaled", "overflow_scaled"} (raw counts).
+LOCATION = {"layer", "pass": "forward"|"backward",
+            "where": "output"|"grad_output"|"grad_input", "value"}.
 A resumed run appends again the steps after its last checkpoint: the last line of a step wins.
 """
+
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable, Optional
 
 from mpt_repro.telemetry import numerics as nx
 
@@ -35,9 +39,9 @@ def read_records(path: Path) -> list[dict]:
     return [by_key[k] for k in sorted(by_key, key=lambda k: (k[0], k[1]))]
 
 
-def add_entries(entries: Iterable[dict]) -> Optional[dict]:
+def add_entries(entries: Iterable[dict]) -> dict | None:
     """The sum of several count entries (histograms included); None for none."""
-    total: Optional[dict] = None
+    total: dict | None = None
     full: list[int] = []
     for e in entries:
         if total is None:
@@ -53,7 +57,9 @@ def add_entries(entries: Iterable[dict]) -> Optional[dict]:
 
 
 def network_counts(record: dict) -> dict:
-    """Whole-network counts of one record: {"act": ENTRY, "weight": ENTRY, "lost": {...}} (present kinds only)."""
+    """Whole-network counts of one record: {"act": ENTRY, "weight": ENTRY, "lost": {...}} (present
+    kinds only).
+    """
     out = {}
     for kind in ("act", "weight"):
         total = add_entries(e[kind] for e in record["layers"].values() if kind in e)
@@ -74,8 +80,12 @@ def summarize(records: list[dict], every: int) -> dict:
     means, the whole-run exponent histograms, and where gradients first went non-finite."""
     samples = [r for r in records if r["mode"] == "sample"]
     probes = [r for r in records if r["mode"] == "probe"]
-    out: dict = {"every": every, "samples": len(samples), "probes": len(probes),
-                 "sampled_steps": [r["step"] for r in samples][:1000]}
+    out: dict = {
+        "every": every,
+        "samples": len(samples),
+        "probes": len(probes),
+        "sampled_steps": [r["step"] for r in samples][:1000],
+    }
     network: dict = {}
     series: dict[str, dict[str, list[float]]] = {"act_grad": {}, "weight_grad": {}}
     lost: list[float] = []
@@ -107,7 +117,11 @@ def summarize(records: list[dict], every: int) -> dict:
     over = next((r for r in samples if r.get("overflow")), None)
     out["first_fp16_overflow"] = {"step": over["step"], **over["overflow"]} if over else None
     out["probe_results"] = [
-        {"step": r["step"], "nonfinite": r.get("nonfinite"), "least_headroom": r.get("least_headroom")}
+        {
+            "step": r["step"],
+            "nonfinite": r.get("nonfinite"),
+            "least_headroom": r.get("least_headroom"),
+        }
         for r in probes[:20]
     ]
     return out
@@ -126,5 +140,9 @@ def _layer_means(samples: list[dict]) -> dict:
                         a.setdefault(f"{kind}_{k}", []).append(f[k])
             if "lost" in e and r["stepped"]:
                 a.setdefault("lost_update", []).append(nx.lost_fraction(e["lost"]))
-    return {layer: {k: (max(v) if k.endswith("overflow_scaled") else sum(v) / len(v)) for k, v in a.items()}
-            for layer, a in acc.items()}
+    return {
+        layer: {
+            k: (max(v) if k.endswith("overflow_scaled") else sum(v) / len(v)) for k, v in a.items()
+        }
+        for layer, a in acc.items()
+    }

@@ -9,6 +9,7 @@ of the Penn Treebank LM files: words, "'s" and each punctuation mark are whitesp
 tokens. Split by chapter, interleaved so every split sees both books: chapter index % 10 == 8
 -> valid, == 9 -> test, the rest -> train.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,7 +31,9 @@ def main(jsonl: str) -> None:
         for line in f:
             verse = json.loads(line)
             if verse["book"] in BOOKS:
-                chapters.setdefault((verse["book"], verse["chapter"]), []).append(tokenize(verse["text"]))
+                chapters.setdefault((verse["book"], verse["chapter"]), []).append(
+                    tokenize(verse["text"])
+                )
     splits: dict[str, list[str]] = {"train": [], "valid": [], "test": []}
     for i, key in enumerate(chapters):  # dicts keep file order: Genesis 1 .. Exodus 40
         split = {8: "valid", 9: "test"}.get(i % 10, "train")
