@@ -1,32 +1,35 @@
 """Precision engine: PrecisionPolicy (the only dtype-aware code), loss scalers, master weights.
 
 See docs/precision.md for the knobs, the presets and the scaler semantics.
+
+The names below are imported on first use (PEP 562), so that reading the config schema
+(`mpt_repro.precision.config`, e.g. for `mpt-run --help`) does not import torch.
 """
 
-from mpt_repro.precision import adaptive  # noqa: F401  (registers loss_scaling=adaptive)
-from mpt_repro.precision.config import Dtype, LossScaling, PrecisionConfig, WeightStorage
-from mpt_repro.precision.master import MasterWeights
-from mpt_repro.precision.policy import PrecisionPolicy
-from mpt_repro.precision.scalers import (
-    SCALERS,
-    DynamicScaler,
-    LossScaler,
-    StaticScaler,
-    build_scaler,
-    register_scaler,
-)
+from __future__ import annotations
 
-__all__ = [
-    "PrecisionPolicy",
-    "PrecisionConfig",
-    "Dtype",
-    "WeightStorage",
-    "LossScaling",
-    "LossScaler",
-    "StaticScaler",
-    "DynamicScaler",
-    "SCALERS",
-    "register_scaler",
-    "build_scaler",
-    "MasterWeights",
-]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "PrecisionPolicy": "mpt_repro.precision.policy",
+    "PrecisionConfig": "mpt_repro.precision.config",
+    "Dtype": "mpt_repro.precision.config",
+    "WeightStorage": "mpt_repro.precision.config",
+    "LossScaling": "mpt_repro.precision.config",
+    "LossScaler": "mpt_repro.precision.scalers",
+    "StaticScaler": "mpt_repro.precision.scalers",
+    "DynamicScaler": "mpt_repro.precision.scalers",
+    "SCALERS": "mpt_repro.precision.scalers",
+    "register_scaler": "mpt_repro.precision.scalers",
+    "build_scaler": "mpt_repro.precision.scalers",
+    "MasterWeights": "mpt_repro.precision.master",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

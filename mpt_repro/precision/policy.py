@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from mpt_repro.distributed import all_reduce_
 from mpt_repro.errors import Diverged
+from mpt_repro.precision import adaptive  # noqa: F401  (registers loss_scaling=adaptive)
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.scalers import LossScaler, build_scaler
 

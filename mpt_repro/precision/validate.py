@@ -58,6 +58,7 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
     if scaling == "adaptive":
         _validate_adaptive(p, weights)
     if scaling not in ("none", "paper"):
+        import mpt_repro.precision.adaptive  # noqa: F401  (registers loss_scaling=adaptive)
         from mpt_repro.precision.scalers import SCALERS
 
         if scaling not in SCALERS:

@@ -2,9 +2,25 @@
 
 from mpt_repro.telemetry import TelemetryCallback
 callbacks.append(TelemetryCallback(cfg.telemetry))   # when cfg.telemetry.enabled
+
+Imported on first use (PEP 562): the config schema (`mpt_repro.telemetry.config`) needs no torch.
 """
 
-from mpt_repro.telemetry.callback import TelemetryCallback
-from mpt_repro.telemetry.config import TelemetryConfig, validate_telemetry
+from __future__ import annotations
 
-__all__ = ["TelemetryCallback", "TelemetryConfig", "validate_telemetry"]
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "TelemetryCallback": "mpt_repro.telemetry.callback",
+    "TelemetryConfig": "mpt_repro.telemetry.config",
+    "validate_telemetry": "mpt_repro.telemetry.config",
+}
+
+__all__ = list(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(_EXPORTS[name]), name)
