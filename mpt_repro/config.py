@@ -95,6 +95,9 @@ class OptimConfig:
     lr_scaling: str = "none"  # none | linear
     base_batch_size: int = 256
     grad_clip: float | None = None  # max global grad norm, applied to unscaled gradients
+    # fused optimizer kernels (sgd/adam/adamw): they skip an overflowing step on the device, so a
+    # step needs no host sync. auto: wherever torch has the kernel | true | false (foreach)
+    fused: str = "auto"
 
 
 @dataclass
@@ -221,6 +224,12 @@ def validate(cfg: DictConfig) -> None:
         "optim.grad_clip",
         o.grad_clip,
         "must be > 0 or null",
+    )
+    _check(
+        str(o.fused).lower() in ("auto", "true", "false"),
+        "optim.fused",
+        o.fused,
+        "must be auto, true or false",
     )
     _check(
         len(o.betas) == 2 and all(0 <= b < 1 for b in o.betas),

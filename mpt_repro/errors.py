@@ -19,7 +19,8 @@ class Diverged(Exception):
     Divergence is a result, not a crash: the run ends with status ``diverged``.
     """
 
-    def __init__(self, reason: str, step: int | None = None):
+    def __init__(self, reason: str, step: int | None = None, layer: str | None = None):
         super().__init__(reason)
         self.reason = reason
         self.step = step
+        self.layer = layer  # the parameter whose gradient went non-finite, when known

@@ -12,21 +12,30 @@ import torch
 def optimizer_factory(
     o: Any, world_batch: int | None = None
 ) -> Callable[[Iterable], torch.optim.Optimizer]:
-    """A function params -> optimizer, so the precision policy can hand it FP32 master copies."""
+    """A function [(name, param), ...] -> optimizer, so the precision policy can hand it FP32
+    master copies under the model's parameter names."""
     lr = scaled_lr(o, world_batch)
 
-    def make(params: Iterable) -> torch.optim.Optimizer:
+    def make(named_params: Iterable[tuple[str, torch.Tensor]]) -> torch.optim.Optimizer:
+        params = [p for _, p in named_params]
+        # fused kernels take the overflow flag on the device: the step needs no host sync
+        fused = {"fused": True} if use_fused(o, params) else {"foreach": True}
         if o.name == "sgd":
             return torch.optim.SGD(
-                params, lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay
+                params,
+                lr=lr,
+                momentum=o.momentum,
+                nesterov=o.nesterov,
+                weight_decay=o.weight_decay,
+                **fused,
             )
         if o.name == "adam":
             return torch.optim.Adam(
-                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **fused
             )
         if o.name == "adamw":
             return torch.optim.AdamW(
-                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay
+                params, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **fused
             )
         if o.name == "adagrad":
             return torch.optim.Adagrad(
@@ -42,7 +51,27 @@ def optimizer_factory(
             )
         raise ValueError(f"unknown optimizer {o.name}")  # validate() refuses it first
 
+    make.takes_named_params = True
     return make
+
+
+FUSED = ("sgd", "adam", "adamw")  # torch optimizers with a fused kernel that can skip a step
+
+
+def use_fused(o: Any, params: list[torch.Tensor]) -> bool:
+    """optim.fused: true, false, or auto (fused where torch has the kernel for these params)."""
+    choice = str(getattr(o, "fused", "auto")).lower()
+    if choice == "false" or o.name not in FUSED or not params:
+        return False
+    from torch.optim.optimizer import _get_fused_kernels_supported_devices
+
+    supported = all(
+        p.device.type in _get_fused_kernels_supported_devices() and p.is_floating_point()
+        for p in params
+    )
+    if choice == "true" and not supported:
+        raise ValueError(f"optim.fused=true: no fused {o.name} kernel for these parameters")
+    return supported
 
 
 def scaled_lr(o: Any, global_batch: int | None) -> float:

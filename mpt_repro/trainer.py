@@ -1,20 +1,23 @@
 """The one training loop. Every experiment and every precision preset runs through `Trainer.fit`.
 
 What differs between experiments lives in the Task; what differs between precisions lives in the
-PrecisionPolicy. The loop itself only counts steps, schedules the LR, logs, evaluates,
-checkpoints, and notices divergence.
+PrecisionPolicy and its optimizers. The loop itself counts steps, schedules the LR, logs,
+evaluates, checkpoints and notices divergence, and never waits for the GPU between log rows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import random
 import resource
 import signal
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -22,37 +25,59 @@ import torch
 from mpt_repro import distributed
 from mpt_repro.errors import DataError, Diverged
 from mpt_repro.logging import MetricsLogger
-from mpt_repro.optim import build_scheduler
+from mpt_repro.optim import lr_multiplier
+from mpt_repro.schedule import LRSchedule
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from mpt_repro.precision.policy import PrecisionPolicy
+    from mpt_repro.tasks.base import StepResult, Task
 
 CHECKPOINT = "checkpoints/last.pt"
 
 
 class Stopped(Exception):
-    """A stop was requested (SIGTERM, e.g. a cluster pre-emption): the checkpoint is saved."""
+    """A stop was requested (SIGTERM or Ctrl-C): the checkpoint is saved, the run can resume."""
+
+    def __init__(self, reason: str, signal_name: str):
+        super().__init__(reason)
+        self.signal_name = signal_name
+
+
+class Callback(Protocol):
+    """What the trainer calls; a callback implements the hooks it needs (all optional)."""
+
+    def on_fit_start(self, trainer: Trainer) -> None: ...
+    def on_step_start(self, trainer: Trainer, step: int) -> None: ...
+    def on_step_end(self, trainer: Trainer, step: int, result: StepResult) -> None: ...
+    def on_eval_end(self, trainer: Trainer, step: int, metrics: dict[str, float]) -> None: ...
+    def on_fit_end(self, trainer: Trainer, diagnostics: dict) -> None: ...
 
 
 class Trainer:
     def __init__(
         self,
-        cfg: Any,
-        task: Any,
-        policy: Any,
+        cfg: DictConfig,
+        task: Task,
+        policy: PrecisionPolicy,
         run_dir: Path,
-        callbacks: list | None = None,
+        callbacks: list[Callback] | None = None,
         is_main: bool = True,
     ):
         self.cfg, self.task, self.policy, self.run_dir = cfg, task, policy, Path(run_dir)
         self.callbacks = callbacks or []
         self.is_main = is_main  # only the main process writes files (distributed runs)
         self.log = logging.getLogger("mpt_repro")
-        self.step = 0  # optimizer iterations done (skipped ones included)
+        self.step = 0  # iterations done (skipped ones included)
         self.epoch = 0
         self.batch_in_epoch = 0
         self.samples = 0
-        self.train_time = 0.0
+        self.clock = Clock(task.device)
         self.last_eval: dict[str, float] = {}
         self.window = LogWindow()  # what the next train row of the log averages over
-        self._stop_requested = False
+        self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
+        self._stop_signal: str | None = None
         spe = task.steps_per_epoch()
         if spe < 1:
             raise DataError(
@@ -64,8 +89,9 @@ class Trainer:
         self.total_steps = (
             spe * t.epochs if t.max_steps is None else min(spe * t.epochs, t.max_steps)
         )
-        self.schedulers = {
-            name: build_scheduler(opt, cfg.optim, spe, self.total_steps)
+        multiplier = lr_multiplier(cfg.optim, spe, self.total_steps)
+        self.schedules = {
+            name: LRSchedule(opt, multiplier, self.total_steps, policy.hold_lr_on_skip)
             for name, opt in task.optimizers.items()
         }
         self.metrics: MetricsLogger | None = None
@@ -73,7 +99,6 @@ class Trainer:
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
-        t = self.cfg.trainer
         resumed = self._maybe_resume()
         if self.is_main:
             self.metrics = MetricsLogger(
@@ -81,75 +106,62 @@ class Trainer:
             )
             self.writer = self.metrics.writer
         self._call("on_fit_start")
-        bad_streak = torch.zeros(
-            (), dtype=torch.long, device=self.task.device
-        )  # consecutive non-finite losses
-        streak_start = torch.zeros_like(bad_streak)
-        # the longest streak since the last log row: one that ended between two rows still counts
-        worst, worst_start = torch.zeros_like(bad_streak), torch.zeros_like(bad_streak)
-        progress = self._progress_bar()
-        previous_handler = (
-            signal.signal(signal.SIGTERM, self._request_stop) if _in_main_thread() else None
-        )
-        try:
+        with self._stop_on_signals(), self._progress_bar() as progress:
             while self.step < self.total_steps:
-                tic = time.perf_counter()
+                self.clock.start()
                 for batch in self.task.train_batches(self.epoch, skip=self.batch_in_epoch):
+                    # one training step
                     self._call("on_step_start", self.step)
                     result = self.task.train_step(batch)
-                    self.step += 1
-                    self.batch_in_epoch += 1
-                    self.samples += result.samples
-                    for name, scheduler in self.schedulers.items():
-                        if (
-                            result.stepped_by.get(name, result.stepped)
-                            or not self.policy.hold_lr_on_skip
-                        ):
-                            scheduler.step()
-                    # Divergence bookkeeping stays on the device: no host sync on ordinary steps.
-                    bad = ~torch.isfinite(result.loss)
-                    streak_start = torch.where(bad & (bad_streak == 0), self.step, streak_start)
-                    bad_streak = (bad_streak + 1) * bad
-                    worst_start = torch.where(bad_streak > worst, streak_start, worst_start)
-                    worst = torch.maximum(worst, bad_streak)
-                    self.window.add(result)
+                    self._count(result)
                     self._call("on_step_end", self.step, result)
                     last = self.step >= self.total_steps
-                    if self.step % t.log_every == 0 or last:
-                        self._close_segment(tic)
-                        self._log_train(*self._window_over_ranks(), progress)
-                        self._check_divergence(*self._streak_over_ranks(worst, worst_start))
-                        worst, worst_start = torch.zeros_like(worst), torch.zeros_like(worst)
-                        self.window = LogWindow()
-                        tic = time.perf_counter()
                     epoch_end = self.batch_in_epoch >= self.steps_per_epoch
-                    if self._due(t.eval_every, epoch_end) and not last:
-                        self._close_segment(tic)  # evaluation time is not training time
-                        self._evaluate()
-                        tic = time.perf_counter()
-                    stop = self._stop_agreed()
-                    if self._due(t.checkpoint_every, epoch_end) or last or stop:
-                        self._close_segment(tic)
-                        self.save_checkpoint(epoch_done=epoch_end)
-                        tic = time.perf_counter()
-                        if stop:
-                            raise Stopped(
-                                f"stopped by SIGTERM at step {self.step}; resume with resume=true"
-                            )
+                    # the periodic events, each with the clock paused but the log row
+                    if self.step % self.cfg.trainer.log_every == 0 or last:
+                        self._log_row(progress)
+                    if self._due(self.cfg.trainer.eval_every, epoch_end) and not last:
+                        with self.clock.paused():
+                            self._evaluate()
+                    stop = self._stop_agreed(last)
+                    if self._due(self.cfg.trainer.checkpoint_every, epoch_end) or last or stop:
+                        with self.clock.paused():
+                            self.save_checkpoint(epoch_done=epoch_end)
+                    if stop:
+                        raise Stopped(
+                            f"stopped by {self._stop_signal} at step {self.step} (checkpoint "
+                            "saved); resume with resume=true",
+                            self._stop_signal or "SIGTERM",
+                        )
                     if last:
                         break
-                self._close_segment(tic)  # the loader's epoch tail counts as training time
+                self.clock.stop()  # the loader's epoch tail counts as training time
                 if self.batch_in_epoch >= self.steps_per_epoch:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self._evaluate()
-        finally:
-            if previous_handler is not None:
-                signal.signal(signal.SIGTERM, previous_handler)
-            if progress is not None:
-                progress.close()
         if self.metrics is not None:
             self.metrics.hparams(self._hparams(), self.last_eval)
         return self.final_summary()
+
+    def _count(self, result: StepResult) -> None:
+        """Book one iteration: counters, LR schedules, divergence streak, the log window."""
+        self.step += 1
+        self.batch_in_epoch += 1
+        self.samples += result.samples
+        for name, schedule in self.schedules.items():
+            schedule.step(result.stepped_by.get(name, result.stepped))
+        self.divergence.add(result.loss, self.step)
+        self.window.add(result)
+
+    def _log_row(self, progress: Any) -> None:
+        """A train row of the log: the one place where the host reads the device's counters."""
+        self.clock.stop()
+        self.window.time += self.clock.take_lap()
+        self._log_train(*self._window_over_ranks(), progress)
+        self.divergence.check()
+        self.policy.check_divergence()
+        self.window = LogWindow()
+        self.clock.start()
 
     def final_summary(self) -> dict[str, Any]:
         """The run.json fields of this fit, with the callbacks' diagnostics; also for a run that
@@ -157,13 +169,6 @@ class Trainer:
         summary = self.summary()
         self._call("on_fit_end", summary.setdefault("diagnostics", {}))
         return summary
-
-    def _close_segment(self, tic: float) -> None:
-        """End a stretch of pure training time (synchronising the GPU first)."""
-        self._sync()
-        elapsed = time.perf_counter() - tic
-        self.train_time += elapsed
-        self.window.time += elapsed
 
     def _due(self, every: int | None, epoch_end: bool) -> bool:
         """Periodic events: every N iterations, or at the end of each epoch when N is null."""
@@ -177,31 +182,20 @@ class Trainer:
         distributed.all_reduce_(t, "sum")
         return float(t[0]) / (world * max(w.count, 1)), float(t[1]) / max(w.time, 1e-9)
 
-    def _streak_over_ranks(self, worst: torch.Tensor, worst_start: torch.Tensor) -> tuple[int, int]:
-        """The longest run of non-finite losses on any rank since the last log row, and where it
-        began (under DDP: the latest start among ranks): all ranks must end the run together."""
+    def _stop_agreed(self, last: bool) -> bool:
+        """A stop (SIGTERM, Ctrl-C) on any rank stops every rank at the same step: torchrun and
+        SLURM signal the processes at slightly different moments, and a rank that ran one step
+        further would wait forever in DDP's gradient all-reduce. Under DDP the ranks agree at log
+        rows only (one tiny all-reduce there, none on ordinary steps)."""
         if not distributed.is_distributed():
-            return int(worst), int(worst_start)
-        both = distributed.all_reduce_(torch.stack([worst, worst_start]), "max")
-        return int(both[0]), int(both[1])
-
-    def _stop_agreed(self) -> bool:
-        """A stop (SIGTERM) on any rank stops every rank at the same step: torchrun and SLURM
-        signal the processes at slightly different moments, and a rank that ran one step further
-        would wait forever in DDP's gradient all-reduce. One tiny all-reduce per step, only
-        when distributed."""
-        if not distributed.is_distributed():
-            return self._stop_requested
-        flag = torch.tensor([1.0 if self._stop_requested else 0.0])
-        self._stop_requested = bool(distributed.all_reduce_(flag, "max")[0])
-        return self._stop_requested
-
-    def _check_divergence(self, bad_streak: int, streak_start: int) -> None:
-        if bad_streak >= self.cfg.trainer.diverge_patience:
-            raise Diverged(
-                f"loss was non-finite for {bad_streak} consecutive steps from step {streak_start}",
-                streak_start,
-            )
+            return self._stop_signal is not None
+        if not (self.step % self.cfg.trainer.log_every == 0 or last):
+            return False
+        flag = torch.tensor([1.0 if self._stop_signal else 0.0])
+        if bool(distributed.all_reduce_(flag, "max")[0]):
+            self._stop_signal = self._stop_signal or "SIGTERM"
+            return True
+        return False
 
     def _evaluate(self) -> None:
         metrics = self.task.evaluate()
@@ -214,16 +208,15 @@ class Trainer:
         self._call("on_eval_end", self.step, metrics)
 
     def _log_train(self, loss: float, samples_per_s: float, progress: Any) -> None:
-        lr = next(iter(self.task.optimizers.values())).param_groups[0]["lr"]
-        skipped = self.policy.summary()["skipped_steps"]
+        lr = float(next(iter(self.task.optimizers.values())).param_groups[0]["lr"])
         row = {
             "epoch": self._epoch_float(),
             "loss": loss,
             "lr": lr,
             "loss_scale": self.policy.loss_scale(),
-            "skipped_steps": skipped,
+            "skipped_steps": sum(o.skipped for o in self.task.optimizers.values()),
             "samples_per_s": samples_per_s,
-            "wall_time_s": self.train_time,
+            "wall_time_s": self.clock.total,
             **self.window.mean_logs(),
         }
         if self.metrics is not None:
@@ -232,10 +225,7 @@ class Trainer:
             if len(scales) > 1:  # several optimizers (the GAN): each loss has its own scale
                 for name, scale in scales.items():
                     self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
-            for (
-                layer,
-                scale,
-            ) in self.policy.layer_scales().items():  # precision=adaptive: one per layer
+            for layer, scale in self.policy.layer_scales().items():  # adaptive: one per layer
                 self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
         if progress is not None:
             progress.n = self.step
@@ -252,14 +242,15 @@ class Trainer:
         policy = self.policy.summary()
         # self.samples counts this rank's; every rank takes an equal share of each global batch
         samples = self.samples * distributed.world_size()
+        train_time = self.clock.total
         return {
             "metrics": self.last_eval,
             "steps": self.step,
             "epochs": round(self._epoch_float(), 4),
             "skipped_steps": policy["skipped_steps"],
             "loss_scale": policy["loss_scale"],
-            "samples_per_s": samples / self.train_time if self.train_time > 0 else None,
-            "train_time_s": self.train_time,
+            "samples_per_s": samples / train_time if train_time > 0 else None,
+            "train_time_s": train_time,
             **peak_memory(self.task.device),
             "diagnostics": dict(policy.get("diagnostics", {})),
         }
@@ -295,13 +286,14 @@ class Trainer:
             "epoch": epoch,
             "batch_in_epoch": batch,
             "samples": self.samples,
-            "train_time": self.train_time,
+            "train_time": self.clock.total,
             "last_eval": self.last_eval,
-            "window": self.window.state(),
+            # the window's time so far includes the clock's running lap
+            "window": {**self.window.state(), "time": self.window.time + self.clock.lap},
+            "divergence": self.divergence.state(),
             "models": {k: m.state_dict() for k, m in self.task.models.items()},
             "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
-            "schedulers": {k: s.state_dict() for k, s in self.schedulers.items()},
-            "policy": self.policy.state_dict(),
+            "schedules": {k: s.state_dict() for k, s in self.schedules.items()},
             "task": self.task.state_dict(),
             "rng": rng_state(),
             "per_rank": per_rank if len(per_rank) > 1 else None,
@@ -321,26 +313,18 @@ class Trainer:
             m.load_state_dict(state["models"][k])
         for k, o in self.task.optimizers.items():
             o.load_state_dict(state["optimizers"][k])
-        for k, s in self.schedulers.items():
-            s.load_state_dict(state["schedulers"][k])
-        self.policy.load_state_dict(state["policy"])
+        for k, s in self.schedules.items():
+            s.load_state_dict(state["schedules"][k])
         mine = state.get("per_rank") or []
-        mine = (
-            mine[distributed.rank()] if len(mine) == distributed.world_size() else state
-        )  # else: rank 0's
+        # each rank its own streams; a different world size: rank 0's
+        mine = mine[distributed.rank()] if len(mine) == distributed.world_size() else state
         self.task.load_state_dict(mine["task"])
         set_rng_state(mine["rng"])
-        self.step, self.epoch, self.batch_in_epoch = (
-            state["step"],
-            state["epoch"],
-            state["batch_in_epoch"],
-        )
-        self.samples, self.train_time, self.last_eval = (
-            state["samples"],
-            state["train_time"],
-            state["last_eval"],
-        )
+        self.step, self.epoch = state["step"], state["epoch"]
+        self.batch_in_epoch, self.samples = state["batch_in_epoch"], state["samples"]
+        self.clock.total, self.last_eval = state["train_time"], state["last_eval"]
         self.window = LogWindow(**state["window"])
+        self.divergence.load_state(state["divergence"])
         self.log.info(
             "resumed from %s at step %d (epoch %d, batch %d)",
             path,
@@ -362,20 +346,36 @@ class Trainer:
             if fn is not None:
                 fn(self, *args)
 
-    def _request_stop(self, signum: int, frame: Any) -> None:
-        self.log.warning("SIGTERM: saving a checkpoint at the end of this step, then stopping")
-        self._stop_requested = True
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[None]:
+        """SIGTERM (a cluster pre-emption) and Ctrl-C both end the run at the next step boundary
+        with a checkpoint; a second Ctrl-C stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
 
-    def _sync(self) -> None:
-        if self.task.device.type == "cuda":
-            torch.cuda.synchronize(self.task.device)
+        def request(signum: int, frame: Any) -> None:
+            name = signal.Signals(signum).name
+            if self._stop_signal is not None and signum == signal.SIGINT:
+                raise KeyboardInterrupt  # the second Ctrl-C: the user means it
+            self._stop_signal = name
+            self.log.warning("%s: saving a checkpoint at the end of this step, then stopping", name)
 
-    def _progress_bar(self) -> Any:
+        previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    @contextlib.contextmanager
+    def _progress_bar(self) -> Iterator[Any]:
         if not (self.cfg.trainer.progress and self.is_main):
-            return None
+            yield None
+            return
         from tqdm.auto import tqdm
 
-        return tqdm(
+        bar = tqdm(
             total=self.total_steps,
             initial=self.step,
             desc=f"{self.cfg.experiment_name}/{self.cfg.precision.name}",
@@ -383,6 +383,85 @@ class Trainer:
             dynamic_ncols=True,
             mininterval=1.0,
         )
+        try:
+            yield bar
+        finally:
+            bar.close()
+
+
+class Clock:
+    """Training time: running between start() and stop(), paused for evaluation and checkpoints
+    (which are not training). Stopping synchronises the GPU, so the time is the work's."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.total, self._since = device, 0.0, None
+        self.lap = 0.0  # training time since the last take_lap()
+
+    def start(self) -> None:
+        self._since = time.perf_counter()
+
+    def stop(self) -> None:
+        if self._since is None:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        elapsed = time.perf_counter() - self._since
+        self.total += elapsed
+        self.lap += elapsed
+        self._since = None
+
+    def take_lap(self) -> float:
+        lap, self.lap = self.lap, 0.0
+        return lap
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        running = self._since is not None
+        self.stop()
+        try:
+            yield
+        finally:
+            if running:
+                self.start()
+
+
+class DivergenceWatch:
+    """Consecutive non-finite losses, counted on the device (no host sync on ordinary steps);
+    checked at log rows. The longest streak since the last check counts, even one that ended
+    between two rows."""
+
+    def __init__(self, patience: int, device: torch.device):
+        self.patience = patience
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        self.streak, self.start = zero.clone(), zero.clone()  # current streak, its first step
+        self.worst, self.worst_start = zero.clone(), zero.clone()
+
+    def add(self, loss: torch.Tensor, step: int) -> None:
+        bad = ~torch.isfinite(loss)
+        self.start = torch.where(bad & (self.streak == 0), step, self.start)
+        self.streak = (self.streak + 1) * bad
+        self.worst_start = torch.where(self.streak > self.worst, self.start, self.worst_start)
+        self.worst = torch.maximum(self.worst, self.streak)
+
+    def check(self) -> None:
+        """Raise Diverged when a streak reached the patience (all ranks agree under DDP)."""
+        both = torch.stack([self.worst, self.worst_start])
+        if distributed.is_distributed():  # the longest streak on any rank, the latest start
+            both = distributed.all_reduce_(both, "max")
+        worst, start = (int(v) for v in both.tolist())
+        self.worst.zero_()
+        self.worst_start.zero_()
+        if worst >= self.patience:
+            raise Diverged(
+                f"loss was non-finite for {worst} consecutive steps from step {start}", start
+            )
+
+    def state(self) -> dict[str, int]:
+        return {k: int(getattr(self, k)) for k in ("streak", "start", "worst", "worst_start")}
+
+    def load_state(self, state: dict[str, int]) -> None:
+        for k, v in state.items():
+            getattr(self, k).fill_(v)
 
 
 class LogWindow:
@@ -400,28 +479,20 @@ class LogWindow:
         log_sums: dict[str, float] | None = None,
     ):
         self.loss_sum, self.count, self.samples, self.time = loss_sum, count, samples, time
-        self.log_sums: dict[str, Any] = dict(
-            log_sums or {}
-        )  # a task's extra scalars (GAN: d_loss, g_loss)
+        # a task's extra scalars (GAN: d_loss, g_loss), summed on the device
+        self.log_sums: dict[str, Any] = dict(log_sums or {})
 
-    def add(self, result: Any) -> None:
-        self.loss_sum = (
-            self.loss_sum + result.loss.float()
-        )  # stays on the device; a NaN shows as NaN
+    def add(self, result: StepResult) -> None:
+        # stays on the device; a NaN shows as NaN
+        self.loss_sum = self.loss_sum + result.loss.float()
         for key, value in result.logs.items():
             value = value.detach().float() if torch.is_tensor(value) else float(value)
             self.log_sums[key] = self.log_sums.get(key, 0.0) + value
         self.count += 1
         self.samples += result.samples
 
-    def mean_loss(self) -> float:
-        return float(self.loss_sum) / max(self.count, 1)
-
     def mean_logs(self) -> dict[str, float]:
         return {key: float(total) / max(self.count, 1) for key, total in self.log_sums.items()}
-
-    def samples_per_s(self) -> float:
-        return self.samples / max(self.time, 1e-9)
 
     def state(self) -> dict[str, Any]:
         return {
@@ -431,12 +502,6 @@ class LogWindow:
             "time": self.time,
             "log_sums": {k: float(v) for k, v in self.log_sums.items()},
         }
-
-
-def _in_main_thread() -> bool:
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
 
 
 def peak_memory(device: torch.device) -> dict[str, Any]:

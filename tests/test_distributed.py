@@ -170,10 +170,10 @@ def _policy_worker(rank: int, port: int, precision: dict, out: dict) -> None:
         stepped, scales = [], []
         for step in range(6):
             x = torch.randn(8, 4, generator=gen)
-            opt.zero_grad(set_to_none=True)
+            opt.zero_grad()
             with policy.autocast():
                 loss = model(x).square().mean()
-            policy.backward(loss, opt)
+            opt.backward(loss)
             if step == 3 and rank == 1:
                 model.weight.grad[0, 0] = float(
                     "inf"
@@ -184,7 +184,7 @@ def _policy_worker(rank: int, port: int, precision: dict, out: dict) -> None:
                 g[~torch.isfinite(g)] = 0
                 distributed.all_reduce_(g, "mean")
                 p.grad = torch.where(torch.isfinite(p.grad), g, p.grad)
-            stepped.append(policy.step(opt))
+            stepped.append(bool(opt.step()))
             scales.append(policy.loss_scale())
         out[rank] = {
             "reduced": reduced,

@@ -242,14 +242,12 @@ def test_resume_mid_epoch_is_exact():
         {
             "model": first.model.state_dict(),
             "opt": first.optimizer.state_dict(),
-            "policy": first_policy.state_dict(),
             "task": first.state_dict(),
         }
     )
     resumed, policy = build(*overrides)
     resumed.model.load_state_dict(saved["model"])
     resumed.optimizer.load_state_dict(saved["opt"])
-    policy.load_state_dict(saved["policy"])
     resumed.load_state_dict(saved["task"])
     train(resumed, 2, 2)
     for (name, a), b in zip(

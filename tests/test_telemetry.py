@@ -180,14 +180,14 @@ class FakeTrainer:
         self.opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
         self.model, self.scale = model, scale
         self.task = SimpleNamespace(models={"model": model}, optimizers={"model": self.opt})
-        self.policy = SimpleNamespace(loss_scale=lambda opt=None: self.scale)
+        self.opt.loss_scale = scale  # what the callback reads from a PrecisionOptimizer
         self.writer, self.run_dir, self.log = writer, run_dir, logging.getLogger("test_telemetry")
         self.step = 0
 
     def train_step(self, skip: bool = False):
         g = torch.Generator().manual_seed(self.step)
         x, y = torch.randn(16, 4, generator=g), torch.randint(0, 3, (16,), generator=g)
-        self.opt.zero_grad(set_to_none=True)
+        self.opt.zero_grad()
         loss = nn.functional.cross_entropy(self.model(x), y)
         (loss * self.scale).backward()  # as the policy: scaled backward, then unscale and step
         finite = all(torch.isfinite(p.grad).all() for p in self.model.parameters())
@@ -411,6 +411,7 @@ def test_two_models_get_prefixed_layer_names_and_their_own_scale(tmp_path):
     g, d = tiny_model(), tiny_model()
     tr = FakeTrainer(g, tmp_path)
     opt_d = torch.optim.SGD(d.parameters(), lr=0.1)
+    opt_d.loss_scale = 1.0
     tr.task = SimpleNamespace(
         models={"generator": g, "discriminator": d},
         optimizers={"generator": tr.opt, "discriminator": opt_d},

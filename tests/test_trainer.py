@@ -4,12 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 from conftest import compose
 
+from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
 from mpt_repro.tasks.base import StepResult, Task
 from mpt_repro.trainer import Trainer
+
+STEPS = 4
 
 
 class TwoOptimizers(Task):
@@ -20,32 +24,41 @@ class TwoOptimizers(Task):
     def __init__(self, cfg, device, policy):
         super().__init__(cfg, device, policy)
         self.models = {"a": torch.nn.Linear(1, 1), "b": torch.nn.Linear(1, 1)}
+        make = optimizer_factory(cfg.optim)
         self.optimizers = {
-            k: torch.optim.SGD(m.parameters(), lr=1.0) for k, m in self.models.items()
+            k: policy.build_optimizer(m, make, name=k) for k, m in self.models.items()
         }
 
     def steps_per_epoch(self) -> int:
-        return 4
+        return STEPS
 
     def train_batches(self, epoch, skip=0):
-        return iter(range(skip, 4))
+        return iter(range(skip, STEPS))
 
     def train_step(self, batch) -> StepResult:
+        yes, no = torch.tensor(True), torch.tensor(False)
         return StepResult(
-            loss=torch.tensor(1.0), stepped=False, samples=1, stepped_by={"a": True, "b": False}
+            loss=torch.tensor(1.0), stepped=no, samples=1, stepped_by={"a": yes, "b": no}
         )
 
     def evaluate(self):
         return {"loss": 1.0}
 
 
-def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fused", ["true", "false"])  # LR count on the device, or on the host
+@pytest.mark.parametrize("hold", [True, False])
+def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(
+    tmp_path: Path, hold: bool, fused: str
+) -> None:
     # linear warm-up over the 4 steps: a schedule that advanced shows a larger LR
     cfg = compose(
         [
             "experiment=demo",
             "budget=smoke",
-            "trainer.max_steps=4",
+            "precision=amp",
+            f"precision.hold_lr_on_skip={str(hold).lower()}",
+            f"optim.fused={fused}",
+            f"trainer.max_steps={STEPS}",
             "optim.warmup_epochs=1",
             "trainer.progress=false",
         ]
@@ -53,7 +66,13 @@ def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(tmp_path: 
     policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
     task = TwoOptimizers(cfg, torch.device("cpu"), policy)
     trainer = Trainer(cfg, task, policy, tmp_path)
+    assert trainer.schedules["a"].on_device == (hold and fused == "true")
     trainer.fit()
     trainer.close()
-    assert trainer.schedulers["a"].last_epoch == 4  # stepped every iteration
-    assert trainer.schedulers["b"].last_epoch == 0  # held: its optimizer never stepped
+    factor = lr_multiplier(cfg.optim, STEPS, STEPS)
+    held = 0 if hold else STEPS  # b never stepped: held at 0, or advanced like a
+    assert trainer.schedules["a"].applied == STEPS
+    assert trainer.schedules["b"].applied == held
+    for name, applied in (("a", STEPS), ("b", held)):
+        lr = float(task.optimizers[name].param_groups[0]["lr"])
+        assert lr == pytest.approx(cfg.optim.lr * factor(applied), rel=1e-7)

@@ -13,6 +13,7 @@ from typing import Any
 
 _EXPORTS = {
     "PrecisionPolicy": "mpt_repro.precision.policy",
+    "PrecisionOptimizer": "mpt_repro.precision.optimizer",
     "PrecisionConfig": "mpt_repro.precision.config",
     "Dtype": "mpt_repro.precision.config",
     "WeightStorage": "mpt_repro.precision.config",

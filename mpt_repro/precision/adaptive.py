@@ -267,8 +267,11 @@ class AdaptiveScaler(LossScaler):
     row ends the run as Diverged.
     """
 
-    def __init__(self, cfg, init_scale: float | None = None):
-        super().__init__(cfg, 1.0)
+    sync_free = False  # the plan is made on the host from last step's statistics
+
+    def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
+        super().__init__(cfg, 1.0, device)
+        self.growth_tracker = 0  # host-side: the cap moves on the host
         a = cfg
         self.threshold = float(a.adaptive_underflow_threshold)
         self.scale_upper_bound = float(a.adaptive_scale_upper_bound)
@@ -422,8 +425,9 @@ class AdaptiveScaler(LossScaler):
         for cell, g, off, g_out in edges:
             cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
         self._param_exp = {id(p): groups.value(g, off) for p, g, off in leaves}
-        self.scale = 2.0 ** max(
-            [lay.accum for lay in self.layers.values() if lay.accum is not None], default=0
+        self._scale.fill_(
+            2.0
+            ** max([lay.accum for lay in self.layers.values() if lay.accum is not None], default=0)
         )
 
     def _uniform_inputs(self, root) -> None:
@@ -499,12 +503,13 @@ class AdaptiveScaler(LossScaler):
             by_exp[e].append(g)
         found = torch.zeros(1, device=grads[0].device if grads else "cpu")
         for e, gs in by_exp.items():
-            found = found + unscale_and_check_(gs, 2.0**e).to(found.device)
+            inv = torch.full((1,), 2.0**-e, dtype=torch.float32, device=found.device)
+            found = found + unscale_and_check_(gs, inv)
         return found
 
-    def _move(self, found_inf: bool) -> None:
+    def _move(self, inf: Tensor) -> None:
         c = self.cfg
-        if found_inf:
+        if bool(inf):  # the host read this scaler costs per step (sync_free = False)
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
             self.force = True
@@ -514,15 +519,20 @@ class AdaptiveScaler(LossScaler):
                 self.growth_tracker = 0
                 self.cap_exp += 1
 
-    def _floor(self) -> float:
-        return self.scale if self.cap_exp == 0 else 0.0  # at the floor: a cap of 1
+    def _at_floor(self) -> Tensor:
+        # at the floor: a cap of 1 (the cap lives on the host)
+        return torch.tensor(self.cap_exp == 0, device=self.device)
 
     # -- reporting and checkpoints -----------------------------------------------------------
     def layer_scales(self) -> dict[str, float]:
         """{layer: its own scale s applied in the last step} (layers not yet run: 1.0)."""
         return {n: 2.0 ** (lay.applied or 0) for n, lay in self.layers.items()}
 
-    def adaptive_summary(self) -> dict:
+    def describe(self, reason: str) -> str:
+        return describe(self.cfg)
+
+    def diagnostics(self) -> dict:
+        """Per-layer scales for the run record (under diagnostics.adaptive)."""
         return {
             "updates": self.updates,
             "fallback_steps": self.fallback_steps,
@@ -542,6 +552,7 @@ class AdaptiveScaler(LossScaler):
         sd = super().state_dict()
         sd.update(
             cap_exp=self.cap_exp,
+            host_growth_tracker=self.growth_tracker,
             iteration=self.iteration,
             updates=self.updates,
             fallback_steps=self.fallback_steps,
@@ -563,6 +574,7 @@ class AdaptiveScaler(LossScaler):
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
+        self.growth_tracker = int(sd.get("host_growth_tracker", 0))
         self.updates, self.fallback_steps, self.force = (
             int(sd["updates"]),
             int(sd["fallback_steps"]),

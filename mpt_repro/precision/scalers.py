@@ -1,20 +1,21 @@
-"""Loss scalers: small, plain, and pluggable.
+"""Loss scalers: small, plain, pluggable, and sync-free.
 
-A scaler owns one number (the scale) and the counters that move it. The policy drives it:
+A scaler owns the scale and the counters that move it, all as tensors on the training device, so
+that a step never waits for the GPU to say whether it overflowed (paper §3.2 skips such steps;
+the optimizer's fused kernel reads the flag on the device). The precision optimizer drives it:
 
-    scaled = scaler.scale_loss(loss); scaled.backward()
-    # in place, FP16 or FP32 grads; returns a 1-element tensor
-    found_inf = scaler.unscale_(grads)
-    scaler.update(bool(found_inf))           # the policy's skip decision: one host sync per step
+    loss_scaled = scaler.scale_loss(loss); loss_scaled.backward()
+    found_inf = scaler.unscale_(grads)   # in place, FP16 or FP32 grads; a (1,) float tensor
+    scaler.update(found_inf)             # moves the scale with torch.where: no host read
 
-The scale is a Python float. The skip decision already costs one host sync per step, so keeping
-the scale on the host costs nothing extra and lets min/max tracking and logging happen for free.
+Host reads happen only when someone asks: ``scale``, ``summary()``, ``diverged_at()`` (log rows,
+the run record). A scaler that needs the host every step (the layer-wise adaptive one) says so
+with ``sync_free = False``.
 
 With ``loss_scaling=none`` (FP32, BF16, the no-scaling ablations) no scaler exists at all: the
-policy neither scales, nor inspects the grads, nor skips.
+optimizer neither scales, nor inspects the grads, nor skips.
 
-New kinds (e.g. the layer-wise adaptive scaler) register with ``@register_scaler("name")``
-and are picked by ``precision.loss_scaling``.
+New kinds register with ``@register_scaler("name")`` and are picked by ``precision.loss_scaling``.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 SCALERS: dict[str, type[LossScaler]] = {}
 
@@ -39,119 +40,171 @@ def register_scaler(kind: str) -> Callable[[type[LossScaler]], type[LossScaler]]
     return wrap
 
 
-def build_scaler(kind: str, cfg, init_scale: float | None = None) -> LossScaler:
+def build_scaler(kind: str, cfg, init_scale: float | None, device: torch.device) -> LossScaler:
     """A fresh scaler of ``kind`` configured from ``cfg`` (a PrecisionConfig)."""
     if kind not in SCALERS:
         from mpt_repro.errors import ConfigError
 
         raise ConfigError(
-            f"precision.loss_scaling={kind} has no scaler implementation yet "
+            f"precision.loss_scaling={kind} has no scaler implementation "
             f"(available: {sorted(SCALERS)})."
         )
-    return SCALERS[kind](cfg, init_scale)
+    return SCALERS[kind](cfg, init_scale, device)
 
 
-def unscale_and_check_(grads: Sequence[Tensor], scale: float) -> Tensor:
-    """Multiply every grad by 1/scale in place and return a 1-element float tensor, 1.0 if any
-    grad holds inf or NaN (checked before the multiply, so an overflow is never hidden).
+def unscale_and_check_(grads: Sequence[Tensor], inv_scale: Tensor) -> Tensor:
+    """Multiply every grad by ``inv_scale`` in place; return a (1,) float tensor on the device of
+    ``inv_scale``, nonzero if any grad holds inf or NaN.
 
-    Uses the fused multi-tensor kernel behind GradScaler, grouped by (device, dtype), with no
-    per-parameter host sync. Unlike GradScaler we accept FP16 grads: the kernel computes in FP32
-    and rounds once, and 1/scale is passed as an FP32 tensor, so it cannot underflow in FP16.
-    Unscaled FP16 values below 2^-24 do flush to zero: that is the no-master-copy ablation's
-    own loss of precision, which is what it measures.
+    Uses the fused multi-tensor kernel behind GradScaler, grouped by (device, dtype). Unlike
+    GradScaler we accept FP16 grads (the no-master-copy ablation): the kernel computes in FP32
+    and rounds once. It checks each value *before* the multiply, so for FP16 grads, where a scale
+    below 1 makes the multiply itself overflow (1/scale > 1), a second pass checks the result:
+    a non-finite value never reaches the weights unnoticed. Unscaled FP16 values below 2^-24
+    flush to zero: that is the no-master ablation's own loss, which is what it measures.
     """
+    found = torch.zeros(1, device=inv_scale.device)
     groups: dict[tuple, list[Tensor]] = defaultdict(list)
     for g in grads:
         groups[(g.device, g.dtype)].append(g)
-    found = None
-    for (device, _), gs in groups.items():
+    for (device, dtype), gs in groups.items():
         f = torch.zeros(1, device=device)
-        inv = torch.full((1,), 1.0 / scale, dtype=torch.float32, device=device)
+        inv = inv_scale.to(device)
         torch._amp_foreach_non_finite_check_and_unscale_(gs, f, inv)
-        found = f if found is None else found + f.to(found.device)
-    return found if found is not None else torch.zeros(1)
+        if dtype != torch.float32:
+            torch._amp_foreach_non_finite_check_and_unscale_(gs, f, torch.ones_like(inv))
+        found += f.to(found.device)
+    return found
 
 
 class LossScaler:
     """Base class: the counters, and a scale that never moves.
 
-    Subclasses set how the scale moves (``_move``) and where its floor is (``_floor``).
+    Subclasses say how the scale moves (``_move``) and where its floor is (``_at_floor``).
     ``skipped`` counts skipped steps; ``floor_count`` counts consecutive skipped steps taken at
-    the floor scale (the policy ends the run as diverged when it reaches ``floor_patience``).
+    the floor. When it reaches ``floor_patience`` the attempt number is kept in ``diverged_at``
+    and the trainer ends the run as diverged at its next log row.
     """
 
     kind = "base"
+    sync_free = True  # update() needs no host read
 
-    def __init__(self, cfg, init_scale: float | None = None):
+    def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
         self.cfg = cfg
-        self.scale = float(init_scale if init_scale is not None else cfg.init_scale)
-        self.initial = self.scale
-        self.min_seen = self.scale
-        self.max_seen = self.scale
-        self.steps = 0  # optimizer steps attempted (stepped + skipped)
-        self.skipped = 0
-        self.floor_count = 0
-        self.growth_tracker = 0  # consecutive clean steps since the last change
-        self.hysteresis_left = int(getattr(cfg, "hysteresis", 1))
+        self.device = torch.device(device)
+        self.initial = float(init_scale if init_scale is not None else cfg.init_scale)
+        self.steps = 0  # update() calls: host-side, the host knows how often it stepped
+
+        def f32(v: float) -> Tensor:
+            return torch.tensor(v, dtype=torch.float32, device=self.device)
+
+        def i64(v: int) -> Tensor:
+            return torch.tensor(v, dtype=torch.int64, device=self.device)
+
+        # FP32 like GradScaler's, so that trajectories and unscaled grads match it bit for bit
+        self._scale = f32(self.initial)
+        self._min_seen, self._max_seen = f32(self.initial), f32(self.initial)
+        self._skipped, self._floor_count = i64(0), i64(0)
+        self._growth_tracker = i64(0)  # consecutive clean steps since the last change
+        self._hysteresis_left = i64(int(getattr(cfg, "hysteresis", 1)))
+        self._diverged_at = i64(-1)  # attempt at which floor_count reached floor_patience
 
     # -- hooks for layer-wise scalers ------------------------------------------------------
-    def attach(self, model: torch.nn.Module, names: list[str], params: list[Tensor]) -> None:
-        """Called once by build_optimizer with the model and the optimizer's parameters.
-        The global scalers need nothing; a layer-wise scaler registers its hooks here."""
+    def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
+        """Called once per optimizer with its model and parameters. The global scalers need
+        nothing; a layer-wise scaler registers its hooks here."""
 
     # -- the three calls per step ----------------------------------------------------------
     def scale_loss(self, loss: Tensor) -> Tensor:
         # FP32 before the multiply: an FP16 loss times 65536 would overflow by itself.
-        return loss.float() * self.scale
+        return loss.float() * self._scale.to(loss.device)
 
     def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
-        """Unscale ``grads`` in place; return a 1-element tensor (nonzero: inf/NaN found)."""
-        return unscale_and_check_(grads, self.scale)
+        """Unscale ``grads`` in place; return a (1,) tensor, nonzero when inf/NaN was found."""
+        # the reciprocal in FP64, then FP32: what GradScaler does
+        return unscale_and_check_(grads, self._scale.double().reciprocal().float().reshape(1))
 
-    def update(self, found_inf: bool) -> None:
-        """Count the step and move the scale. Subclasses override ``_move``."""
+    def update(self, found_inf: Tensor) -> None:
+        """Count the step and move the scale, on the device."""
         self.steps += 1
-        at_floor = self.scale <= self._floor()
-        if found_inf:
-            self.skipped += 1
-            self.floor_count = self.floor_count + 1 if at_floor else 0
-        else:
-            self.floor_count = 0
-        self._move(found_inf)
-        self.min_seen = min(self.min_seen, self.scale)
-        self.max_seen = max(self.max_seen, self.scale)
+        inf = found_inf.reshape(()).to(self.device) > 0
+        at_floor = self._at_floor()
+        self._skipped += inf
+        self._floor_count = torch.where(inf & at_floor, self._floor_count + 1, 0)
+        newly = (self._diverged_at < 0) & (self._floor_count >= self.cfg.floor_patience)
+        self._diverged_at = torch.where(newly, self.steps, self._diverged_at)
+        self._move(inf)
+        torch.minimum(self._min_seen, self._scale, out=self._min_seen)
+        torch.maximum(self._max_seen, self._scale, out=self._max_seen)
 
-    def _move(self, found_inf: bool) -> None:
+    def _move(self, inf: Tensor) -> None:
         pass
 
-    def _floor(self) -> float:
-        return self.cfg.min_scale
+    def _at_floor(self) -> Tensor:
+        return self._scale <= self.cfg.min_scale
+
+    # -- host reads (log rows, the run record) ---------------------------------------------
+    @property
+    def scale(self) -> float:
+        return float(self._scale)
 
     @property
-    def at_floor_too_long(self) -> bool:
-        return self.floor_count >= self.cfg.floor_patience
+    def skipped(self) -> int:
+        return int(self._skipped)
+
+    @property
+    def floor_count(self) -> int:
+        return int(self._floor_count)
+
+    def diverged_at(self) -> int | None:
+        """The attempt (1-based update() count) at which the scale had sat at its floor for
+        ``floor_patience`` skipped steps in a row, or None."""
+        at = int(self._diverged_at)
+        return at if at >= 0 else None
+
+    def describe(self, reason: str) -> str:
+        """One phrase for the preset's description; ``reason`` says where the scale came from."""
+        return f"{self.kind} loss scale {self.initial:g} ({reason})"
+
+    def layer_scales(self) -> dict[str, float]:
+        """{layer: its own scale} for layer-wise scalers; {} for one global scale."""
+        return {}
+
+    def diagnostics(self) -> dict:
+        """Anything else the run record should keep about this scaler ({} for the global ones)."""
+        return {}
+
+    def summary(self) -> dict:
+        """What the run record says about the scale (host reads)."""
+        return {
+            "initial": self.initial,
+            "final": self.scale,
+            "min": float(self._min_seen),
+            "max": float(self._max_seen),
+        }
 
     # -- checkpoints -----------------------------------------------------------------------
-    _state_keys = (
+    _tensors = (
         "scale",
-        "initial",
         "min_seen",
         "max_seen",
-        "steps",
         "skipped",
         "floor_count",
         "growth_tracker",
         "hysteresis_left",
+        "diverged_at",
     )
 
     def state_dict(self) -> dict:
-        return {"kind": self.kind, **{k: getattr(self, k) for k in self._state_keys}}
+        sd = {"kind": self.kind, "initial": self.initial, "steps": self.steps}
+        sd.update({k: getattr(self, "_" + k).item() for k in self._tensors})
+        return sd
 
     def load_state_dict(self, sd: dict) -> None:
-        for k in self._state_keys:
+        self.initial, self.steps = float(sd["initial"]), int(sd["steps"])
+        for k in self._tensors:
             if k in sd:
-                setattr(self, k, type(getattr(self, k))(sd[k]))
+                getattr(self, "_" + k).fill_(sd[k])
 
 
 @register_scaler("static")
@@ -160,11 +213,11 @@ class StaticScaler(LossScaler):
     ConstantGradScaler; apex's static scale does not even check). The constant is its own floor:
     ``floor_patience`` consecutive overflows end the run as diverged."""
 
-    def __init__(self, cfg, init_scale: float | None = None):
-        super().__init__(cfg, init_scale if init_scale is not None else cfg.static_scale)
+    def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
+        super().__init__(cfg, init_scale if init_scale is not None else cfg.static_scale, device)
 
-    def _floor(self) -> float:
-        return self.scale
+    def _at_floor(self) -> Tensor:
+        return torch.ones((), dtype=torch.bool, device=self.device)
 
 
 @register_scaler("dynamic")
@@ -175,19 +228,29 @@ class DynamicScaler(LossScaler):
     growth; every overflowing step is still skipped). With hysteresis=1 and a floor and ceiling
     that are never reached, the trajectory is exactly GradScaler's."""
 
-    def _move(self, found_inf: bool) -> None:
+    def _move(self, inf: Tensor) -> None:
         c = self.cfg
-        if found_inf:
-            self.growth_tracker = 0
-            if self.hysteresis_left > 1:
-                self.hysteresis_left -= 1  # tolerate this one: keep the scale
-            else:
-                self.scale = max(self.scale * c.backoff_factor, c.min_scale)
-        else:
-            self.growth_tracker += 1
-            if self.growth_tracker >= c.growth_interval:
-                self.growth_tracker = 0
-                self.scale = min(self.scale * c.growth_factor, c.max_scale)
-                # DeepSpeed (consecutive_hysteresis=false): the tolerance refills when the scale
-                # grows
-                self.hysteresis_left = c.hysteresis
+        tolerate = inf & (self._hysteresis_left > 1)
+        backoff = inf & ~tolerate
+        self._scale = torch.where(
+            backoff, (self._scale * c.backoff_factor).clamp(min=c.min_scale), self._scale
+        )
+        self._hysteresis_left = torch.where(
+            tolerate, self._hysteresis_left - 1, self._hysteresis_left
+        )
+        self._growth_tracker = torch.where(inf, 0, self._growth_tracker + 1)
+        grow = self._growth_tracker >= c.growth_interval
+        self._scale = torch.where(
+            grow, (self._scale * c.growth_factor).clamp(max=c.max_scale), self._scale
+        )
+        self._growth_tracker = torch.where(grow, 0, self._growth_tracker)
+        # DeepSpeed (consecutive_hysteresis=false): the tolerance refills when the scale grows
+        self._hysteresis_left = torch.where(grow, c.hysteresis, self._hysteresis_left)
+
+    def describe(self, reason: str) -> str:
+        c = self.cfg
+        return (
+            f"dynamic loss scale {self.initial:g} ({reason}; x{c.growth_factor:g} after "
+            f"{c.growth_interval} clean steps, x{c.backoff_factor:g} on overflow, hysteresis "
+            f"{c.hysteresis}, range [{c.min_scale:g}, {c.max_scale:g}])"
+        )

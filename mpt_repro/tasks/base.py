@@ -28,12 +28,12 @@ def register_task(name: str) -> Callable[[type], type]:
 @dataclass
 class StepResult:
     loss: torch.Tensor  # the (unscaled) training loss of this iteration, detached
-    stepped: bool  # False when the precision policy skipped the update (overflow)
+    stepped: torch.Tensor  # 0-d bool on the device: False when the update was skipped (overflow)
     samples: int  # examples processed (for samples/s)
     logs: dict[str, torch.Tensor] = field(default_factory=dict)  # extra scalars (e.g. GAN losses)
     # with several optimizers: which of them stepped (keys as in Task.optimizers); each LR schedule
     # is held only when its own optimizer skipped
-    stepped_by: dict[str, bool] = field(default_factory=dict)
+    stepped_by: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 class Task:

@@ -76,12 +76,12 @@ class Classification(Task):
     def train_step(self, batch: Any) -> StepResult:
         x, y = self._to_device(*batch)
         self.train_model.train()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         with self.policy.autocast():
             out = self.train_model(x)
             loss = self._loss(out, y)
-        self.policy.backward(loss, self.optimizer)
-        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
+        self.optimizer.backward(loss)
+        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
         return StepResult(loss=loss.detach(), stepped=stepped, samples=y.shape[0])
 
     @staticmethod

@@ -136,13 +136,11 @@ class GAN(Task):
         target = torch.ones_like(logits) if real else torch.zeros_like(logits)
         return F.binary_cross_entropy_with_logits(logits.float(), target.float())
 
-    @staticmethod
-    def _zero_grads(*pairs: Any) -> None:
-        # Both the model's grads and the optimizer's (FP32 masters) grads, so that each step sees
-        # only its own loss's gradients.
-        for model, opt in pairs:
-            model.zero_grad(set_to_none=True)
-            opt.zero_grad(set_to_none=True)
+    def _zero_grads(self) -> None:
+        # Both networks' grads (and their FP32 masters'), so that each step sees only its own
+        # loss's gradients.
+        self.opt_g.zero_grad()
+        self.opt_d.zero_grad()
 
     def train_step(self, batch: Any) -> StepResult:
         real = self._real(batch)
@@ -153,41 +151,40 @@ class GAN(Task):
         )  # the DDP wrappers (the networks themselves in one process)
         G.train()
         D.train()
-        pairs = ((self.generator, self.opt_g), (self.discriminator, self.opt_d))
 
         # Discriminator: maximise log D(x) + log(1 - D(G(z))).
-        self._zero_grads(*pairs)
+        self._zero_grads()
         with self.policy.autocast():
             fake = G(self._noise(n))
             d_real_logits = D(real)
             d_fake_logits = D(fake.detach())
             d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
-        self.policy.backward(d_loss, self.opt_d)
-        d_stepped = self.policy.step(self.opt_d, clip_grad_norm=self.cfg.optim.grad_clip)
+        self.opt_d.backward(d_loss)
+        d_stepped = self.opt_d.step(clip_grad_norm=self.cfg.optim.grad_clip)
 
         # Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
         # Through the bare D with its parameters frozen: only G needs gradients here. D's DDP
         # wrapper would expect (and all-reduce) D gradients nobody uses, and any D gradient
         # left over could leak into D's next step. G's wrapper, whose forward made `fake`,
         # averages G's gradients in this backward.
-        self._zero_grads(*pairs)
+        self._zero_grads()
         with frozen(self.discriminator), self.policy.autocast():
             g_loss = self._bce(self.discriminator(fake), True)
-        self.policy.backward(g_loss, self.opt_g)
-        g_stepped = self.policy.step(self.opt_g, clip_grad_norm=self.cfg.optim.grad_clip)
+        self.opt_g.backward(g_loss)
+        g_stepped = self.opt_g.step(clip_grad_norm=self.cfg.optim.grad_clip)
 
         logs = {
             "d_loss": d_loss.detach(),
             "g_loss": g_loss.detach(),
             "d_real": torch.sigmoid(d_real_logits.detach().float()).mean(),
             "d_fake": torch.sigmoid(d_fake_logits.detach().float()).mean(),
-            "d_stepped": torch.tensor(float(d_stepped)),
-            "g_stepped": torch.tensor(float(g_stepped)),
+            "d_stepped": d_stepped.float(),
+            "g_stepped": g_stepped.float(),
         }
         # loss: the sum of both, so a non-finite value in either one ends the run as diverged.
         return StepResult(
             loss=(d_loss + g_loss).detach(),
-            stepped=d_stepped and g_stepped,
+            stepped=d_stepped & g_stepped,
             samples=n,
             logs=logs,
             stepped_by={"discriminator": d_stepped, "generator": g_stepped},

@@ -125,15 +125,14 @@ class LanguageModel(Task):
     def train_step(self, batch: Any) -> StepResult:
         x, y = batch
         self.train_model.train()
-        self.model.zero_grad(set_to_none=True)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad()
         with self.policy.autocast():
             # Each rank's loss is the mean over its equal share of the window's tokens, so DDP's
             # gradient average is the gradient of the global mean.
             loss, hidden = self.train_model(x, y, self.hidden, self.generator)
         self.hidden = tuple(h.detach() for h in hidden)
-        self.policy.backward(loss, self.optimizer)
-        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
+        self.optimizer.backward(loss)
+        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
         # samples = tokens, so samples/s is words per second, the usual LM throughput figure
         return StepResult(loss=loss.detach(), stepped=stepped, samples=y.numel())
 

@@ -3,14 +3,15 @@ first layer with a non-finite gradient (docs/telemetry.md).
 
 Cost model: on a sampled step (one in `every`) hooks are registered in on_step_start and removed
 in on_step_end; every statistic stays on the device until one host copy at the end of the step.
-On every other step the callback does an integer test and reads `result.stepped` (a Python bool):
-no hook, no kernel, no host sync.
+On every other step the callback does an integer test and reads `result.stepped` (a 0-d device
+bool: with telemetry on, this is the step's one host sync, which the probe-after-overflow rule
+needs); no hook, no kernel.
 
-Order of one trainer iteration: on_step_start(step) -> task.train_step (forward, policy.backward,
-policy.step) -> on_step_end(step', result). The trainer passes the iterations done before the step
+Order of one trainer iteration: on_step_start(step) -> task.train_step (forward, opt.backward,
+opt.step) -> on_step_end(step', result). The trainer passes the iterations done before the step
 to on_step_start and after it to on_step_end; a sample is recorded under the latter (the step
 metrics.csv uses). Gradients are therefore captured while backward accumulates them, because
-policy.step unscales, steps and may drop them before on_step_end.
+opt.step unscales, steps and may drop them before on_step_end.
 """
 
 from __future__ import annotations
@@ -110,12 +111,13 @@ class TelemetryCallback:
 
     def on_step_end(self, trainer: Any, step: int, result: Any) -> None:
         cap, self._cap = self._cap, None
-        if not result.stepped:  # a Python bool: no device work on ordinary steps
+        stepped = bool(result.stepped)  # the one host read per step (see the module docstring)
+        if not stepped:
             self.skips_seen += 1
         if cap is None:
             # A skipped step (overflow) that was not hooked: hook the next one to see where the
             # gradient goes bad, fairseq-NanDetector style.
-            if not result.stepped and self.probes < int(self.cfg.probe_limit):
+            if not stepped and self.probes < int(self.cfg.probe_limit):
                 self._probe_next = True
             return
         cap.remove()
@@ -168,12 +170,12 @@ class TelemetryCallback:
 
     def _arm(self, trainer: Any, mode: str) -> None:
         cap = _Capture(mode)
-        task, policy = trainer.task, trainer.policy
+        task = trainer.task
         for mname in task.models:
             opt = task.optimizers.get(mname) if mname in task.optimizers else None
             if opt is None and len(task.optimizers) == 1:
                 opt = next(iter(task.optimizers.values()))
-            s = float(policy.loss_scale(opt)) if policy is not None else 1.0
+            s = float(opt.loss_scale) if opt is not None else 1.0
             cap.divide_by[mname] = s
             cap.scale[mname] = self.what_if if self.what_if is not None else s
         full = mode == "sample"

@@ -1,0 +1,81 @@
+"""The LR schedule of one PrecisionOptimizer: each param group's LR is its base LR times
+``multiplier(i)``, where ``i`` counts the optimizer's updates.
+
+With ``precision.hold_lr_on_skip`` a skipped step (overflow) does not advance ``i``: the schedule
+follows the updates actually applied, as apex's and fairseq's loops do. Whether a step was
+skipped is known only on the device; when the optimizer steps without a host sync (a fused
+kernel), the count stays on the device too and each group's LR is a device tensor filled from a
+table of the multipliers, so holding the LR costs no sync. Otherwise (no scaler, no hold, or an
+optimizer that already syncs) the count is an ordinary Python int.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch import Tensor
+
+from mpt_repro.precision.optimizer import PrecisionOptimizer
+
+
+class LRSchedule:
+    def __init__(
+        self,
+        optimizer: PrecisionOptimizer,
+        multiplier: Callable[[int], float],
+        total_steps: int,
+        hold_on_skip: bool,
+    ):
+        self.optimizer, self.multiplier = optimizer, multiplier
+        self.hold = hold_on_skip and optimizer.scaler is not None
+        groups = optimizer.param_groups
+        self.base = [float(g.setdefault("initial_lr", float(g["lr"]))) for g in groups]
+        self.on_device = self.hold and optimizer.sync_free
+        self._count = 0
+        if self.on_device:
+            device = optimizer.params[0].device
+            table = [multiplier(i) for i in range(total_steps + 1)]
+            self._table = torch.tensor(table, dtype=torch.float64, device=device)
+            self._count_t = torch.zeros((), dtype=torch.int64, device=device)
+            self._last = total_steps
+            for g, base in zip(groups, self.base):
+                g["lr"] = torch.tensor(base, dtype=torch.float32, device=device)
+        self._apply()
+
+    def step(self, stepped: Tensor | bool) -> None:
+        """After each optimizer step; ``stepped`` is what PrecisionOptimizer.step returned."""
+        if self.on_device:
+            self._count_t = (self._count_t + stepped.to(torch.int64)).clamp(max=self._last)
+        elif not self.hold or bool(stepped):
+            self._count += 1
+        self._apply()
+
+    def _apply(self) -> None:
+        groups = self.optimizer.param_groups
+        if self.on_device:
+            # index_select: indexing with a 0-d tensor would read it on the host
+            factor = self._table.index_select(0, self._count_t.reshape(1)).reshape(())
+            for g, base in zip(groups, self.base):
+                if not torch.is_tensor(g["lr"]) or g["lr"].device != factor.device:
+                    g["lr"] = torch.zeros((), dtype=torch.float32, device=factor.device)
+                g["lr"].copy_(factor * base)  # FP64 product rounded once, as a float LR would be
+        else:
+            factor = self.multiplier(self._count)
+            for g, base in zip(groups, self.base):
+                g["lr"] = base * factor
+
+    @property
+    def applied(self) -> int:
+        """Updates the schedule has counted (a host read)."""
+        return int(self._count_t) if self.on_device else self._count
+
+    def state_dict(self) -> dict:
+        return {"applied": self.applied}
+
+    def load_state_dict(self, sd: dict) -> None:
+        if self.on_device:
+            self._count_t.fill_(int(sd["applied"]))
+        else:
+            self._count = int(sd["applied"])
+        self._apply()
