@@ -109,6 +109,9 @@ class TrainerConfig:
     eval_every: int | None = None  # iterations; null: at the end of each epoch
     checkpoint_every: int | None = None  # iterations; null: at the end of each epoch
     diverge_patience: int = 10  # consecutive non-finite losses that end a run as diverged
+    # gradient accumulation: micro-batches per optimizer step, so one GPU reproduces a larger
+    # global batch (data.batch_size is each micro-batch's; the LR rule sees the whole)
+    accumulate: int = 1
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
@@ -245,6 +248,7 @@ def validate(cfg: DictConfig) -> None:
         "must be positive or null",
     )
     _check(t.log_every > 0, "trainer.log_every", t.log_every, "must be positive")
+    _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
     _check(
         t.eval_every is None or t.eval_every > 0,
         "trainer.eval_every",

@@ -365,22 +365,33 @@ def params_checksum(params: list[torch.Tensor]) -> torch.Tensor:
 
 # -- data -----------------------------------------------------------------------------------
 def batch_sizes(cfg: Any) -> tuple[int, int]:
-    """(per-process batch, global batch) from data.batch_size and distributed.batch_size_is.
+    """(per-process micro-batch, global batch per optimizer step) from data.batch_size,
+    distributed.batch_size_is and trainer.accumulate.
 
-    per_process (default): data.batch_size is each process's batch; the global batch grows with
-    the number of processes (as in Goyal et al.: 32 per GPU). global: data.batch_size is the global
-    batch, split across processes, so a paper recipe keeps its batch on any number of GPUs.
+    per_process (default): data.batch_size is each process's micro-batch; the global batch grows
+    with the number of processes and accumulated micro-batches (as in Goyal et al.: 32 per GPU).
+    global: data.batch_size is the global batch, split across processes and micro-batches, so a
+    paper recipe keeps its batch on any number of GPUs.
     """
-    b, w = cfg.data.batch_size, world_size()
+    b, w, n = cfg.data.batch_size, world_size(), cfg.trainer.accumulate
     if cfg.distributed.batch_size_is == "global":
-        if b % w:
+        if b % (w * n):
             raise ConfigError(
                 f"data.batch_size={b} is the global batch (distributed.batch_size_is=global) and "
-                "must "
-                f"divide evenly over {w} processes"
+                f"must divide evenly over {w} processes x trainer.accumulate={n} micro-batches"
             )
-        return b // w, b
-    return b, b * w
+        return b // (w * n), b
+    return b, b * w * n
+
+
+def no_sync(model: nn.Module) -> Any:
+    """DDP's no_sync (no gradient all-reduce in this backward: an accumulating micro-batch), or
+    nothing for a model that is not DDP-wrapped."""
+    import contextlib
+
+    if isinstance(model, nn.parallel.DistributedDataParallel):
+        return model.no_sync()
+    return contextlib.nullcontext()
 
 
 class ShardSampler(Sampler[int]):

@@ -130,7 +130,7 @@ def test_discriminator_step_sees_only_its_own_gradients():
     # What the next D step's gradients must be: d_loss alone, on the same images and noise.
     rng = task.noise_rng.get_state()
     Dc, Gc = copy.deepcopy(D), copy.deepcopy(G)
-    real = task._real(batch)
+    real = task._real(batch[0])  # the iteration's one micro-batch
     fake = Gc(torch.randn(real.shape[0], task.latent_dim, generator=task.noise_rng)).detach()
     d_loss = task._bce(Dc(real), True) + task._bce(Dc(fake), False)
     expected = torch.autograd.grad(d_loss, list(Dc.parameters()))

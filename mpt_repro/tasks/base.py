@@ -6,12 +6,16 @@ PrecisionPolicy that the task uses for its forward and its optimizer steps.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+import contextlib
+import itertools
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+
+from mpt_repro import distributed
 
 TASKS: dict[str, type[Task]] = {}
 
@@ -84,6 +88,24 @@ class Task:
             "variant": self.cfg.model.variant or None,
             "parameters": params,
         }
+
+
+def chunked(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
+    """Groups of ``n`` consecutive items (an iteration's micro-batches); a short tail is dropped,
+    as a loader drops its last partial batch."""
+    it = iter(items)
+    while len(group := list(itertools.islice(it, n))) == n:
+        yield group
+
+
+def micro_batches(items: list[Any], ddp_model: nn.Module) -> Iterator[Any]:
+    """Each micro-batch of an iteration; the caller's forward and backward of every one but the
+    last run inside DDP's no_sync, so gradients are all-reduced once per optimizer step. Scale
+    each micro-batch's loss by 1/len(items): the sum is the mean over the whole batch."""
+    for i, item in enumerate(items):
+        last = i == len(items) - 1
+        with contextlib.nullcontext() if last else distributed.no_sync(ddp_model):
+            yield item
 
 
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:

@@ -13,7 +13,7 @@ from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, register_task
+from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
 
 # Weight of the auxiliary classifiers' losses (GoogLeNet, Inception v3) during training, as in
 # Szegedy et al. 2015 (0.3); evaluation uses the main head only.
@@ -33,6 +33,7 @@ class Classification(Task):
             cfg
         )  # this process's and all processes' batch
         self.data = build_image_data(d)
+        self.accumulate = cfg.trainer.accumulate
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         model = build_model(
@@ -61,11 +62,12 @@ class Classification(Task):
         )
 
     def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch()
+        return self.sampler.batches_per_epoch() // self.accumulate
 
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        self.sampler.set_epoch(epoch, skip_batches=skip)
-        return iter(self.train_loader)
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
+        """Each iteration's micro-batches (trainer.accumulate of them)."""
+        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
+        return chunked(self.train_loader, self.accumulate)
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.to(self.device, non_blocking=True)
@@ -73,16 +75,18 @@ class Classification(Task):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.policy.cast_inputs(x), y.to(self.device, non_blocking=True)
 
-    def train_step(self, batch: Any) -> StepResult:
-        x, y = self._to_device(*batch)
+    def train_step(self, batches: list[Any]) -> StepResult:
         self.train_model.train()
         self.optimizer.zero_grad()
-        with self.policy.autocast():
-            out = self.train_model(x)
-            loss = self._loss(out, y)
-        self.optimizer.backward(loss)
+        total, samples = 0.0, 0
+        for batch in micro_batches(batches, self.train_model):
+            x, y = self._to_device(*batch)
+            with self.policy.autocast():
+                loss = self._loss(self.train_model(x), y) / len(batches)
+            self.optimizer.backward(loss)
+            total, samples = total + loss.detach().float(), samples + y.shape[0]
         stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
-        return StepResult(loss=loss.detach(), stepped=stepped, samples=y.shape[0])
+        return StepResult(loss=total, stepped=stepped, samples=samples)
 
     @staticmethod
     def _loss(out: Any, y: torch.Tensor) -> torch.Tensor:

@@ -17,6 +17,7 @@ with the global batch (other noise, per-process BatchNorm batch statistics).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,7 +32,7 @@ from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, register_task
+from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
 NOISE_SEED_PER_RANK = (
@@ -68,6 +69,7 @@ class GAN(Task):
         )  # this process's and all processes' batch
         self.data = build_image_data(d)
         self.image_size = d.image_size
+        self.accumulate = cfg.trainer.accumulate
         # Seed right before building the models: every precision preset starts from the same
         # weights.
         torch.manual_seed(cfg.seed)
@@ -109,11 +111,12 @@ class GAN(Task):
         self.eval_indices = torch.tensor(list(loaders.eval_shard), dtype=torch.long, device=device)
 
     def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch()
+        return self.sampler.batches_per_epoch() // self.accumulate
 
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        self.sampler.set_epoch(epoch, skip_batches=skip)
-        return iter(self.train_loader)
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
+        """Each iteration's micro-batches (trainer.accumulate of them)."""
+        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
+        return chunked(self.train_loader, self.accumulate)
 
     def _real(self, batch: Any) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (list, tuple)) else batch  # labels, if any, are ignored
@@ -142,42 +145,51 @@ class GAN(Task):
         self.opt_g.zero_grad()
         self.opt_d.zero_grad()
 
-    def train_step(self, batch: Any) -> StepResult:
-        real = self._real(batch)
-        n = real.shape[0]
-        G, D = (
-            self.train_g,
-            self.train_d,
-        )  # the DDP wrappers (the networks themselves in one process)
+    def train_step(self, batches: list[Any]) -> StepResult:
+        """One iteration over trainer.accumulate micro-batches: a D step, then a G step."""
+        G, D = self.train_g, self.train_d  # the DDP wrappers (the networks themselves alone)
         G.train()
         D.train()
+        n = len(batches)
 
-        # Discriminator: maximise log D(x) + log(1 - D(G(z))).
+        # Discriminator: maximise log D(x) + log(1 - D(G(z))), accumulated over micro-batches.
         self._zero_grads()
-        with self.policy.autocast():
-            fake = G(self._noise(n))
-            d_real_logits = D(real)
-            d_fake_logits = D(fake.detach())
-            d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
-        self.opt_d.backward(d_loss)
+        fakes, d_loss, d_real, d_fake, samples = [], 0.0, 0.0, 0.0, 0
+        for i, batch in enumerate(micro_batches(batches, D)):
+            real = self._real(batch)
+            # G's forward of an accumulating micro-batch must not arm its DDP all-reduce either
+            last = i == n - 1
+            with contextlib.nullcontext() if last else distributed.no_sync(G):
+                with self.policy.autocast():
+                    fake = G(self._noise(real.shape[0]))
+            with self.policy.autocast():
+                d_real_logits = D(real)
+                d_fake_logits = D(fake.detach())
+                loss = (self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)) / n
+            self.opt_d.backward(loss)
+            fakes.append(fake)
+            d_loss = d_loss + loss.detach()
+            d_real = d_real + torch.sigmoid(d_real_logits.detach().float()).mean() / n
+            d_fake = d_fake + torch.sigmoid(d_fake_logits.detach().float()).mean() / n
+            samples += real.shape[0]
         d_stepped = self.opt_d.step(clip_grad_norm=self.cfg.optim.grad_clip)
 
         # Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
         # Through the bare D with its parameters frozen: only G needs gradients here. D's DDP
         # wrapper would expect (and all-reduce) D gradients nobody uses, and any D gradient
-        # left over could leak into D's next step. G's wrapper, whose forward made `fake`,
-        # averages G's gradients in this backward.
+        # left over could leak into D's next step. One backward over all micro-batches' fakes:
+        # G's wrapper, armed by the last forward, averages G's whole gradient once.
         self._zero_grads()
         with frozen(self.discriminator), self.policy.autocast():
-            g_loss = self._bce(self.discriminator(fake), True)
+            g_loss = sum(self._bce(self.discriminator(f), True) for f in fakes) / n
         self.opt_g.backward(g_loss)
         g_stepped = self.opt_g.step(clip_grad_norm=self.cfg.optim.grad_clip)
 
         logs = {
-            "d_loss": d_loss.detach(),
+            "d_loss": d_loss,
             "g_loss": g_loss.detach(),
-            "d_real": torch.sigmoid(d_real_logits.detach().float()).mean(),
-            "d_fake": torch.sigmoid(d_fake_logits.detach().float()).mean(),
+            "d_real": d_real,
+            "d_fake": d_fake,
             "d_stepped": d_stepped.float(),
             "g_stepped": g_stepped.float(),
         }
@@ -185,7 +197,7 @@ class GAN(Task):
         return StepResult(
             loss=(d_loss + g_loss).detach(),
             stepped=d_stepped & g_stepped,
-            samples=n,
+            samples=samples,
             logs=logs,
             stepped_by={"discriminator": d_stepped, "generator": g_stepped},
         )

@@ -28,7 +28,7 @@ from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, register_task
+from mpt_repro.tasks.base import StepResult, Task, micro_batches, register_task
 
 # Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
 # vocabulary does not need (seq_len x batch) x 793K logits at once.
@@ -126,15 +126,25 @@ class LanguageModel(Task):
         x, y = batch
         self.train_model.train()
         self.optimizer.zero_grad()
-        with self.policy.autocast():
-            # Each rank's loss is the mean over its equal share of the window's tokens, so DDP's
-            # gradient average is the gradient of the global mean.
-            loss, hidden = self.train_model(x, y, self.hidden, self.generator)
-        self.hidden = tuple(h.detach() for h in hidden)
-        self.optimizer.backward(loss)
+        # With trainer.accumulate=N the window's streams are N micro-batches of columns, each
+        # carrying its own slice of the hidden state: N x data.batch_size streams per step.
+        n = self.cfg.trainer.accumulate
+        columns = list(zip(x.tensor_split(n, dim=1), y.tensor_split(n, dim=1)))
+        hidden_parts = list(zip(*(h.tensor_split(n, dim=1) for h in self.hidden)))
+        total, new_hidden = 0.0, []
+        for (xi, yi), hi in zip(micro_batches(columns, self.train_model), hidden_parts):
+            with self.policy.autocast():
+                # Each rank's loss is the mean over its equal share of the window's tokens, so
+                # DDP's gradient average is the gradient of the global mean.
+                loss, hidden = self.train_model(xi, yi, hi, self.generator)
+                loss = loss / n
+            self.optimizer.backward(loss)
+            new_hidden.append(tuple(h.detach() for h in hidden))
+            total = total + loss.detach().float()
+        self.hidden = tuple(torch.cat(parts, dim=1) for parts in zip(*new_hidden))
         stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
         # samples = tokens, so samples/s is words per second, the usual LM throughput figure
-        return StepResult(loss=loss.detach(), stepped=stepped, samples=y.numel())
+        return StepResult(loss=total, stepped=stepped, samples=y.numel())
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
