@@ -47,3 +47,38 @@ def test_telemetry_is_off_by_default_and_the_diagnostic_preset_turns_it_on() -> 
     except Exception:
         cfg = compose(["experiment=demo", "+telemetry=diagnostic"])
     assert cfg.telemetry.enabled is True and cfg.telemetry.every == 100
+
+
+def test_telemetry_under_fp16_master_weights_and_a_moving_loss_scale(tmp_path: Path) -> None:
+    """The real trainer under `mixed`: FP16 model, FP32 masters, a dynamic scale that starts too
+    high and backs off. Every record must show the scale that step really used."""
+    run_cli(
+        "experiment=demo",
+        "budget=smoke",
+        "precision=mixed",
+        "precision.init_scale=1048576",  # 2^20: the FP16 backward overflows until it backs off
+        "telemetry.enabled=true",
+        "telemetry.every=1",
+        "telemetry.figures=false",
+        "trainer.max_steps=8",
+        "data.train_limit=512",
+        run_dir=tmp_path,
+    )
+    rec = read_run(tmp_path)
+    assert rec["status"] == "completed"
+    lines = [json.loads(x) for x in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in lines] == list(range(1, 9))
+    stepped = [r["stepped"] for r in lines]
+    assert not all(stepped) and any(stepped)  # the scale moved through overflow to clean steps
+    # the dynamic rule: halve after each skipped step (no growth within 2000 clean steps)
+    scale = 2.0**20
+    for r in lines:
+        assert r["loss_scale"] == {"model": scale}, r["step"]
+        scale = scale / 2 if not r["stepped"] else scale
+    assert rec["loss_scale"]["final"] == scale
+    assert rec["diagnostics"]["telemetry"]["skipped_steps_seen"] == rec["skipped_steps"]
+    assert rec["skipped_steps"] == stepped.count(False)
+    # on clean steps, the unscaled statistics are finite numbers
+    for r in lines:
+        if r["stepped"]:
+            assert r["nonfinite"] is None and r["layers"]

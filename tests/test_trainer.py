@@ -76,3 +76,71 @@ def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(
     for name, applied in (("a", STEPS), ("b", held)):
         lr = float(task.optimizers[name].param_groups[0]["lr"])
         assert lr == pytest.approx(cfg.optim.lr * factor(applied), rel=1e-7)
+
+
+class Scripted(Task):
+    """One optimizer; the loss of iteration i (1-based) is NaN from `nan_from` on; evaluation
+    takes `eval_s` seconds of wall time."""
+
+    metric_names = ["loss"]
+
+    def __init__(self, cfg, device, policy, nan_from: int | None = None, eval_s: float = 0.0):
+        super().__init__(cfg, device, policy)
+        self.models = {"model": torch.nn.Linear(1, 1)}
+        make = optimizer_factory(cfg.optim)
+        self.optimizers = {"model": policy.build_optimizer(self.models["model"], make)}
+        self.nan_from, self.eval_s, self.calls = nan_from, eval_s, 0
+
+    def steps_per_epoch(self) -> int:
+        return 100
+
+    def train_batches(self, epoch, skip=0):
+        return iter(range(skip, 100))
+
+    def train_step(self, batch) -> StepResult:
+        self.calls += 1
+        bad = self.nan_from is not None and self.calls >= self.nan_from
+        loss = torch.tensor(float("nan") if bad else 1.0)
+        return StepResult(loss=loss, stepped=torch.tensor(True), samples=1)
+
+    def evaluate(self):
+        import time
+
+        time.sleep(self.eval_s)
+        return {"loss": 1.0}
+
+
+def trainer_for(tmp_path, *overrides, **task_kw):
+    cfg = compose(["experiment=demo", "budget=smoke", "trainer.progress=false", *overrides])
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    task = Scripted(cfg, torch.device("cpu"), policy, **task_kw)
+    return Trainer(cfg, task, policy, tmp_path)
+
+
+@pytest.mark.parametrize("log_every", [1, 4])
+def test_divergence_names_the_first_non_finite_iteration(tmp_path: Path, log_every: int) -> None:
+    from mpt_repro.errors import Diverged
+
+    trainer = trainer_for(
+        tmp_path,
+        "trainer.max_steps=20",
+        "trainer.diverge_patience=3",
+        f"trainer.log_every={log_every}",
+        nan_from=6,
+    )
+    with pytest.raises(Diverged) as e:
+        trainer.fit()
+    trainer.close()
+    assert e.value.step == 6  # iterations 6, 7, 8 were non-finite: it began at 6, not 5 or 7
+    assert trainer.step == 8  # noticed at the first log row with a streak of 3 (8 for both)
+
+
+def test_evaluation_and_checkpoint_time_is_not_training_time(tmp_path: Path) -> None:
+    trainer = trainer_for(
+        tmp_path, "trainer.max_steps=4", "trainer.eval_every=1", "trainer.log_every=1", eval_s=0.3
+    )
+    summary = trainer.fit()
+    trainer.close()
+    # 3 evaluations inside the loop plus the final one: 1.2 s of sleeping, none of it training
+    assert summary["train_time_s"] < 0.25
+    assert summary["samples_per_s"] > 4 / 0.25
