@@ -98,6 +98,9 @@ class OptimConfig:
     # fused optimizer kernels (sgd/adam/adamw): they skip an overflowing step on the device, so a
     # step needs no host sync. auto: wherever torch has the kernel | true | false (foreach)
     fused: str = "auto"
+    # evaluate an exponential moving average of the parameters (FP32) with this decay; null: the
+    # raw weights. Inception v3 (TF-slim) 0.9999, the big LSTM (f-lm) 0.999
+    ema_decay: float | None = None
 
 
 @dataclass
@@ -227,6 +230,12 @@ def validate(cfg: DictConfig) -> None:
         "optim.grad_clip",
         o.grad_clip,
         "must be > 0 or null",
+    )
+    _check(
+        o.ema_decay is None or 0 < o.ema_decay < 1,
+        "optim.ema_decay",
+        o.ema_decay,
+        "must be in (0, 1) or null",
     )
     _check(
         str(o.fused).lower() in ("auto", "true", "false"),

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from mpt_repro import distributed
-from mpt_repro.errors import DataError, Diverged
+from mpt_repro.ema import ParameterEMA
+from mpt_repro.errors import ConfigError, DataError, Diverged
 from mpt_repro.logging import MetricsLogger
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.schedule import LRSchedule
@@ -94,8 +95,21 @@ class Trainer:
             name: LRSchedule(opt, multiplier, self.total_steps, policy.hold_lr_on_skip)
             for name, opt in task.optimizers.items()
         }
+        self.emas = self._build_emas()
         self.metrics: MetricsLogger | None = None
         self.writer = None
+
+    def _build_emas(self) -> dict[str, ParameterEMA]:
+        decay = self.cfg.optim.ema_decay
+        if decay is None:
+            return {}
+        models, opts = self.task.models, self.task.optimizers
+        if set(models) != set(opts):
+            raise ConfigError(
+                f"optim.ema_decay: this task's models {sorted(models)} do not each have one "
+                f"optimizer ({sorted(opts)}); use optim.ema_decay=null"
+            )
+        return {name: ParameterEMA(models[name], opts[name], decay) for name in models}
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:
@@ -150,6 +164,8 @@ class Trainer:
         self.samples += result.samples
         for name, schedule in self.schedules.items():
             schedule.step(result.stepped_by.get(name, result.stepped))
+        for name, ema in self.emas.items():
+            ema.update(result.stepped_by.get(name, result.stepped))
         self.divergence.add(result.loss, self.step)
         self.window.add(result)
 
@@ -198,7 +214,10 @@ class Trainer:
         return False
 
     def _evaluate(self) -> None:
-        metrics = self.task.evaluate()
+        with contextlib.ExitStack() as averaged:  # optim.ema_decay: evaluate the averages
+            for ema in self.emas.values():
+                averaged.enter_context(ema.applied())
+            metrics = self.task.evaluate()
         self.last_eval = metrics
         if self.metrics is not None:
             self.metrics.log(self.step, "eval", {"epoch": self._epoch_float(), **metrics})
@@ -294,6 +313,7 @@ class Trainer:
             "models": {k: m.state_dict() for k, m in self.task.models.items()},
             "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
             "schedules": {k: s.state_dict() for k, s in self.schedules.items()},
+            "emas": {k: e.state_dict() for k, e in self.emas.items()},
             "task": self.task.state_dict(),
             "rng": rng_state(),
             "per_rank": per_rank if len(per_rank) > 1 else None,
@@ -315,6 +335,8 @@ class Trainer:
             o.load_state_dict(state["optimizers"][k])
         for k, s in self.schedules.items():
             s.load_state_dict(state["schedules"][k])
+        for k, e in self.emas.items():
+            e.load_state_dict(state["emas"][k])
         mine = state.get("per_rank") or []
         # each rank its own streams; a different world size: rank 0's
         mine = mine[distributed.rank()] if len(mine) == distributed.world_size() else state

@@ -144,3 +144,28 @@ def test_evaluation_and_checkpoint_time_is_not_training_time(tmp_path: Path) -> 
     # 3 evaluations inside the loop plus the final one: 1.2 s of sleeping, none of it training
     assert summary["train_time_s"] < 0.25
     assert summary["samples_per_s"] > 4 / 0.25
+
+
+def test_parameter_ema_is_fp32_follows_only_applied_steps_and_is_what_evaluation_sees():
+    from mpt_repro.ema import ParameterEMA
+
+    cfg = compose(["experiment=demo", "precision=mixed", "optim.fused=true"])
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    model = policy.prepare_model(torch.nn.Linear(2, 1, bias=False))
+    opt = policy.build_optimizer(model, optimizer_factory(cfg.optim))
+    with torch.no_grad():
+        opt.params[0].fill_(1.0)  # the FP32 master
+        model.weight.fill_(1.0)
+    ema = ParameterEMA(model, opt, decay=0.9)
+    assert ema.shadow[0].dtype == torch.float32
+    with torch.no_grad():
+        opt.params[0].fill_(1.0 + 2.0**-12)  # a change FP16 cannot hold next to 1.0 ...
+    ema.update(torch.tensor(True))
+    ema.update(torch.tensor(False))  # a skipped step moves nothing
+    # ... but the FP32 average keeps 0.1 * 2^-12
+    assert ema.shadow[0][0, 0].item() == pytest.approx(1.0 + 0.1 * 2.0**-12, abs=2e-7)  # FP32 ulp
+    with torch.no_grad():
+        model.weight.fill_(3.0)
+    with ema.applied():
+        assert model.weight.dtype == torch.float16 and model.weight[0, 0].item() == 1.0
+    assert model.weight[0, 0].item() == 3.0  # the model's own weights back after evaluation
