@@ -115,6 +115,10 @@ class TrainerConfig:
     # gradient accumulation: micro-batches per optimizer step, so one GPU reproduces a larger
     # global batch (data.batch_size is each micro-batch's; the LR rule sees the whole)
     accumulate: int = 1
+    # before each evaluation, re-estimate BatchNorm's running statistics on this many training
+    # batches with the current weights (0: off). Smoke budgets: a few steps of running averages
+    # are meaningless, and an evaluation with them looks broken (loss NaN or 1e6)
+    recalibrate_bn: int = 0
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
@@ -258,6 +262,7 @@ def validate(cfg: DictConfig) -> None:
     )
     _check(t.log_every > 0, "trainer.log_every", t.log_every, "must be positive")
     _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
+    _check(t.recalibrate_bn >= 0, "trainer.recalibrate_bn", t.recalibrate_bn, "must be >= 0")
     _check(
         t.eval_every is None or t.eval_every > 0,
         "trainer.eval_every",

@@ -217,6 +217,8 @@ class Trainer:
         with contextlib.ExitStack() as averaged:  # optim.ema_decay: evaluate the averages
             for ema in self.emas.values():
                 averaged.enter_context(ema.applied())
+            if self.cfg.trainer.recalibrate_bn:  # statistics of the weights evaluated
+                self.task.recalibrate_bn(self.cfg.trainer.recalibrate_bn)
             metrics = self.task.evaluate()
         self.last_eval = metrics
         if self.metrics is not None:

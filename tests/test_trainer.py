@@ -169,3 +169,20 @@ def test_parameter_ema_is_fp32_follows_only_applied_steps_and_is_what_evaluation
     with ema.applied():
         assert model.weight.dtype == torch.float16 and model.weight[0, 0].item() == 1.0
     assert model.weight[0, 0].item() == 3.0  # the model's own weights back after evaluation
+
+
+def test_bn_recalibration_gives_the_plain_average_of_the_batches_statistics():
+    from mpt_repro.tasks.base import recalibrate_bn
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.BatchNorm1d(4, momentum=0.1))
+    model.eval()
+    with torch.no_grad():
+        model[1].running_mean.fill_(1e6)  # what a few steps of a diverging start can leave
+    xs = [torch.randn(8, 3) for _ in range(3)]
+    assert recalibrate_bn(model, iter(xs)) == 3
+    with torch.no_grad():
+        feats = [model[0](x) for x in xs]
+    want = torch.stack([f.mean(0) for f in feats]).mean(0)
+    torch.testing.assert_close(model[1].running_mean, want)
+    assert model[1].momentum == 0.1 and not model.training  # left as it was found

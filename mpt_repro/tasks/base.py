@@ -69,6 +69,10 @@ class Task:
         raise NotImplementedError
 
     # Optional parts -------------------------------------------------------------------------
+    def recalibrate_bn(self, batches: int) -> None:
+        """Re-estimate BatchNorm running statistics on `batches` training batches (tasks with
+        BN override it; trainer.recalibrate_bn)."""
+
     def state_dict(self) -> dict:
         return {}
 
@@ -106,6 +110,32 @@ def micro_batches(items: list[Any], ddp_model: nn.Module) -> Iterator[Any]:
         last = i == len(items) - 1
         with contextlib.nullcontext() if last else distributed.no_sync(ddp_model):
             yield item
+
+
+@torch.no_grad()
+def recalibrate_bn(model: nn.Module, inputs: Iterable[Any]) -> int:
+    """Reset every BatchNorm's running statistics and re-estimate them as the plain average over
+    ``inputs`` (momentum None), with the current weights; returns how many inputs were used.
+    Each module keeps its own momentum after. A model without BatchNorm is left alone."""
+    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
+    if not bns:
+        return 0
+    momenta = [m.momentum for m in bns]
+    for m in bns:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative average over the recalibration batches
+    was_training = model.training
+    model.train()
+    used = 0
+    try:
+        for x in inputs:
+            model(x)
+            used += 1
+    finally:
+        for m, momentum in zip(bns, momenta):
+            m.momentum = momentum
+        model.train(was_training)
+    return used
 
 
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:

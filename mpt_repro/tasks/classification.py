@@ -2,18 +2,27 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.utils.data import DataLoader, Subset
 
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
+from mpt_repro.tasks.base import (
+    StepResult,
+    Task,
+    chunked,
+    micro_batches,
+    recalibrate_bn,
+    register_task,
+)
 
 # Weight of the auxiliary classifiers' losses (GoogLeNet, Inception v3) during training, as in
 # Szegedy et al. 2015 (0.3); evaluation uses the main head only.
@@ -34,6 +43,7 @@ class Classification(Task):
         )  # this process's and all processes' batch
         self.data = build_image_data(d)
         self.accumulate = cfg.trainer.accumulate
+        self.micro_batch = batch
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         model = build_model(
@@ -95,6 +105,21 @@ class Classification(Task):
         # torchvision GoogLeNet / Inception v3 in training mode: (logits, aux logits...)
         main, *aux = [o for o in out if o is not None]
         return F.cross_entropy(main, y) + AUX_LOSS_WEIGHT * sum(F.cross_entropy(a, y) for a in aux)
+
+    def recalibrate_bn(self, batches: int) -> None:
+        # the first training examples in a fixed order (each rank its own shard), so the
+        # statistics do not depend on where in an epoch the evaluation falls
+        d, rank, world = self.cfg.data, distributed.rank(), distributed.world_size()
+        shard = Subset(self.data.train, range(rank, len(self.data.train), world))
+        loader = DataLoader(shard, batch_size=self.micro_batch, num_workers=d.num_workers)
+
+        def inputs() -> Iterator[torch.Tensor]:
+            for batch in itertools.islice(loader, batches):
+                x, _ = self._to_device(*batch)
+                with self.policy.autocast():
+                    yield x
+
+        recalibrate_bn(self.model, inputs())
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
