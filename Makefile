@@ -35,6 +35,9 @@ format: $(STAMP) ## ruff: rewrite the code in the house format and sort the impo
 test: $(STAMP) lint ## lint, then the test suite (CPU; under 10 minutes)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
+mutants: $(STAMP) ## mutation check of the precision engine and the loop (MAX=40 samples 40; slow)
+	$(BIN)/python scripts/mutants.py $(if $(MAX),--max $(MAX))
+
 test-full: $(STAMP) ## every test, the slow ones included
 	$(BIN)/python -m pytest -m "not gpu" -q
 
@@ -56,4 +59,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install lint format demo test test-full clean-runs reproduce-table report tensorboard ddp
+.PHONY: help install lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp
