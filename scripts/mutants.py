@@ -67,50 +67,48 @@ class Mutant:
     index: int  # the index-th mutation site of the file
 
 
-def sites(tree: ast.AST) -> list[tuple[ast.AST, str]]:
-    """Every node a mutation applies to, in a fixed order, with a description (type annotations
-    excluded: `int | None` is not behaviour)."""
+def sites(tree: ast.AST) -> list[tuple[ast.AST, int | None, str]]:
+    """Every place a mutation applies to, in a fixed order: (node, index of the operator in a
+    comparison or None, description). Operators are shared singletons in Python's AST, so a
+    mutation replaces the operator in its node, never the operator object. Type annotations
+    are excluded: `int | None` is not behaviour."""
     annotations = set()
     for node in ast.walk(tree):
         for ann in (getattr(node, "annotation", None), getattr(node, "returns", None)):
             if ann is not None:
                 annotations.update(id(n) for n in ast.walk(ann))
-    out = []
+    out: list[tuple[ast.AST, int | None, str]] = []
     for node in ast.walk(tree):
         if id(node) in annotations:
             continue
         if isinstance(node, ast.Compare):
-            for op in node.ops:
+            for i, op in enumerate(node.ops):
                 if type(op) in SWAP:
-                    out.append((op, f"{type(op).__name__} -> {SWAP[type(op)].__name__}"))
-        elif isinstance(node, (ast.BinOp, ast.AugAssign)) and type(node.op) in SWAP:
-            out.append((node.op, f"{type(node.op).__name__} -> {SWAP[type(node.op)].__name__}"))
-        elif isinstance(node, ast.BoolOp) and type(node.op) in SWAP:
-            out.append((node.op, f"{type(node.op).__name__} -> {SWAP[type(node.op)].__name__}"))
+                    out.append((node, i, f"{type(op).__name__} -> {SWAP[type(op)].__name__}"))
+        elif isinstance(node, (ast.BinOp, ast.AugAssign, ast.BoolOp)) and type(node.op) in SWAP:
+            op = type(node.op)
+            out.append((node, None, f"{op.__name__} -> {SWAP[op].__name__}"))
         elif isinstance(node, ast.Constant) and type(node.value) in (int, float):
-            if not isinstance(node.value, bool) and node.value in (0, 1):
-                out.append((node, f"constant {node.value} -> {1 - node.value}"))
+            if node.value in (0, 1):
+                out.append((node, None, f"constant {node.value} -> {1 - node.value}"))
         elif isinstance(node, ast.If):
-            out.append((node, "if condition negated"))
+            out.append((node, None, "if condition negated"))
     return out
 
 
 def mutate(source: str, index: int) -> tuple[str, int, str]:
+    """The source with the index-th site mutated, the site's line, and what changed."""
     tree = ast.parse(source)
-    node, what = sites(tree)[index]
-    parent_line = getattr(node, "lineno", None)
+    node, i, what = sites(tree)[index]
     if isinstance(node, ast.If):
         node.test = ast.UnaryOp(op=ast.Not(), operand=node.test)
     elif isinstance(node, ast.Constant):
         node.value = 1 - node.value
+    elif isinstance(node, ast.Compare):
+        node.ops[i] = SWAP[type(node.ops[i])]()
     else:
-        node.__class__ = SWAP[type(node)]
-    if parent_line is None:  # operators carry no line: find the enclosing node's
-        for n in ast.walk(tree):
-            for child in ast.iter_child_nodes(n):
-                if child is node:
-                    parent_line = getattr(n, "lineno", 0)
-    return ast.unparse(tree), parent_line or 0, what
+        node.op = SWAP[type(node.op)]()
+    return ast.unparse(tree), node.lineno, what
 
 
 def main() -> int:
@@ -131,26 +129,32 @@ def main() -> int:
 
     survivors, killed = [], 0
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
+        # a scratch copy of what the tests need; pytest runs there, so `python -m pytest`'s
+        # own sys.path entry (the working directory) is the copy too
         scratch = Path(tmp)
+        for part in ("mpt_repro", "tests", "conf"):
+            shutil.copytree(ROOT / part, scratch / part)
+        shutil.copy(ROOT / "pyproject.toml", scratch)
         for i, m in enumerate(mutants, 1):
-            shutil.rmtree(scratch / "mpt_repro", ignore_errors=True)
-            shutil.copytree(ROOT / "mpt_repro", scratch / "mpt_repro")
-            text, m.line, m.what = mutate((ROOT / m.file).read_text(), m.index)
+            original = (ROOT / m.file).read_text()
+            text, m.line, m.what = mutate(original, m.index)
             (scratch / m.file).write_text(text)
             env = {**os.environ, "PYTHONPATH": str(scratch)}
             cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *TESTS]
             try:
                 r = subprocess.run(
-                    cmd, cwd=ROOT, env=env, capture_output=True, timeout=args.timeout
+                    cmd, cwd=scratch, env=env, capture_output=True, timeout=args.timeout
                 )
                 dead = r.returncode != 0
             except subprocess.TimeoutExpired:
                 dead = True  # a mutant that hangs the tests is noticed
+            finally:
+                (scratch / m.file).write_text(original)
             killed += dead
             if not dead:
                 survivors.append(m)
             verdict = "killed  " if dead else "SURVIVED"
-            print(f"[{i}/{len(mutants)}] {verdict} {m.file}:{m.line} {m.what}")
+            print(f"[{i}/{len(mutants)}] {verdict} {m.file}:{m.line} {m.what}", flush=True)
     print(f"\n{killed} killed, {len(survivors)} survived")
     for m in survivors:
         print(f"  survivor: {m.file}:{m.line}: {m.what}")

@@ -81,9 +81,9 @@ class LossScaler:
     """Base class: the counters, and a scale that never moves.
 
     Subclasses say how the scale moves (``_move``) and where its floor is (``_at_floor``).
-    ``skipped`` counts skipped steps; ``floor_count`` counts consecutive skipped steps taken at
-    the floor. When it reaches ``floor_patience`` the attempt number is kept in ``diverged_at``
-    and the trainer ends the run as diverged at its next log row.
+    ``floor_count`` counts consecutive skipped steps taken at the floor (the optimizer counts
+    the skipped steps themselves). When it reaches ``floor_patience`` the attempt number is
+    kept in ``diverged_at`` and the trainer ends the run as diverged at its next log row.
     """
 
     kind = "base"
@@ -104,7 +104,7 @@ class LossScaler:
         # FP32 like GradScaler's, so that trajectories and unscaled grads match it bit for bit
         self._scale = f32(self.initial)
         self._min_seen, self._max_seen = f32(self.initial), f32(self.initial)
-        self._skipped, self._floor_count = i64(0), i64(0)
+        self._floor_count = i64(0)
         self._growth_tracker = i64(0)  # consecutive clean steps since the last change
         self._hysteresis_left = i64(int(getattr(cfg, "hysteresis", 1)))
         self._diverged_at = i64(-1)  # attempt at which floor_count reached floor_patience
@@ -129,7 +129,6 @@ class LossScaler:
         self.steps += 1
         inf = found_inf.reshape(()).to(self.device) > 0
         at_floor = self._at_floor()
-        self._skipped += inf
         self._floor_count = torch.where(inf & at_floor, self._floor_count + 1, 0)
         newly = (self._diverged_at < 0) & (self._floor_count >= self.cfg.floor_patience)
         self._diverged_at = torch.where(newly, self.steps, self._diverged_at)
@@ -147,10 +146,6 @@ class LossScaler:
     @property
     def scale(self) -> float:
         return float(self._scale)
-
-    @property
-    def skipped(self) -> int:
-        return int(self._skipped)
 
     @property
     def floor_count(self) -> int:
@@ -188,7 +183,6 @@ class LossScaler:
         "scale",
         "min_seen",
         "max_seen",
-        "skipped",
         "floor_count",
         "growth_tracker",
         "hysteresis_left",
