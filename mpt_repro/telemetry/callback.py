@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,32 @@ def _tensors(obj: Any) -> list[Tensor]:
 
 def _grad_tensors(obj: Any) -> list[Tensor]:
     return [t for t in _tensors(obj) if t.is_floating_point() and t.requires_grad]
+
+
+@dataclass
+class Layer:
+    """A module the callback hooks: which model it is in and its name in the records."""
+
+    model: str
+    name: str
+    module: nn.Module
+    weighted: bool  # own parameters: activation-gradient histograms (else only located)
+
+
+@dataclass
+class ParamRef:
+    model: str
+    param: str  # its name in the model
+    layer: str  # the record's layer name
+
+
+@dataclass
+class LayerTable:
+    layers: list[Layer] = field(default_factory=list)
+    params: dict[int, ParamRef] = field(default_factory=dict)  # by id(parameter)
+
+    def model_of(self, layer: str) -> str:
+        return next(lay.model for lay in self.layers if lay.name == layer)
 
 
 class _Capture:
@@ -146,26 +173,25 @@ class TelemetryCallback:
 
     # -- arming the hooks
     # ---------------------------------------------------------------------------
-    def _layer_table(self, trainer: Any) -> dict:
+    def _layer_table(self, trainer: Any) -> LayerTable:
         """Which modules to hook, their layer names, and which model each belongs to."""
         models: dict[str, nn.Module] = trainer.task.models
         prefix = len(models) > 1  # one model: plain module names; several: "<model>.<module>"
-        table = {"modules": [], "params": {}, "model_of": {}}
+        table = LayerTable()
+
+        def layer_name(mname: str, name: str) -> str:
+            return ".".join(x for x in (mname if prefix else "", name) if x) or mname
+
         for mname, model in models.items():
             for name, m in model.named_modules():
                 direct = any(True for _ in m.parameters(recurse=False))
                 leaf = not any(True for _ in m.children())
                 if not (leaf or direct):
                     continue  # containers: their leaves are hooked
-                layer = ".".join(x for x in (mname if prefix else "", name) if x) or mname
-                # layers with weights give activation-gradient histograms; the others only help to
-                # locate a non-finite gradient
-                table["modules"].append((mname, layer, m, direct))
-                table["model_of"][layer] = mname
+                table.layers.append(Layer(mname, layer_name(mname, name), m, weighted=direct))
             for pname, p in model.named_parameters():
                 mod = pname.rsplit(".", 1)[0] if "." in pname else ""
-                layer = ".".join(x for x in (mname if prefix else "", mod) if x) or mname
-                table["params"][id(p)] = (mname, pname, layer)
+                table.params[id(p)] = ParamRef(mname, pname, layer_name(mname, mod))
         return table
 
     def _arm(self, trainer: Any, mode: str) -> None:
@@ -179,10 +205,12 @@ class TelemetryCallback:
             cap.divide_by[mname] = s
             cap.scale[mname] = self.what_if if self.what_if is not None else s
         full = mode == "sample"
-        for mname, layer, m, weighted in self._layers["modules"]:
-            hist = full and weighted and self.cfg.activations
+        for lay in self._layers.layers:
+            hist = full and lay.weighted and self.cfg.activations
             cap.handles.append(
-                m.register_forward_hook(partial(self._forward_hook, cap, mname, layer, hist))
+                lay.module.register_forward_hook(
+                    partial(self._forward_hook, cap, lay.model, lay.name, hist)
+                )
             )
         if full and self.cfg.weights:
             for model in task.models.values():
@@ -203,7 +231,7 @@ class TelemetryCallback:
         and the shapes match.
         """
         out = []
-        params = self._layers["params"]
+        params = self._layers.params
         for oname, opt in task.optimizers.items():
             ops = [p for g in opt.param_groups for p in g["params"]]
             model = task.models.get(oname) or (
@@ -213,7 +241,7 @@ class TelemetryCallback:
             by_position = len(mps) == len(ops) and all(a.shape == b.shape for a, b in zip(mps, ops))
             for i, p in enumerate(ops):
                 ref = params.get(id(p)) or (params.get(id(mps[i])) if by_position else None)
-                layer = ref[2] if ref else f"{oname}.param{i}"
+                layer = ref.layer if ref else f"{oname}.param{i}"
                 out.append((layer, p, p.detach().float().clone()))
         return out
 
@@ -258,7 +286,8 @@ class TelemetryCallback:
             )  # a layer used twice: summed
 
     def _weight_hook(self, cap: _Capture, p: Tensor) -> None:
-        mname, pname, layer = self._layers["params"][id(p)]
+        ref = self._layers.params[id(p)]
+        mname, pname, layer = ref.model, ref.param, ref.layer
         # fires at every accumulation into .grad: the last call holds the total of the step
         cap.weight[pname] = (
             layer,
@@ -299,7 +328,7 @@ class TelemetryCallback:
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}
         # model (forward) order, so figures read input to output; unnamed optimizer params last
-        order = [layer for _, layer, _, _ in self._layers["modules"] if layer in found]
+        order = [lay.name for lay in self._layers.layers if lay.name in found]
         layers = {layer: found[layer] for layer in order + [k for k in found if k not in order]}
         record = {
             "step": step,
@@ -345,7 +374,7 @@ class TelemetryCallback:
         for (_amax, labels), v in zip(cap.groups, bwd):
             if scaled:
                 # the captured gradient carries the run's loss scale; show the what-if scale instead
-                mname = self._layers["model_of"][labels[0][0]]
+                mname = self._layers.model_of(labels[0][0])
                 v = v / cap.divide_by[mname] * cap.scale[mname]
             if bad(v):
                 layer, where = self._blame(labels)
@@ -399,7 +428,7 @@ class TelemetryCallback:
             self._log_sample(trainer, record)
 
     def _log_sample(self, trainer: Any, record: dict) -> None:
-        from mpt_repro.telemetry.records import network_counts
+        from mpt_repro.telemetry.records import network_counts, write_tensorboard
 
         step, writer = record["step"], getattr(trainer, "writer", None)
         net = network_counts(record)
@@ -415,63 +444,7 @@ class TelemetryCallback:
         if "lost" in net:
             parts.append(f"lost updates {nx.lost_fraction(net['lost']):.2%}")
         trainer.log.info("telemetry step %d: %s", step, "; ".join(parts) or "no gradients seen")
-        if writer is None:
-            return
-        names = {"act": "act_grad", "weight": "weight_grad"}
-        for kind in ("act", "weight"):
-            if kind not in net:
-                continue
-            for k, v in nx.fractions_of(net[kind]).items():
-                writer.add_scalar(f"telemetry/{names[kind]}/{k}", v, step)
-            _add_exponent_histogram(
-                writer, f"telemetry/{names[kind]}_log2", net[kind]["hist"], step
+        if writer is not None:
+            write_tensorboard(
+                writer, record, net, self.cfg.layer_scalars, self.cfg.layer_histograms
             )
-        if "lost" in net:
-            writer.add_scalar("telemetry/lost_update", nx.lost_fraction(net["lost"]), step)
-        for layer, entry in record["layers"].items():
-            for kind in ("act", "weight"):
-                if kind not in entry:
-                    continue
-                if self.cfg.layer_scalars:
-                    f = nx.fractions_of(entry[kind])
-                    for k in (
-                        "underflow",
-                        "subnormal",
-                        "overflow",
-                        "underflow_scaled",
-                        "overflow_scaled",
-                    ):
-                        writer.add_scalar(f"telemetry_layers/{names[kind]}_{k}/{layer}", f[k], step)
-                if self.cfg.layer_histograms:
-                    _add_exponent_histogram(
-                        writer,
-                        f"telemetry_layers/{names[kind]}_log2/{layer}",
-                        entry[kind]["hist"],
-                        step,
-                    )
-            if "lost" in entry and self.cfg.layer_scalars:
-                writer.add_scalar(
-                    f"telemetry_layers/lost_update/{layer}", nx.lost_fraction(entry["lost"]), step
-                )
-
-
-def _add_exponent_histogram(writer: Any, tag: str, trimmed: dict, step: int) -> None:
-    """A TensorBoard histogram of floor(log2|x|): one bucket per power of two (zeros left out:
-    they are the `zero` scalar)."""
-    counts = trimmed["counts"]
-    if not counts or sum(counts) == 0:
-        return
-    lo = trimmed["lo"]
-    exps = [lo + i for i in range(len(counts))]
-    n = sum(counts)
-    writer.add_histogram_raw(
-        tag,
-        min=float(lo),
-        max=float(lo + len(counts)),
-        num=n,
-        sum=float(sum(e * c for e, c in zip(exps, counts))),
-        sum_squares=float(sum(e * e * c for e, c in zip(exps, counts))),
-        bucket_limits=[float(e + 1) for e in exps],
-        bucket_counts=counts,
-        global_step=step,
-    )

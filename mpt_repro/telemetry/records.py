@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from mpt_repro.telemetry import numerics as nx
 
@@ -146,3 +147,68 @@ def _layer_means(samples: list[dict]) -> dict:
         }
         for layer, a in acc.items()
     }
+
+
+def write_tensorboard(
+    writer: Any, record: dict, net: dict, layer_scalars: bool, layer_histograms: bool
+) -> None:
+    """One sampled record into TensorBoard: network-wide fractions and exponent histograms, and
+    per layer when asked (telemetry.layer_scalars / layer_histograms). ``net`` is
+    network_counts(record)."""
+    step = record["step"]
+    names = {"act": "act_grad", "weight": "weight_grad"}
+    for kind in ("act", "weight"):
+        if kind not in net:
+            continue
+        for k, v in nx.fractions_of(net[kind]).items():
+            writer.add_scalar(f"telemetry/{names[kind]}/{k}", v, step)
+        _add_exponent_histogram(writer, f"telemetry/{names[kind]}_log2", net[kind]["hist"], step)
+    if "lost" in net:
+        writer.add_scalar("telemetry/lost_update", nx.lost_fraction(net["lost"]), step)
+    for layer, entry in record["layers"].items():
+        for kind in ("act", "weight"):
+            if kind not in entry:
+                continue
+            if layer_scalars:
+                f = nx.fractions_of(entry[kind])
+                for k in (
+                    "underflow",
+                    "subnormal",
+                    "overflow",
+                    "underflow_scaled",
+                    "overflow_scaled",
+                ):
+                    writer.add_scalar(f"telemetry_layers/{names[kind]}_{k}/{layer}", f[k], step)
+            if layer_histograms:
+                _add_exponent_histogram(
+                    writer,
+                    f"telemetry_layers/{names[kind]}_log2/{layer}",
+                    entry[kind]["hist"],
+                    step,
+                )
+        if "lost" in entry and layer_scalars:
+            writer.add_scalar(
+                f"telemetry_layers/lost_update/{layer}", nx.lost_fraction(entry["lost"]), step
+            )
+
+
+def _add_exponent_histogram(writer: Any, tag: str, trimmed: dict, step: int) -> None:
+    """A TensorBoard histogram of floor(log2|x|): one bucket per power of two (zeros left out:
+    they are the `zero` scalar)."""
+    counts = trimmed["counts"]
+    if not counts or sum(counts) == 0:
+        return
+    lo = trimmed["lo"]
+    exps = [lo + i for i in range(len(counts))]
+    n = sum(counts)
+    writer.add_histogram_raw(
+        tag,
+        min=float(lo),
+        max=float(lo + len(counts)),
+        num=n,
+        sum=float(sum(e * c for e, c in zip(exps, counts))),
+        sum_squares=float(sum(e * e * c for e, c in zip(exps, counts))),
+        bucket_limits=[float(e + 1) for e in exps],
+        bucket_counts=counts,
+        global_step=step,
+    )
