@@ -198,10 +198,6 @@ def _quiet_logging() -> None:
 
 
 # -- who am I -------------------------------------------------------------------------------
-def env() -> DistEnv:
-    return _ENV
-
-
 def is_distributed() -> bool:
     return _ENV.enabled and dist.is_available() and dist.is_initialized()
 

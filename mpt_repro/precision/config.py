@@ -10,6 +10,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 
+def enum_name(v: Enum | str) -> str:
+    """An Enum member's name, or the string itself: OmegaConf gives members, hand-built configs
+    may give plain strings."""
+    return getattr(v, "name", v)
+
+
 class Dtype(Enum):
     float32 = "float32"
     float16 = "float16"

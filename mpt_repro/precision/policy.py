@@ -26,17 +26,13 @@ from torch import nn
 
 from mpt_repro.errors import Diverged
 from mpt_repro.precision import adaptive  # noqa: F401  (registers loss_scaling=adaptive)
+from mpt_repro.precision.config import enum_name as _enum_name
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.optimizer import PrecisionOptimizer, ScaleGroup
 from mpt_repro.precision.scalers import SCALERS, build_scaler
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SHORT = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
-
-
-def _enum_name(v) -> str:
-    """Enum member or plain string (OmegaConf gives enums, hand-built configs may give strings)."""
-    return getattr(v, "name", v)
 
 
 class PrecisionPolicy:

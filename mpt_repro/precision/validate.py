@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 from mpt_repro.errors import ConfigError
-
-
-def _name(v) -> str:
-    return getattr(v, "name", v)  # an Enum member (OmegaConf) or its string
+from mpt_repro.precision.config import enum_name as _name
 
 
 def validate_precision(p, paper_loss_scale: float | None = None) -> None:
