@@ -24,6 +24,7 @@ class TaskKind(Enum):
     classification = "classification"
     language_model = "language_model"
     gan = "gan"
+    detection = "detection"
 
 
 @dataclass
@@ -48,6 +49,12 @@ class DataConfig:
     seq_len: int = 35  # truncated back-propagation through time
     min_freq: int = 1  # words seen fewer times become <unk>
     max_vocab: int | None = None
+    # detection (data=voc): splits "<year>/<set>", the longer-side cap (Faster R-CNN's 1000) and
+    # whether `difficult` boxes are training targets (evaluation always ignores them)
+    train_splits: list[str] = field(default_factory=list)  # e.g. [2007/trainval, 2012/trainval]
+    eval_splits: list[str] = field(default_factory=list)  # e.g. [2007/test]
+    max_size: int | None = None
+    train_difficult: bool = True
 
 
 @dataclass
@@ -72,6 +79,8 @@ class ModelConfig:
     latent_dim: int = 100
     gen_features: int = 64
     disc_features: int = 64
+    # detection: a VGG-16 weights file (torchvision state dict or a vgg16 run's checkpoint)
+    backbone_weights: str | None = None
 
 
 @dataclass
@@ -181,7 +190,7 @@ def _check(ok: bool, key: str, value: Any, must: str) -> None:
 
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
 SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
-AUGMENTATIONS = ("none", "caffe", "torchvision", "inception")
+AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip")
 
 
 def validate(cfg: DictConfig) -> None:

@@ -2,6 +2,7 @@
 
 from mpt_repro.tasks import (  # noqa: F401
     classification,  # noqa: F401
+    detection,
     gan,
     language_model,
 )

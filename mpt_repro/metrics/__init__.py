@@ -1,0 +1,1 @@
+"""Evaluation metrics that need more than a running sum (detection mAP)."""

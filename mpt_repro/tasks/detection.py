@@ -1,0 +1,214 @@
+"""Object detection (the paper's Table 2: SSD300 and Faster R-CNN, VGG-16, PASCAL VOC): VOC07 mAP.
+
+A batch is (images [B, 3, H, W] padded to the largest, their sizes [B, 2], targets: per image
+boxes/labels/difficult in input pixels). The model returns its loss as named FP32 parts (SSD:
+localisation + confidence; Faster R-CNN: RPN objectness + RPN boxes + classification + boxes);
+their sum is the training loss, scaled once by the precision policy. In evaluation the model
+returns detections in input pixels, mapped back to the original image and scored against the
+original annotations (difficult boxes ignored) by mpt_repro/metrics/voc_eval.py.
+
+Metrics: ``map`` (VOC2007 11-point AP at IoU 0.5, percent: the paper's numbers), ``map_area``
+(the VOC2010+ area under the curve); per-class APs in ``self.metrics_detail`` after each
+evaluation, for run.json ``metrics_detail``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+
+from mpt_repro import distributed
+from mpt_repro.data.detection import build_detection_data
+from mpt_repro.data.detection_transforms import detection_collate
+from mpt_repro.data.sampling import build_epoch_loaders
+from mpt_repro.errors import ConfigError
+from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
+from mpt_repro.models import build_model
+from mpt_repro.optim import optimizer_factory, scaled_lr
+from mpt_repro.tasks.base import StepResult, Task, register_task
+
+# The input geometry each detector expects from the data pipeline (see the models' docstrings).
+GEOMETRY = {"ssd300": "warp", "faster_rcnn_vgg16": "shorter_side"}
+LOSS_PARTS = {
+    "ssd300": ["loss_loc", "loss_conf"],
+    "faster_rcnn_vgg16": ["loss_objectness", "loss_rpn_box_reg", "loss_cls", "loss_bbox"],
+}
+# Both originals' prototxts give biases twice the learning rate (lr_mult 2); SSD's also exempts
+# them from weight decay (decay_mult 0), py-faster-rcnn's does not (decay_mult left at 1).
+BIAS_LR_MULT = 2.0
+BIAS_DECAY_MULT = {"ssd300": 0.0, "faster_rcnn_vgg16": 1.0}
+
+
+def caffe_param_groups(model: torch.nn.Module, factory: Any, o: Any, global_batch: int, name: str):
+    """Wrap an optimizer factory so that biases get Caffe's lr_mult/decay_mult. The precision
+    policy hands the factory the trainable parameters (or their FP32 masters) in
+    model.named_parameters() order, so biases are found by position."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    lr = scaled_lr(o, global_batch)
+
+    def make(params: Any) -> torch.optim.Optimizer:
+        params = list(params)
+        if len(params) != len(names):
+            raise RuntimeError(
+                f"the optimizer got {len(params)} parameters for {len(names)} trainable ones; "
+                "cannot tell the biases apart"
+            )
+        weights = [p for p, n in zip(params, names) if not n.endswith("bias")]
+        biases = [p for p, n in zip(params, names) if n.endswith("bias")]
+        return factory(
+            [
+                {"params": weights},  # group 0: the LR the trainer logs
+                {
+                    "params": biases,
+                    "lr": lr * BIAS_LR_MULT,
+                    "weight_decay": o.weight_decay * BIAS_DECAY_MULT[name],
+                },
+            ]
+        )
+
+    return make
+
+
+@register_task("detection")
+class Detection(Task):
+    primary_metric = "map"
+    higher_is_better = True
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
+        super().__init__(cfg, device, policy)
+        d, name = cfg.data, cfg.model.name
+        if name not in GEOMETRY:
+            raise ConfigError(
+                f"model.name={name!r} is not a detector; task=detection takes {sorted(GEOMETRY)}"
+            )
+        batch, global_batch = distributed.batch_sizes(cfg)
+        self.data = build_detection_data(d, GEOMETRY[name])
+        self.metric_names = ["map", "map_area", *LOSS_PARTS[name]]  # eval metrics + train parts
+        self.metrics_detail: dict[str, Any] = {}
+        # Seed right before building the model: every precision preset starts from the same weights.
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg.model, num_classes=self.data.num_classes, image_size=d.image_size)
+        self.backbone_source = getattr(model, "backbone_source", None)
+        self.model = policy.prepare_model(model.to(device))
+        factory = optimizer_factory(cfg.optim, global_batch)
+        self.optimizer = policy.build_optimizer(
+            self.model,
+            caffe_param_groups(self.model, factory, cfg.optim, global_batch, name),
+            name="model",
+        )
+        # Under DDP the forward/backward goes through the wrapper; the bare model is what the
+        # optimizer, the checkpoints and evaluation see.
+        self.train_model = distributed.wrap_model(self.model, cfg.distributed)
+        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
+        loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
+        # Variable numbers of boxes per image: batches are collated by detection_collate. (A
+        # DataLoader reads collate_fn when it starts an epoch's iterator, so setting it here
+        # takes effect; build_epoch_loaders could take it as an argument instead.)
+        loaders.train.collate_fn = loaders.eval.collate_fn = detection_collate
+        self.sampler, self.train_loader, self.eval_loader = (
+            loaders.sampler,
+            loaders.train,
+            loaders.eval,
+        )
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.batches_per_epoch()
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
+        self.sampler.set_epoch(epoch, skip_batches=skip)
+        return iter(self.train_loader)
+
+    def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
+        images, sizes, targets = batch
+        images = self.policy.cast_inputs(images.to(self.device, non_blocking=True))
+        on_device = [
+            {k: t[k].to(self.device, non_blocking=True) for k in ("boxes", "labels")}
+            for t in targets
+        ]
+        return images, sizes, on_device
+
+    def train_step(self, batch: Any) -> StepResult:
+        images, sizes, targets = self._to_device(batch)
+        self.train_model.train()
+        parts, loss, stepped = self._optimize(images, sizes, targets)
+        logs = {k: v.detach() for k, v in parts.items()}
+        return StepResult(loss=loss.detach(), stepped=stepped, samples=len(targets), logs=logs)
+
+    def _optimize(
+        self, images: torch.Tensor, sizes: torch.Tensor, targets: list[dict]
+    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Any]:
+        """One optimizer step on the summed loss: the only place that calls the precision
+        policy's step API. The loss parts are FP32 (the models compute them with autocast off);
+        their sum is scaled once, so every part gets the same loss scale.
+
+        With the PrecisionOptimizer API this becomes:
+            self.optimizer.zero_grad()
+            with self.policy.autocast(): parts = self.train_model(images, sizes, targets)
+            loss = sum(parts.values())
+            self.optimizer.backward(loss)
+            stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        with self.policy.autocast():
+            parts = self.train_model(images, sizes, targets)
+        loss = sum(parts.values())
+        self.policy.backward(loss, self.optimizer)
+        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
+        return parts, loss, stepped
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        distributed.sync_buffers(self.model)
+        self.model.eval()
+        mine: list[tuple[int, dict[str, torch.Tensor]]] = []
+        for batch in self.eval_loader:
+            images, sizes, targets = batch
+            x = self.policy.cast_inputs(images.to(self.device, non_blocking=True))
+            with self.policy.autocast():
+                outputs = self.model(x, sizes)
+            for out, t in zip(outputs, targets):
+                sx, sy = t["scale"].tolist()  # input pixels per original pixel
+                to_original = torch.tensor([sx, sy, sx, sy])
+                mine.append(
+                    (
+                        int(t["index"]),
+                        {
+                            "boxes": out["boxes"].float().cpu() / to_original,
+                            "scores": out["scores"].float().cpu(),
+                            "labels": out["labels"].cpu(),
+                        },
+                    )
+                )
+        # every rank evaluated its shard; the AP needs all detections together
+        gathered = [d for part in distributed.all_gather_object(mine) for d in part]
+        by_index = dict(gathered)
+        n = len(self.data.eval)
+        empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0)}
+        detections = [by_index.get(i, empty) for i in range(n)]
+        truths = [self.data.eval.ground_truth(i) for i in range(n)]
+        result = evaluate_detections(detections, truths, self.data.class_names)
+        self.metrics_detail = {
+            "per_class_ap": result.per_class_ap,
+            "per_class_ap_area": result.per_class_ap_area,
+            "num_positives": result.num_positives,
+            "eval_images": n,
+            "detections": result.num_detections,
+            "iou_threshold": IOU_THRESHOLD,
+            "map_method": "VOC2007 11-point interpolated AP (map); VOC2010+ area (map_area)",
+        }
+        return {"map": result.map, "map_area": result.map_area}
+
+    def describe_data(self) -> dict:
+        return {
+            "name": self.cfg.data.name,
+            "root": self.cfg.data.root,
+            "train_size": len(self.data.train),
+            "eval_size": len(self.data.eval),
+            "classes": list(self.data.class_names),
+            "description": self.data.description,
+        }
+
+    def describe_model(self) -> dict:
+        return {**super().describe_model(), "backbone_weights": self.backbone_source}
