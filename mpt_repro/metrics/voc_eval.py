@@ -149,7 +149,8 @@ def evaluate_detections(
         order = mine[np.argsort(-d_score[mine], kind="stable")]
         hit = d_iou[order] >= iou_threshold
         gt_idx = d_gt[order]
-        difficult = hit & all_gt_diff[gt_idx] if len(all_gt_diff) else np.zeros_like(hit)
+        difficult = np.zeros_like(hit)
+        difficult[hit] = all_gt_diff[gt_idx[hit]]  # gt_idx means nothing where nothing was hit
         candidate = hit & ~difficult
         # the first detection (in score order) of a box is the true positive; later ones are
         # duplicates, hence false positives

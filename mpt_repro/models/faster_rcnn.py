@@ -108,10 +108,26 @@ class _RPN(RegionProposalNetwork):
         return labels, matched_boxes
 
     def compute_loss(self, objectness, pred_bbox_deltas, labels, regression_targets):
+        """torchvision's RPN loss (logistic + smooth L1 with beta 1/9, both over the sampled
+        anchors), in FP32, and 0 rather than NaN when no anchor lies inside any image (images
+        smaller than the smallest anchor, e.g. smoke sizes)."""
         with no_autocast(objectness.device):
-            return super().compute_loss(
-                objectness.float(), pred_bbox_deltas.float(), labels, regression_targets
+            pos, neg = self.fg_bg_sampler(labels)
+            pos = torch.nonzero(torch.cat(pos)).squeeze(1)
+            neg = torch.nonzero(torch.cat(neg)).squeeze(1)
+            sampled = torch.cat([pos, neg])
+            n = max(1, sampled.numel())
+            logits = objectness.float().flatten()
+            box_loss = F.smooth_l1_loss(
+                pred_bbox_deltas.float()[pos],
+                torch.cat(regression_targets)[pos],
+                beta=1 / 9,
+                reduction="sum",
             )
+            obj_loss = F.binary_cross_entropy_with_logits(
+                logits[sampled], torch.cat(labels)[sampled], reduction="sum"
+            )
+            return obj_loss / n, box_loss / n
 
 
 class _RoIPool(nn.Module):
