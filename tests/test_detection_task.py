@@ -168,7 +168,13 @@ def test_smoke_runs_complete_with_map_in_the_record(tmp_path: Path, experiment, 
 def test_resumed_run_continues_exactly(tmp_path: Path) -> None:
     """4 steps straight == 2 steps, then resumed for 2 more: the augmentation's random draws,
     the sampler order and the weights all come back from the checkpoint."""
-    common = ["experiment=ssd", "budget=smoke", "data=synthetic", "precision=fp32"]
+    common = [
+        "experiment=ssd",
+        "budget=smoke",
+        "data=synthetic",
+        "precision=fp32",
+        "trainer.epochs=2",
+    ]
     straight, broken = tmp_path / "straight", tmp_path / "broken"
     run_cli(*common, "trainer.max_steps=4", run_dir=straight)
     run_cli(*common, "trainer.max_steps=2", run_dir=broken)
