@@ -26,8 +26,8 @@ from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
 from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
 from mpt_repro.models import build_model
-from mpt_repro.optim import optimizer_factory, scaled_lr
-from mpt_repro.tasks.base import StepResult, Task, register_task
+from mpt_repro.optim import optimizer_factory
+from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
 
 # The input geometry each detector expects from the data pipeline (see the models' docstrings).
 GEOMETRY = {"ssd300": "warp", "faster_rcnn_vgg16": "shorter_side"}
@@ -41,33 +41,29 @@ BIAS_LR_MULT = 2.0
 BIAS_DECAY_MULT = {"ssd300": 0.0, "faster_rcnn_vgg16": 1.0}
 
 
-def caffe_param_groups(model: torch.nn.Module, factory: Any, o: Any, global_batch: int, name: str):
-    """Wrap an optimizer factory so that biases get Caffe's lr_mult/decay_mult. The precision
-    policy hands the factory the trainable parameters (or their FP32 masters) in
-    model.named_parameters() order, so biases are found by position."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    lr = scaled_lr(o, global_batch)
+def caffe_param_groups(factory: Any, name: str) -> Any:
+    """Wrap an optimizer factory so that biases get Caffe's lr_mult/decay_mult: the weights
+    make the optimizer (group 0, the LR the trainer logs), the biases join as group 1. The
+    precision policy hands the factory [(name, param), ...] (FP32 masters under the model's
+    names when there are masters)."""
 
-    def make(params: Any) -> torch.optim.Optimizer:
-        params = list(params)
-        if len(params) != len(names):
-            raise RuntimeError(
-                f"the optimizer got {len(params)} parameters for {len(names)} trainable ones; "
-                "cannot tell the biases apart"
-            )
-        weights = [p for p, n in zip(params, names) if not n.endswith("bias")]
-        biases = [p for p, n in zip(params, names) if n.endswith("bias")]
-        return factory(
-            [
-                {"params": weights},  # group 0: the LR the trainer logs
+    def make(named_params: Any) -> torch.optim.Optimizer:
+        named = list(named_params)
+        weights = [(n, p) for n, p in named if not n.endswith("bias")]
+        biases = [p for n, p in named if n.endswith("bias")]
+        opt = factory(weights)
+        if biases:
+            base = opt.param_groups[0]
+            opt.add_param_group(
                 {
                     "params": biases,
-                    "lr": lr * BIAS_LR_MULT,
-                    "weight_decay": o.weight_decay * BIAS_DECAY_MULT[name],
-                },
-            ]
-        )
+                    "lr": base["lr"] * BIAS_LR_MULT,
+                    "weight_decay": base["weight_decay"] * BIAS_DECAY_MULT[name],
+                }
+            )
+        return opt
 
+    make.takes_named_params = True
     return make
 
 
@@ -87,17 +83,14 @@ class Detection(Task):
         self.data = build_detection_data(d, GEOMETRY[name])
         self.metric_names = ["map", "map_area", *LOSS_PARTS[name]]  # eval metrics + train parts
         self.metrics_detail: dict[str, Any] = {}
+        self.accumulate = cfg.trainer.accumulate
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, num_classes=self.data.num_classes, image_size=d.image_size)
         self.backbone_source = getattr(model, "backbone_source", None)
         self.model = policy.prepare_model(model.to(device))
-        factory = optimizer_factory(cfg.optim, global_batch)
-        self.optimizer = policy.build_optimizer(
-            self.model,
-            caffe_param_groups(self.model, factory, cfg.optim, global_batch, name),
-            name="model",
-        )
+        factory = caffe_param_groups(optimizer_factory(cfg.optim, global_batch), name)
+        self.optimizer = policy.build_optimizer(self.model, factory, name="model")
         # Under DDP the forward/backward goes through the wrapper; the bare model is what the
         # optimizer, the checkpoints and evaluation see.
         self.train_model = distributed.wrap_model(self.model, cfg.distributed)
@@ -114,11 +107,12 @@ class Detection(Task):
         )
 
     def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch()
+        return self.sampler.batches_per_epoch() // self.accumulate
 
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        self.sampler.set_epoch(epoch, skip_batches=skip)
-        return iter(self.train_loader)
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
+        """Each iteration's micro-batches (trainer.accumulate of them)."""
+        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
+        return chunked(self.train_loader, self.accumulate)
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
         images, sizes, targets = batch
@@ -129,34 +123,25 @@ class Detection(Task):
         ]
         return images, sizes, on_device
 
-    def train_step(self, batch: Any) -> StepResult:
-        images, sizes, targets = self._to_device(batch)
+    def train_step(self, batches: list[Any]) -> StepResult:
+        """One optimizer step. Each micro-batch's loss is the sum of the model's FP32 parts
+        (computed with autocast off) over len(batches); backward scales it once, so every part
+        carries the same loss scale (Caffe's iter_size accumulates the same way)."""
         self.train_model.train()
-        parts, loss, stepped = self._optimize(images, sizes, targets)
-        logs = {k: v.detach() for k, v in parts.items()}
-        return StepResult(loss=loss.detach(), stepped=stepped, samples=len(targets), logs=logs)
-
-    def _optimize(
-        self, images: torch.Tensor, sizes: torch.Tensor, targets: list[dict]
-    ) -> tuple[dict[str, torch.Tensor], torch.Tensor, Any]:
-        """One optimizer step on the summed loss: the only place that calls the precision
-        policy's step API. The loss parts are FP32 (the models compute them with autocast off);
-        their sum is scaled once, so every part gets the same loss scale.
-
-        With the PrecisionOptimizer API this becomes:
-            self.optimizer.zero_grad()
-            with self.policy.autocast(): parts = self.train_model(images, sizes, targets)
-            loss = sum(parts.values())
+        self.optimizer.zero_grad()
+        total, samples = 0.0, 0
+        logs: dict[str, torch.Tensor] = {}
+        for batch in micro_batches(batches, self.train_model):
+            images, sizes, targets = self._to_device(batch)
+            with self.policy.autocast():
+                parts = self.train_model(images, sizes, targets)
+            loss = sum(parts.values()) / len(batches)
             self.optimizer.backward(loss)
-            stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
-        """
-        self.optimizer.zero_grad(set_to_none=True)
-        with self.policy.autocast():
-            parts = self.train_model(images, sizes, targets)
-        loss = sum(parts.values())
-        self.policy.backward(loss, self.optimizer)
-        stepped = self.policy.step(self.optimizer, clip_grad_norm=self.cfg.optim.grad_clip)
-        return parts, loss, stepped
+            total, samples = total + loss.detach(), samples + len(targets)
+            for k, v in parts.items():
+                logs[k] = logs.get(k, 0.0) + v.detach() / len(batches)
+        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
+        return StepResult(loss=total, stepped=stepped, samples=samples, logs=logs)
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
