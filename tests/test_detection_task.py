@@ -120,6 +120,32 @@ def test_evaluation_maps_detections_back_to_the_original_image(tiny_voc: Path) -
     assert metrics == {"map": pytest.approx(100.0), "map_area": pytest.approx(100.0)}
 
 
+@pytest.mark.usefixtures("one_thread")
+def test_evaluation_gathers_every_ranks_detections(tiny_voc: Path, monkeypatch) -> None:
+    """As rank 0 of 2, the task evaluates image 0 only; image 1's detections come from the
+    other rank through all_gather_object. With them the perfect detector scores 100, without
+    them image 1's dog would count as missed (50)."""
+    from mpt_repro import distributed
+
+    monkeypatch.setattr(distributed, "rank", lambda: 0)
+    monkeypatch.setattr(distributed, "world_size", lambda: 2)
+    task, _ = build_task("experiment=ssd", "budget=smoke", f"data.root={tiny_voc}")
+    answers = []
+    for i in range(2):
+        _, t = task.data.eval[i]
+        answers.append(
+            {"boxes": t["boxes"], "scores": torch.ones(len(t["boxes"])), "labels": t["labels"]}
+        )
+    task.model = PerfectDetector(answers[:1])
+    scale = task.data.eval[1][1]["scale"].repeat(2)
+    other = [(1, {**answers[1], "boxes": answers[1]["boxes"] / scale})]  # rank 1: original pixels
+    monkeypatch.setattr(distributed, "all_gather_object", lambda mine: [mine, other])
+    assert task.evaluate()["map"] == pytest.approx(100.0)
+    task.model = PerfectDetector(answers[:1])
+    monkeypatch.setattr(distributed, "all_gather_object", lambda mine: [mine])
+    assert task.evaluate()["map_area"] == pytest.approx(50.0)
+
+
 def test_faster_rcnn_drops_difficult_training_targets(tiny_voc: Path) -> None:
     task, _ = build_task("experiment=faster_rcnn", "budget=smoke", f"data.root={tiny_voc}")
     _, target = task.data.train[0]
@@ -186,3 +212,19 @@ def test_resumed_run_continues_exactly(tmp_path: Path) -> None:
     assert b["status"] == "completed" and b["resumed"] is True and b["steps"] == 4
     assert [r["loss"] for r in train_rows(broken)] == [r["loss"] for r in train_rows(straight)]
     assert b["metrics"] == a["metrics"]
+
+
+@pytest.mark.slow
+def test_two_process_run_keeps_replicas_identical(tmp_path: Path):
+    """DDP (2 Gloo processes): each rank trains on its share with its own augmentation and RPN
+    sampling draws; the averaged gradients keep the replicas identical, and the evaluation
+    (each rank its shard, gathered) completes."""
+    from test_distributed_tasks import mpt_run
+
+    args = ["experiment=faster_rcnn", "budget=smoke", "data=synthetic", "precision=fp32"]
+    args += ["data.batch_size=1", "data.eval_batch_size=1", "data.synthetic_eval_size=3"]
+    mpt_run(args, 2, tmp_path)
+    rec = read_run(tmp_path)
+    assert rec["status"] == "completed" and rec["distributed"]["world_size"] == 2
+    assert rec["diagnostics"]["distributed"]["replica_max_abs_diff"] == 0.0
+    assert set(rec["metrics"]) == {"map", "map_area"}

@@ -75,6 +75,11 @@ class SyntheticDetection(DetectionDataset):
 def build_detection_data(cfg: Any, geometry: str, seed: int = 0) -> DetectionData:
     """The train and eval splits of data.name, through the transforms of data.augmentation at the
     model's input geometry ("warp" or "shorter_side")."""
+    if cfg.max_size is not None and cfg.max_size < cfg.image_size:
+        raise ConfigError(
+            f"data.max_size={cfg.max_size} is smaller than the shorter side data.image_size="
+            f"{cfg.image_size}; Faster R-CNN's recipe is 600 and 1000"
+        )
     train_tf = build_detection_transform(
         cfg.augmentation, geometry, cfg.image_size, cfg.max_size, train=True
     )
