@@ -266,6 +266,7 @@ class Trainer:
         train_time = self.clock.total
         return {
             "metrics": self.last_eval,
+            "metrics_detail": self.task.metrics_detail or None,
             "steps": self.step,
             "epochs": round(self._epoch_float(), 4),
             "skipped_steps": policy["skipped_steps"],

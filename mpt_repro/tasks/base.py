@@ -45,6 +45,8 @@ class Task:
     primary_metric: str = "loss"  # the metric tables and sweeps compare
     higher_is_better: bool = False
     metric_names: list[str] = ["loss"]  # what evaluate() returns
+    # what the last evaluate() found besides its scalar metrics (e.g. per-class AP), for run.json
+    metrics_detail: dict | None = None
 
     models: dict[str, nn.Module]
     optimizers: dict[str, torch.optim.Optimizer]
