@@ -128,6 +128,10 @@ class TrainerConfig:
     # batches with the current weights (0: off). Smoke budgets: a few steps of running averages
     # are meaningless, and an evaluation with them looks broken (loss NaN or 1e6)
     recalibrate_bn: int = 0
+    # torch.compile the training forward (classification): fewer kernels, fused elementwise ops.
+    # Opt-in: compiling takes minutes, and the hooks of precision=adaptive and of telemetry
+    # cannot be compiled (refused with them)
+    compile: bool = False
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True

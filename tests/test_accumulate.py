@@ -67,3 +67,19 @@ def test_the_loss_scale_sees_one_step_per_iteration_and_resume_is_exact():
     train(resumed, 2, skip=2)
     for p, q in zip(params(straight), params(resumed)):
         assert torch.equal(p, q)
+
+
+def test_compile_is_refused_with_hooks_it_cannot_compile():
+    from mpt_repro.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="trainer.compile"):
+        build("precision=adaptive", "trainer.compile=true")
+
+
+@pytest.mark.slow
+def test_a_compiled_forward_trains_like_the_eager_one():
+    eager, _ = build("precision=fp32")
+    fast, _ = build("precision=fp32", "trainer.compile=true")
+    a, b = train(eager, 2), train(fast, 2)
+    for ra, rb in zip(a, b):
+        assert float(rb.loss) == pytest.approx(float(ra.loss), rel=1e-4)

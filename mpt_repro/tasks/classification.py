@@ -13,8 +13,10 @@ from torch.utils.data import DataLoader, Subset
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
+from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
+from mpt_repro.precision.config import enum_name
 from mpt_repro.tasks.base import (
     StepResult,
     Task,
@@ -27,6 +29,21 @@ from mpt_repro.tasks.base import (
 # Weight of the auxiliary classifiers' losses (GoogLeNet, Inception v3) during training, as in
 # Szegedy et al. 2015 (0.3); evaluation uses the main head only.
 AUX_LOSS_WEIGHT = 0.3
+
+
+def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
+    """trainer.compile=true: torch.compile the training forward (evaluation stays eager)."""
+    if enum_name(cfg.precision.loss_scaling) == "adaptive":
+        raise ConfigError(
+            "trainer.compile=true cannot compile precision=adaptive's per-layer hooks; "
+            "use trainer.compile=false"
+        )
+    if cfg.telemetry.enabled:
+        raise ConfigError(
+            "trainer.compile=true cannot compile telemetry's hooks; use trainer.compile=false or "
+            "telemetry.enabled=false"
+        )
+    return torch.compile(model)
 
 
 @register_task("classification")
@@ -63,6 +80,8 @@ class Classification(Task):
         # Under DDP the forward/backward goes through the wrapper (gradient averaging); the bare
         # model is what the optimizer, the checkpoints and evaluation see.
         self.train_model = distributed.wrap_model(self.model, cfg.distributed)
+        if cfg.trainer.compile:
+            self.train_model = compiled(self.train_model, cfg)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
         loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
         self.sampler, self.train_loader, self.eval_loader = (
