@@ -226,9 +226,13 @@ def min_scale_at(step: int, cfg) -> float:
             if step >= s:
                 floor = float(v)
     elif f8.min_scale_rise_every:
-        floor *= float(f8.min_scale_rise_factor) ** (int(step) // int(f8.min_scale_rise_every))
-        cap = f8.min_scale_rise_max if f8.min_scale_rise_max is not None else cfg.max_scale
-        floor = min(floor, float(cap))
+        cap = float(f8.min_scale_rise_max if f8.min_scale_rise_max is not None else cfg.max_scale)
+        rises, factor = int(step) // int(f8.min_scale_rise_every), float(f8.min_scale_rise_factor)
+        # compare in logs: factor ** rises overflows a float long after the cap is reached
+        if rises * math.log(factor) >= math.log(cap / floor):
+            floor = cap
+        else:
+            floor = min(floor * factor**rises, cap)
     return min(floor, float(cfg.max_scale))
 
 
