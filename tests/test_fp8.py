@@ -208,6 +208,21 @@ def test_stochastic_lands_on_a_neighbour(fmt):
     assert hit_down[differ].any() and hit_up[differ].any()
 
 
+def test_stochastic_rounds_up_exactly_when_the_draw_is_below_the_fraction():
+    tiny = 2.0**-24  # one step of the 24-bit uniform draws
+    v = torch.tensor([2.25, 2.25, 2.25, 2.25, 3.0, 3.0, 0.0, math.inf, math.nan])
+    u = torch.tensor([0.25, 0.25 - tiny, 0.25 + tiny, 0.0, 0.0, 1 - tiny, 0.0, 0.5, 0.5])
+    want = torch.tensor([2.0, 3.0, 2.0, 3.0, 3.0, 3.0, 0.0, math.inf, math.nan])
+    assert same_bits(fp8.stochastic_round_(v, u), want)
+
+
+def test_uniform24_draws_lie_on_the_24_bit_grid():
+    u = fp8.uniform24((100_000,), torch.Generator().manual_seed(0), "cpu")
+    assert u.min() >= 0 and u.max() < 1
+    assert torch.equal(u * 2**24, (u * 2**24).floor())
+    assert abs(u.double().mean().item() - 0.5) < 5 * math.sqrt(1 / 12 / 100_000)
+
+
 # values with known rounding probability p (frac of the way from `down` to `up`), in E5M2
 SR_CASES = [
     (1.0 + 1 / 3 * 0.25, 1.0, 1.25),  # p = 1/3, binade [1, 2): spacing 0.25

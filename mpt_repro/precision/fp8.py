@@ -114,15 +114,21 @@ def quantize(
     if rounding == "nearest":
         r = v.round_()  # half to even
     else:
-        r = torch.floor(v)
-        # the discarded fraction, exact (same binade); inf - inf = NaN for an inf input, which must
-        # stay inf: count it as no fraction
-        frac = torch.nan_to_num_(v.sub_(r), nan=0.0)
-        # ceil(frac - u) is 1 exactly when u < frac, else 0 (frac - u is exact, and a difference
-        # of two unequal floats is never 0): up with probability frac
-        r.add_(frac.sub_(uniform24(xf.shape, generator, xf.device)).ceil_())
+        r = stochastic_round_(v, uniform24(xf.shape, generator, xf.device))
     y = r.mul_(q)  # a carry into the next binade is that binade's first value: still exact
     return torch.copysign(_overflow(y, fmt, overflow), xf).to(x.dtype)
+
+
+def stochastic_round_(v: Tensor, u: Tensor) -> Tensor:
+    """floor(v) + 1 where u < v - floor(v), else floor(v): v >= 0 rounded up with probability
+    equal to its fraction for u uniform in [0, 1). Consumes v (and u) in place."""
+    r = torch.floor(v)
+    # the discarded fraction, exact (v and floor(v) share a binade); inf - inf = NaN for an inf
+    # input, which must stay inf: count it as no fraction (a NaN v keeps its NaN floor)
+    frac = torch.nan_to_num_(v.sub_(r), nan=0.0)
+    # ceil(frac - u) is 1 exactly when u < frac, else 0 (frac - u is exact when both are
+    # multiples of 2^-24, and a difference of two unequal floats is never 0)
+    return r.add_(frac.sub_(u).ceil_())
 
 
 def spacing(a: Tensor, fmt: Format) -> Tensor:
