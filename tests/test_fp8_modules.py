@@ -78,17 +78,16 @@ def run(layer, x, g, **fwd):
     return y.detach(), grads
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same'")
 @pytest.mark.parametrize("name,make,shape", LAYERS, ids=[n for n, _, _ in LAYERS])
 def test_with_nothing_quantized_the_layer_is_the_torch_layer(name, make, shape):
     torch.manual_seed(0)
     ref = make()
     x = torch.randn(shape)
     y_ref, g_ref = run(ref, x, torch.ones_like(ref(x)))
-    layer = apply_fp8(nn.Sequential(ref), pcfg())[0]
-    assert (
-        type(layer).__name__ == "FP8" + type(ref).__mro__[2].__name__
-        or "FP8" in type(layer).__name__
-    )
+    orig = type(ref)
+    layer = apply_fp8(nn.Sequential(ref), pcfg())[0]  # swaps ref's class in place
+    assert type(layer).__name__ == "FP8" + orig.__name__ and isinstance(layer, orig)
     for p in layer.parameters():
         p.grad = None
     y, g = run(layer, x, torch.ones_like(y_ref))
@@ -150,10 +149,8 @@ def test_rne_layer_equals_the_quantized_computation(name, layer_fn, make, shape)
     torch.testing.assert_close(xx.grad, gx_ref, rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(layer.weight.grad, gw_ref, rtol=0, atol=0)
     torch.testing.assert_close(layer.bias.grad, gb_ref, rtol=0, atol=0)
-    # and the quantization did something: the FP32 layer gives other numbers
-    assert not torch.equal(layer.weight.grad, fp8.quantize(w, "e4m3")) and not torch.allclose(
-        y, F.linear(x, w, b) if name == "linear" else y + 1
-    )
+    # and the quantization did something: the FP32 layer computes other numbers
+    assert not torch.allclose(y, layer_fn(x, w, b), rtol=1e-3, atol=0)
     # every weight gradient is an E5M2 value
     assert torch.equal(layer.weight.grad, fp8.quantize(layer.weight.grad, "e5m2"))
 
