@@ -311,6 +311,7 @@ def test_tensorwise_scale_is_the_largest_safe_power_of_two(fmt):
     exact = torch.tensor([fmt.max_finite / 4])
     assert fp8.tensorwise_scale(exact, fmt).item() == 4.0  # amax * s == max is allowed
     assert fp8.tensorwise_scale(torch.zeros(5), fmt).item() == 1.0
+    assert fp8.quantize_scaled(torch.zeros(0, 3), fmt).shape == (0, 3)
     assert fp8.tensorwise_scale(torch.tensor([1.0, math.inf]), fmt).item() == 1.0
 
 
@@ -455,3 +456,28 @@ def test_off_and_default_configs_validate_and_describe_nothing():
     fp8.validate_fp8(PrecisionConfig())
     assert fp8.describe_fp8(PrecisionConfig()) is None
     assert fp8.fp8_mode(PrecisionConfig()) == "none"
+
+
+def test_knobs_compose_from_the_command_line_and_typos_are_refused():
+    from conftest import compose
+
+    c = compose(
+        [
+            "experiment=demo",
+            "precision=fp8_hybrid_emulated",
+            "precision.fp8.errors.rounding=stochastic",
+            "precision.fp8.exempt=[first,'features.*']",
+        ]
+    )
+    assert c.precision.fp8.errors.rounding == FP8Rounding.stochastic
+    assert list(c.precision.fp8.exempt) == ["first", "features.*"]
+    fp8.validate_fp8(c.precision)
+    with pytest.raises(Exception, match="e3m4"):  # not a format: Hydra refuses the enum value
+        compose(
+            ["experiment=demo", "precision=fp8_e5m2_emulated", "precision.fp8.weights.format=e3m4"]
+        )
+    off = compose(["experiment=demo", "precision=mixed", "precision.fp8.master=fp16"])
+    with pytest.raises(
+        ConfigError, match=r"precision\.fp8\.master is set but precision\.fp8\.mode=none"
+    ):
+        fp8.validate_fp8(off.precision)

@@ -59,6 +59,7 @@ def sr(fmt="e5m2"):
 LAYERS = [
     ("linear", lambda: nn.Linear(12, 7), (5, 12)),
     ("linear_3d", lambda: nn.Linear(12, 7, bias=False), (2, 3, 12)),
+    ("linear_1d", lambda: nn.Linear(12, 7), (12,)),
     ("conv2d", lambda: nn.Conv2d(3, 4, 3, padding=1), (2, 3, 6, 6)),
     ("conv2d_strided", lambda: nn.Conv2d(4, 6, 3, stride=2, dilation=2, groups=2), (2, 4, 9, 9)),
     ("conv2d_reflect", lambda: nn.Conv2d(3, 4, 3, padding=1, padding_mode="reflect"), (2, 3, 5, 5)),

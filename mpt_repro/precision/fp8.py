@@ -167,6 +167,8 @@ def tensorwise_scale(x: Tensor, fmt: Format | str) -> Tensor:
     is all zeros or holds inf/NaN, so those still reach the overflow handling). Powers of two
     keep the scaling itself exact, as torchao's round_scales_to_power_of_2."""
     fmt = get_format(fmt)
+    if x.numel() == 0:
+        return torch.ones((), device=x.device)
     amax = x.detach().abs().amax().float()
     m_a, e_a = torch.frexp(amax)
     m_max, e_max = math.frexp(fmt.max_finite)
