@@ -24,8 +24,21 @@ from mpt_repro.precision.fp8_modules import apply_fp8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-HAS_TORCHAO = importlib.util.find_spec("torchao") is not None
-needs_torchao = pytest.mark.skipif(not HAS_TORCHAO, reason="torchao is not installed")
+
+def _torchao_usable() -> bool:
+    """Importable and built for this torch (a mismatched wheel fails at import: skip, not fail)."""
+    if importlib.util.find_spec("torchao") is None:
+        return False
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+needs_torchao = pytest.mark.skipif(
+    not _torchao_usable(), reason="torchao is not installed (or not built for this torch)"
+)
 
 
 def preset(name, *overrides):

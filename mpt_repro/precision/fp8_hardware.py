@@ -28,12 +28,12 @@ def torchao_float8():
     """The torchao.float8 module, or a ConfigError that says how to get it."""
     try:
         import torchao.float8 as f8
-    except ImportError as e:
+    except Exception as e:  # not installed, or built for another torch (import-time errors)
         raise ConfigError(
             "precision.fp8.mode=torchao (presets fp8, fp8_rowwise) needs torchao's float8 "
-            f"training, which is not installed ({e}). Install it with `pip install torchao` "
-            "(a release matching your torch), or use precision=fp8_hybrid_emulated, which "
-            "emulates FP8 on any device."
+            f"training, which could not be imported ({type(e).__name__}: {e}). Install it with "
+            "`pip install torchao` (a release matching your torch), or use "
+            "precision=fp8_hybrid_emulated, which emulates FP8 on any device."
         ) from None
     return f8
 
