@@ -6,7 +6,7 @@ combinations that make no sense.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -36,6 +36,94 @@ class LossScaling(Enum):
     # the experiment's paper scale (paper_loss_scale) when it states one, else dynamic
     paper = "paper"
     adaptive = "adaptive"  # layer-wise, Zhao et al. 2019
+
+
+class FP8Mode(Enum):
+    none = "none"  # no 8-bit anything (not "off": YAML reads an unquoted off as false)
+    # quantize-dequantize emulation of 8-bit floats on any device (precision/fp8_modules.py)
+    emulated = "emulated"
+    # torchao float8 training: real FP8 GEMMs on Hopper-class GPUs (precision/fp8_hardware.py)
+    torchao = "torchao"
+
+
+class FP8Format(Enum):
+    e5m2 = "e5m2"  # 1 sign, 5 exponent, 2 mantissa bits; IEEE-like with inf; max 57344
+    e4m3 = "e4m3"  # OCP E4M3 "fn": no inf, one NaN; max 448
+    none = "none"  # leave this tensor kind in FP32
+
+
+class FP8Rounding(Enum):
+    nearest = "nearest"  # round to nearest, ties to even
+    stochastic = "stochastic"  # up with probability equal to the discarded fraction
+
+
+class FP8Overflow(Enum):
+    saturate = "saturate"  # beyond the largest finite value: +-max (inf inputs too, as SATFINITE)
+    # IEEE-like: +-inf for E5M2, NaN for E4M3 (which has no inf). Not named "inf": Hydra reads an
+    # override value inf as the float infinity
+    nonfinite = "nonfinite"
+
+
+class FP8Scaling(Enum):
+    none = "none"  # quantize the values as they are (the 2019 paper's direct method)
+    tensorwise = "tensorwise"  # multiply by a power of two mapping the tensor's amax near max
+
+
+class FP8Master(Enum):
+    fp32 = "fp32"
+    fp16 = "fp16"  # the weights are rounded to FP16 after every optimizer step (Mellempudi 2019)
+
+
+class FP8Recipe(Enum):
+    tensorwise = "tensorwise"
+    rowwise = "rowwise"
+    rowwise_with_gw_hp = "rowwise_with_gw_hp"
+
+
+@dataclass
+class FP8TensorConfig:
+    """How one tensor kind (weights, activations, errors, weight gradients) is quantized."""
+
+    format: FP8Format = FP8Format.e5m2
+    rounding: FP8Rounding = FP8Rounding.nearest
+    overflow: FP8Overflow = FP8Overflow.saturate
+    scaling: FP8Scaling = FP8Scaling.none
+
+
+def _grad_kind() -> FP8TensorConfig:
+    # gradients: stochastic rounding, and IEEE overflow so the loss scaler sees it
+    return FP8TensorConfig(rounding=FP8Rounding.stochastic, overflow=FP8Overflow.nonfinite)
+
+
+@dataclass
+class FP8Config:
+    """8-bit floating point (docs/fp8.md). Off unless `mode` is emulated or torchao; the
+    defaults of the other keys are the 2019 paper's recipe (E5M2 everywhere, stochastic rounding
+    of gradients)."""
+
+    mode: FP8Mode = FP8Mode.none
+    # -- emulated: what happens to each operand of a conv/linear layer
+    weights: FP8TensorConfig = field(default_factory=FP8TensorConfig)
+    activations: FP8TensorConfig = field(default_factory=FP8TensorConfig)
+    errors: FP8TensorConfig = field(default_factory=_grad_kind)  # gradient w.r.t. layer outputs
+    weight_grads: FP8TensorConfig = field(default_factory=_grad_kind)
+    # layers left in FP32 (emulated) or in the preset's dtype (torchao): "first" / "last" (the
+    # first and last conv/linear layer in registration order) or fnmatch patterns on module names
+    exempt: list[str] = field(default_factory=lambda: ["first", "last"])
+    master: FP8Master = FP8Master.fp32
+    master_rounding: FP8Rounding = FP8Rounding.nearest
+    # "enhanced" loss scaling (Mellempudi 2019): the dynamic scale's floor rises during training.
+    # Geometric: floor = min_scale * rise_factor^(step // rise_every), capped at rise_max ...
+    min_scale_rise_every: int | None = None
+    min_scale_rise_factor: float = 2.0
+    min_scale_rise_max: float | None = None
+    # ... or explicit: from optimizer step min_scale_milestones[i] on, floor = ..._values[i]
+    min_scale_milestones: list[int] = field(default_factory=list)
+    min_scale_milestone_values: list[float] = field(default_factory=list)
+    # -- torchao (hardware FP8, linear layers only)
+    recipe: FP8Recipe = FP8Recipe.tensorwise
+    # torchao's emulation (FP8 casts, high-precision matmul): CPU tests, not speed
+    torchao_emulate: bool = False
 
 
 @dataclass
@@ -70,3 +158,5 @@ class PrecisionConfig:
     adaptive_accum_upper_bound: float = 1024.0
     adaptive_update_interval: int = 1
     adaptive_method: str = "approx_range"
+    # 8-bit floating point (docs/fp8.md): emulated E5M2/E4M3, or torchao float8 on Hopper
+    fp8: FP8Config = field(default_factory=FP8Config)

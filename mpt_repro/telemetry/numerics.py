@@ -1,4 +1,5 @@
-"""What FP16 would do to a tensor: power-of-two exponent histograms and range fractions.
+"""What FP16 would do to a tensor: power-of-two exponent histograms and range fractions; and
+at the end, the same question in 8-bit terms (E5M2, E4M3 beside FP16: `format_counts`).
 
 Pure functions on tensors, no hooks and no state, so each number can be tested exactly.
 
@@ -177,3 +178,99 @@ def fractions_of(entry: dict) -> dict[str, float]:
 def lost_fraction(entry: dict) -> float:
     """Lost updates over the updates that are nonzero in FP32 (0.0 when nothing moved)."""
     return entry["lost"] / entry["nonzero"] if entry["nonzero"] else 0.0
+
+
+# -- 8-bit terms: what E5M2 / E4M3 (and FP16, for comparison) would do to a tensor ---------------
+# Per format: (exponent of the smallest subnormal, exponent of the smallest normal, largest
+# finite value). E5M2 and E4M3 are the OCP formats (E4M3 "fn": no inf), as in
+# mpt_repro/precision/fp8.py, which holds the quantizer; FP16 repeats the fields above.
+FORMAT_RANGES = {
+    "fp16": (FP16_MIN_SUBNORMAL_EXP, FP16_MIN_NORMAL_EXP, FP16_MAX),
+    "e5m2": (-16, -14, 57344.0),
+    "e4m3": (-9, -6, 448.0),
+}
+FORMAT_NAMES = tuple(FORMAT_RANGES)
+# For a value x (as in FP32) and a format with smallest subnormal 2^s, smallest normal 2^n and
+# largest finite value M:
+#   flush      0 < |x| <= 2^(s-1): round to nearest (ties to even) makes it 0
+#   underflow  0 < |x| < 2^s: the value is lost (flushed, or rounded up to 2^s); as FP16 above
+#   subnormal  2^s <= |x| < 2^n: kept with fewer significant bits
+#   overflow   |x| > M, inf included: saturated to M, or inf/NaN (precision.fp8.*.overflow)
+FORMAT_FIELDS = ("flush", "underflow", "subnormal", "overflow")
+_FMT_BLOCK = 2 * len(FORMAT_FIELDS)  # unscaled, then *_scaled
+
+
+def _format_range_counts(a: Tensor, fmt: str) -> list[Tensor]:
+    s, n, top = FORMAT_RANGES[fmt]
+    nonzero = a > 0
+    return [
+        (nonzero & (a <= 2.0 ** (s - 1))).sum(),
+        (nonzero & (a < 2.0**s)).sum(),
+        ((a >= 2.0**s) & (a < 2.0**n)).sum(),
+        (a > top).sum(),  # inf > M is True, NaN compares False
+    ]
+
+
+@torch.no_grad()
+def format_counts(
+    x: Tensor, divide_by: float = 1.0, scale: float = 1.0, formats: tuple = FORMAT_NAMES
+) -> Tensor:
+    """Counts of one tensor in 8-bit terms as one int64 vector on x's device (no host sync):
+    [numel, then per format in `formats`: flush, underflow, subnormal, overflow, and the same four
+    of the values times `scale` (the loss scale's effect)]. `divide_by` and `scale` mean what they
+    mean in tensor_counts: x / divide_by is the true value. Read it with format_count_dict."""
+    a = x.detach().float().abs()
+    if divide_by != 1.0:
+        a = a / divide_by
+    scaled = a * scale if scale != 1.0 else a
+    out = [torch.tensor(a.numel(), device=a.device)]
+    for fmt in formats:
+        out += _format_range_counts(a, fmt) + _format_range_counts(scaled, fmt)
+    return torch.stack(out)
+
+
+def format_count_dict(counts, formats: tuple = FORMAT_NAMES) -> dict:
+    """{"numel": n, "e5m2": {"flush": ..., ..., "overflow_scaled": ...}, ...} from a host copy
+    (a list) of a format_counts vector: the record-file entry."""
+    counts = [int(v) for v in counts]
+    keys = list(FORMAT_FIELDS) + [f + "_scaled" for f in FORMAT_FIELDS]
+    out: dict = {"numel": counts[0]}
+    for i, fmt in enumerate(formats):
+        block = counts[1 + i * _FMT_BLOCK : 1 + (i + 1) * _FMT_BLOCK]
+        out[fmt] = dict(zip(keys, block))
+    return out
+
+
+def add_format_entries(entries) -> dict | None:
+    """The sum of several format_count_dict entries (layers of a network, samples of a run)."""
+    total: dict | None = None
+    for e in entries:
+        if total is None:
+            total = {"numel": 0, **{f: dict.fromkeys(v, 0) for f, v in e.items() if f != "numel"}}
+        total["numel"] += e["numel"]
+        for fmt, block in e.items():
+            if fmt != "numel":
+                for k, v in block.items():
+                    total[fmt][k] += v
+    return total
+
+
+def format_fractions(entry: dict) -> dict[str, dict[str, float]]:
+    """{"e5m2": {"flush": 0.12, ...}, ...}: fractions over all elements, zeros included."""
+    n = max(int(entry["numel"]), 1)
+    return {f: {k: v / n for k, v in block.items()} for f, block in entry.items() if f != "numel"}
+
+
+def format_ranges_from_histogram(hist, fmt: str, shift: int = 0) -> dict[str, int]:
+    """{"underflow", "subnormal"} counts in `fmt` of values whose exponent histogram (the full
+    N_BINS list, or untrim_histogram of a record's "hist") is `hist`, times 2^shift. Exact, since
+    both bounds are powers of two, so it answers the 8-bit question for records already written.
+    (flush and overflow are not powers of two away from a bin edge: they need format_counts.)"""
+    s, n, _ = FORMAT_RANGES[fmt]
+    h = [int(v) for v in hist]
+
+    def below(e: int) -> int:  # count of values under 2^e after the shift
+        i = min(max(e - shift - EXP_MIN, 0), N_BINS)
+        return sum(h[:i])
+
+    return {"underflow": below(s), "subnormal": below(n) - below(s)}

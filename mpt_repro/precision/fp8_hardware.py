@@ -1,0 +1,114 @@
+"""Hardware FP8 for linear layers: torchao's float8 training (presets fp8, fp8_rowwise).
+
+torchao's `convert_to_float8_training` swaps nn.Linear for Float8Linear, whose three GEMMs
+(output, input gradient, weight gradient) run on FP8 tensor cores with E4M3 operands forward and
+E5M2 gradients, each operand scaled on the fly (tensorwise: one scale per tensor; rowwise: one
+per row, finer but needs a newer GPU kernel). Convolutions are not converted: they stay in the
+preset's dtype (BF16 autocast). Needs an NVIDIA GPU with FP8 tensor cores (compute capability
+8.9: Ada; 9.0: Hopper, and later) unless `precision.fp8.torchao_emulate=true`, torchao's
+emulation mode (FP8 casts, high-precision matmuls), which runs anywhere and is how the CPU tests
+exercise this path. Speed needs torch.compile around the model (torchao's own guidance): eager
+Float8Linear spends its gain on the casts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+from torch import nn
+
+from mpt_repro.errors import ConfigError
+from mpt_repro.precision import fp8
+
+MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+
+
+def torchao_float8():
+    """The torchao.float8 module, or a ConfigError that says how to get it."""
+    try:
+        import torchao.float8 as f8
+    except Exception as e:  # not installed, or built for another torch (import-time errors)
+        raise ConfigError(
+            "precision.fp8.mode=torchao (presets fp8, fp8_rowwise) needs torchao's float8 "
+            f"training, which could not be imported ({type(e).__name__}: {e}). Install it with "
+            "`pip install torchao` (a release matching your torch), or use "
+            "precision=fp8_hybrid_emulated, which emulates FP8 on any device."
+        ) from None
+    return f8
+
+
+def check_fp8_device(device: torch.device | str, emulate: bool) -> None:
+    """Refuse a device without FP8 tensor cores (unless torchao's emulation is asked for)."""
+    if emulate:
+        return
+    device = torch.device(device)
+    hint = (
+        "Run on an Ada/Hopper-class GPU, or set precision.fp8.torchao_emulate=true (torchao's "
+        "emulation: checks the numerics, not the speed), or use precision=fp8_hybrid_emulated."
+    )
+    if device.type != "cuda":
+        raise ConfigError(
+            f"precision.fp8.mode=torchao needs a CUDA GPU with FP8 tensor cores; this run is on "
+            f"{device}. {hint}"
+        )
+    cap = torch.cuda.get_device_capability(device)
+    if tuple(cap) < MIN_CAPABILITY:
+        raise ConfigError(
+            f"precision.fp8.mode=torchao needs FP8 tensor cores (compute capability >= "
+            f"{MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]}); {torch.cuda.get_device_name(device)} "
+            f"has {cap[0]}.{cap[1]}. {hint}"
+        )
+
+
+def validate_hardware(precision_cfg, device: torch.device | str) -> None:
+    """Everything torchao mode needs that the config alone cannot tell: torchao importable and
+    a capable device. For PrecisionPolicy.__init__, so a run refuses before any work."""
+    if fp8.fp8_mode(precision_cfg) != "torchao":
+        return
+    torchao_float8()
+    check_fp8_device(device, bool(precision_cfg.fp8.torchao_emulate))
+
+
+def float8_config(precision_cfg):
+    """torchao's Float8LinearConfig for the preset's recipe (and emulation flag)."""
+    f8 = torchao_float8()
+    cfg = f8.Float8LinearConfig.from_recipe_name(fp8._name(precision_cfg.fp8.recipe))
+    if precision_cfg.fp8.torchao_emulate:
+        cfg = dataclasses.replace(cfg, emulate=True)
+    return cfg
+
+
+def apply_torchao_float8(model: nn.Module, precision_cfg) -> nn.Module:
+    """Convert the model's eligible nn.Linear layers to torchao Float8Linear (in place).
+
+    Left alone: exempt layers (precision.fp8.exempt; "first"/"last" count conv and linear
+    layers in registration order, as in the emulated mode), and linear layers whose in or out
+    features are not multiples of 16 (torchao's FP8 GEMM needs that; a 1000-class head is one).
+    What was converted is in `model._fp8_hardware` (for the run record)."""
+    from mpt_repro.precision.fp8_modules import SWAP, select_exempt
+
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    validate_hardware(precision_cfg, device)
+    eligible = [n for n, m in model.named_modules() if type(m) in SWAP]
+    exempt = select_exempt(eligible, precision_cfg.fp8.exempt)
+    record: dict[str, list[str]] = {"converted": [], "exempt": [], "skipped_dims": []}
+
+    def keep(module: nn.Module, fqn: str) -> bool:
+        if not isinstance(module, nn.Linear):
+            return True  # torchao walks containers through this filter too
+        if fqn in exempt:
+            record["exempt"].append(fqn)
+            return False
+        if module.in_features % 16 or module.out_features % 16:
+            record["skipped_dims"].append(fqn)
+            return False
+        record["converted"].append(fqn)
+        return True
+
+    f8 = torchao_float8()
+    model = f8.convert_to_float8_training(
+        model, module_filter_fn=keep, config=float8_config(precision_cfg)
+    )
+    model._fp8_hardware = record
+    return model
