@@ -23,6 +23,22 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (
 
 PRESET_NAMES = sorted(p.stem for p in (Path(CONF_DIR) / "precision").glob("*.yaml"))
 ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16", "adaptive"}
+ALL |= {"fp8_e5m2_emulated", "fp8_hybrid_emulated", "fp8", "fp8_rowwise"}  # issue 16
+HARDWARE_FP8 = {"fp8", "fp8_rowwise"}  # torchao float8: FP8 tensor cores, or its emulation
+
+
+def torchao_missing() -> bool:
+    try:
+        import torchao.float8  # noqa: F401
+    except Exception:
+        return True
+    return False
+
+
+def preset_cfg(preset: str):
+    """The preset's PrecisionConfig on a CPU: torchao's FP8 presets in torchao's emulation."""
+    extra = ["precision.fp8.torchao_emulate=true"] if preset in HARDWARE_FP8 else []
+    return compose(["experiment=demo", f"precision={preset}", *extra])
 
 
 def test_the_preset_set():
@@ -40,6 +56,10 @@ def test_preset_composes_validates_and_names_itself(preset):
     if preset in PRESETS:  # the unit tests' knob table is the preset files' content
         for k, v in PRESETS[preset].items():
             assert getattr(p, k) == v, f"{preset}: precision.{k}"
+    if preset in HARDWARE_FP8 and torchao_missing():
+        with pytest.raises(ConfigError, match="pip install torchao"):
+            PrecisionPolicy(p, "cpu", paper_loss_scale=cfg.paper_loss_scale)
+        return
     pol = PrecisionPolicy(p, "cpu", paper_loss_scale=cfg.paper_loss_scale)
     assert pol.describe().startswith(f"{preset}: ")
 
@@ -96,7 +116,9 @@ def digits(n=64):
 
 @pytest.mark.parametrize("preset", PRESET_NAMES)
 def test_every_preset_trains_a_tiny_bn_cnn(preset):
-    cfg = compose(["experiment=demo", f"precision={preset}"]).precision
+    if preset in HARDWARE_FP8 and torchao_missing():
+        pytest.skip("torchao is not installed: its FP8 presets are refused (tested above)")
+    cfg = preset_cfg(preset).precision
     pol = PrecisionPolicy(cfg, "cpu")
     torch.manual_seed(0)
     # FP16 convolutions are ~100x slower than FP32 on a CPU: keep it tiny

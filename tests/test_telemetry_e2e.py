@@ -8,6 +8,7 @@ from pathlib import Path
 from conftest import read_run, run_cli
 
 from mpt_repro.telemetry.figures import FIGURES
+from mpt_repro.telemetry.numerics import FORMAT_NAMES
 
 
 def test_smoke_run_with_telemetry_writes_figures_and_summary(tmp_path: Path) -> None:
@@ -82,3 +83,25 @@ def test_telemetry_under_fp16_master_weights_and_a_moving_loss_scale(tmp_path: P
     for r in lines:
         if r["stepped"]:
             assert r["nonfinite"] is None and r["layers"]
+
+
+def test_telemetry_reports_what_fp8_formats_would_do_with_the_gradients(tmp_path: Path) -> None:
+    run_cli(
+        "experiment=demo",
+        "budget=smoke",
+        "precision=fp32",
+        "telemetry.enabled=true",
+        "telemetry.every=3",
+        "telemetry.figures=false",
+        run_dir=tmp_path,
+    )
+    net = read_run(tmp_path)["diagnostics"]["telemetry"]["network"]
+    for kind in ("act_grad_8bit", "weight_grad_8bit"):
+        e5m2, e4m3 = net[kind]["e5m2"], net[kind]["e4m3"]
+        assert 0 <= e5m2["flush"] <= 1 and 0 <= e4m3["flush"] <= 1
+        # E4M3's smallest subnormal is 2^-9, E5M2's 2^-16: E4M3 flushes at least as much
+        assert e4m3["flush"] >= e5m2["flush"]
+        assert e4m3["flush"] > 0  # small FP32 gradients do fall below 2^-9
+    lines = [json.loads(x) for x in (tmp_path / "telemetry.jsonl").read_text().splitlines()]
+    layer = next(iter(lines[0]["layers"].values()))
+    assert set(layer["act"]["formats"]) == {"numel", *FORMAT_NAMES}

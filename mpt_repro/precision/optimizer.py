@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
+from mpt_repro.precision.fp8_modules import FP8Runtime
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.scalers import LossScaler
 
@@ -52,11 +53,13 @@ class PrecisionOptimizer:
         model_params: list[Tensor],
         master: MasterWeights | None,
         scale_group: ScaleGroup | None,
+        fp8: FP8Runtime | None = None,
     ):
         self.name, self.optimizer, self.names = name, optimizer, names
         self.model_params, self.master, self.scale_group = model_params, master, scale_group
         self.params = master.opt_params if master else model_params  # what the optimizer updates
         self.scaler = scale_group.scaler if scale_group else None
+        self.fp8 = fp8  # precision.fp8 (emulated): its random streams, its FP16 master rounding
         # the fused kernels read found_inf on the device (torch.amp.GradScaler's protocol)
         self.fused = bool(optimizer.defaults.get("fused")) and getattr(
             optimizer, "_step_supports_amp_scaling", False
@@ -124,6 +127,8 @@ class PrecisionOptimizer:
         else:
             for p in self.params:  # an overflowing gradient must not reach the next step
                 p.grad = None
+        if self.fp8 is not None:  # an FP16 master copy (fp8.master=fp16): idempotent after a skip
+            self.fp8.round_master_(self.params)
         if self.master is not None:
             self.master.masters_to_model()  # after a skipped step: the same values again
         self._skipped += (found_inf > 0).reshape(())
@@ -177,6 +182,7 @@ class PrecisionOptimizer:
             "masters": self.master.state_dict() if self.master is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "steps": self.steps,
+            "fp8": self.fp8.state_dict() if self.fp8 is not None else None,
             "device_state": {
                 k: getattr(self, k).item()
                 for k in ("_skipped", "_first_bad", "_first_bad_step", "_last_bad", "_last_bad_nan")
@@ -190,6 +196,8 @@ class PrecisionOptimizer:
         if self.scaler is not None and sd.get("scaler") is not None:
             self.scaler.load_state_dict(sd["scaler"])
         self.steps = int(sd["steps"])
+        if self.fp8 is not None and sd.get("fp8") is not None:
+            self.fp8.load_state_dict(sd["fp8"])
         for k, v in sd["device_state"].items():
             getattr(self, k).fill_(v)
 

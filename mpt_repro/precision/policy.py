@@ -25,7 +25,12 @@ import torch
 from torch import nn
 
 from mpt_repro.errors import Diverged
-from mpt_repro.precision import adaptive  # noqa: F401  (registers loss_scaling=adaptive)
+from mpt_repro.precision import (
+    adaptive,  # noqa: F401  (registers loss_scaling=adaptive)
+    fp8,
+    fp8_hardware,
+    fp8_modules,
+)
 from mpt_repro.precision.config import enum_name as _enum_name
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.optimizer import PrecisionOptimizer, ScaleGroup
@@ -61,6 +66,8 @@ class PrecisionPolicy:
         self.optimizers: dict[str, PrecisionOptimizer] = {}
         self._shared: ScaleGroup | None = None
         self._apply_tf32()
+        # precision.fp8 (torchao mode): torchao present and an FP8-capable device, before any work
+        fp8_hardware.validate_hardware(cfg, self.device)
 
     # -- construction -----------------------------------------------------------------------
     def _resolve_scaling(self) -> tuple[str, str, float]:
@@ -71,6 +78,8 @@ class PrecisionPolicy:
             return "dynamic", "experiment states no paper scale", float(self.cfg.init_scale)
         if kind == "static":
             return "static", "precision.static_scale", float(self.cfg.static_scale)
+        if kind == "none" and fp8.fp8_mode(self.cfg) == "emulated":
+            return "none", "the no-scaling ablation", 1.0
         if kind == "none":
             reason = {
                 "float32": "FP32 has the range",
@@ -120,6 +129,11 @@ class PrecisionPolicy:
                 )
             )
         parts.append("TF32 on" if self.cfg.allow_tf32 else "TF32 off")
+        f8 = fp8.describe_fp8(self.cfg)
+        if f8 is not None and self.dtype_name == "float32":
+            parts[0] = f8 + ", other ops FP32"  # emulated: the layers' operands are the story
+        elif f8 is not None:
+            parts.insert(0, f8)
         return f"{self.name}: " + ", ".join(parts)
 
     # -- model and inputs -------------------------------------------------------------------
@@ -131,6 +145,7 @@ class PrecisionPolicy:
         the paper's "BN in FP32" (§3.3) without an FP32 copy of every BN input saved for backward.
         """
         model = model.to(self.device)
+        model = fp8_modules.apply_fp8(model, self.cfg)  # precision.fp8: 8-bit conv/linear layers
         if not self.low_precision_weights:
             return model
         model.to(self.compute_dtype)
@@ -176,7 +191,9 @@ class PrecisionPolicy:
         if group is not None:
             group.members += 1
             group.scaler.attach(model, names, opt_params)
-        popt = PrecisionOptimizer(name, torch_opt, names, params, master, group)
+        popt = PrecisionOptimizer(
+            name, torch_opt, names, params, master, group, fp8_modules.fp8_runtime(model)
+        )
         self.optimizers[name] = popt
         return popt
 
@@ -263,6 +280,9 @@ class PrecisionPolicy:
                 "loss_scale_max": s["max"],
             }
         diagnostics["per_optimizer"] = per_opt
+        fp8_summary = {n: o.fp8.summary() for n, o in self.optimizers.items() if o.fp8}
+        if fp8_summary:
+            diagnostics["fp8"] = _merge_diagnostics(fp8_summary)
         extra = {n: o.scaler.diagnostics() for n, o in self.optimizers.items() if o.scaler}
         extra = {n: d for n, d in extra.items() if d}
         if extra:  # layer-wise scalers: layer names prefixed by optimizer when there are several

@@ -26,6 +26,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor, nn
 
+from mpt_repro.precision.fp8 import min_scale_at
+
 SCALERS: dict[str, type[LossScaler]] = {}
 
 
@@ -140,7 +142,15 @@ class LossScaler:
         pass
 
     def _at_floor(self) -> Tensor:
-        return self._scale <= self.cfg.min_scale
+        return self._scale <= self.floor()
+
+    def floor(self) -> float:
+        """The lowest scale now: precision.min_scale, or a floor that rises during training
+        (precision.fp8's enhanced loss scaling, Mellempudi et al. 2019). Host arithmetic on the
+        host's step count: no sync."""
+        return (
+            min_scale_at(self.steps, self.cfg) if hasattr(self.cfg, "fp8") else self.cfg.min_scale
+        )
 
     # -- host reads (log rows, the run record) ---------------------------------------------
     @property
@@ -224,10 +234,11 @@ class DynamicScaler(LossScaler):
 
     def _move(self, inf: Tensor) -> None:
         c = self.cfg
+        floor = self.floor()
         tolerate = inf & (self._hysteresis_left > 1)
         backoff = inf & ~tolerate
         self._scale = torch.where(
-            backoff, (self._scale * c.backoff_factor).clamp(min=c.min_scale), self._scale
+            backoff, (self._scale * c.backoff_factor).clamp(min=floor), self._scale
         )
         self._hysteresis_left = torch.where(
             tolerate, self._hysteresis_left - 1, self._hysteresis_left
@@ -240,6 +251,7 @@ class DynamicScaler(LossScaler):
         self._growth_tracker = torch.where(grow, 0, self._growth_tracker)
         # DeepSpeed (consecutive_hysteresis=false): the tolerance refills when the scale grows
         self._hysteresis_left = torch.where(grow, c.hysteresis, self._hysteresis_left)
+        self._scale.clamp_(min=floor)  # a floor that rose lifts the scale with it
 
     def describe(self, reason: str) -> str:
         c = self.cfg

@@ -10,6 +10,11 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
     dtype, scaling, weights = _name(p.compute_dtype), _name(p.loss_scaling), _name(p.weights)
     if not p.name:
         raise ConfigError("precision.name must name the preset (the run directory uses it).")
+    from mpt_repro.precision import fp8
+
+    fp8.validate_fp8(p, paper_loss_scale)
+    # emulated FP8 computes in FP32 on 8-bit values: its gradients need the loss scale
+    emulated_fp8 = fp8.fp8_mode(p) == "emulated"
     if p.master_weights and weights == "fp32_autocast":
         raise ConfigError(
             "precision.master_weights=true needs precision.weights=low_precision: with FP32 "
@@ -23,7 +28,7 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
             "to store the weights in. Use precision.weights=fp32_autocast or "
             "compute_dtype=float16/bfloat16."
         )
-    if dtype == "float32" and scaling != "none":
+    if dtype == "float32" and scaling != "none" and not emulated_fp8:
         raise ConfigError(
             f"precision.loss_scaling={scaling} with precision.compute_dtype=float32: FP32 "
             "gradients have the "

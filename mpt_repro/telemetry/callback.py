@@ -280,7 +280,7 @@ class TelemetryCallback:
             cap.last_grad = grad
             cap.groups.append((grad.detach().abs().amax().float(), [(layer, where)]))
         if hist:
-            c = nx.tensor_counts(grad, cap.divide_by[mname], cap.scale[mname])
+            c = nx.all_counts(grad, cap.divide_by[mname], cap.scale[mname])
             cap.act[layer] = (
                 cap.act[layer] + c if layer in cap.act else c
             )  # a layer used twice: summed
@@ -291,7 +291,7 @@ class TelemetryCallback:
         # fires at every accumulation into .grad: the last call holds the total of the step
         cap.weight[pname] = (
             layer,
-            nx.tensor_counts(p.grad, cap.divide_by[mname], cap.scale[mname]),
+            nx.all_counts(p.grad, cap.divide_by[mname], cap.scale[mname]),
         )
 
     # -- after the step: one host copy, then plain Python
@@ -323,7 +323,9 @@ class TelemetryCallback:
 
         found: dict[str, dict] = {}
         for (kind, layer), c in zip(keys, counts):
+            c, formats = nx.split_counts(c)  # FP16's counts, and E5M2/E4M3's (issue 16)
             entry = {"hist": nx.trim_histogram(nx.histogram_list(c)), **nx.count_dict(c)}
+            entry["formats"] = formats
             found.setdefault(layer, {})[kind] = entry
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}

@@ -113,6 +113,18 @@ def tensor_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tens
     return torch.cat([hist, torch.stack(extra)])
 
 
+def all_counts(x: Tensor, divide_by: float = 1.0, scale: float = 1.0) -> Tensor:
+    """tensor_counts (FP16 terms) followed by format_counts (E5M2/E4M3 terms): one vector, so a
+    sampled step still makes one host copy. Split it with split_counts."""
+    return torch.cat([tensor_counts(x, divide_by, scale), format_counts(x, divide_by, scale)])
+
+
+def split_counts(counts: list) -> tuple[list, dict]:
+    """(the tensor_counts part, the format_count_dict entry) of a host copy of all_counts."""
+    base = N_BINS + len(FIELDS)
+    return counts[:base], format_count_dict(counts[base:])
+
+
 def fp16_half_ulp(w: Tensor) -> Tensor:
     """Half the spacing of FP16 numbers at w (rounded to FP16 first): the smallest update that
     FP16 addition to w can register. Normal w: 2^(e-11); subnormal or zero w: 2^-25."""

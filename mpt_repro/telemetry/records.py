@@ -41,7 +41,9 @@ def read_records(path: Path) -> list[dict]:
 
 
 def add_entries(entries: Iterable[dict]) -> dict | None:
-    """The sum of several count entries (histograms included); None for none."""
+    """The sum of several count entries (histograms and 8-bit format counts included); None for
+    none."""
+    entries = list(entries)  # read twice
     total: dict | None = None
     full: list[int] = []
     for e in entries:
@@ -54,6 +56,9 @@ def add_entries(entries: Iterable[dict]) -> dict | None:
             full[i] += v
     if total is not None:
         total["hist"] = nx.trim_histogram(full)
+        formats = nx.add_format_entries(e["formats"] for e in entries if "formats" in e)
+        if formats is not None:
+            total["formats"] = formats
     return total
 
 
@@ -110,6 +115,8 @@ def summarize(records: list[dict], every: int) -> dict:
         total = add_entries(totals[kind])
         if total is not None:
             network[name + "_histogram"] = total["hist"]
+            if "formats" in total:  # what E5M2/E4M3 (and FP16) would do with them, whole run
+                network[name + "_8bit"] = nx.format_fractions(total["formats"])
     out["network"] = network
     out["layers"] = _layer_means(samples)
     first = next((r for r in records if r.get("nonfinite")), None)
@@ -163,6 +170,9 @@ def write_tensorboard(
         for k, v in nx.fractions_of(net[kind]).items():
             writer.add_scalar(f"telemetry/{names[kind]}/{k}", v, step)
         _add_exponent_histogram(writer, f"telemetry/{names[kind]}_log2", net[kind]["hist"], step)
+        for fmt, fractions in nx.format_fractions(net[kind].get("formats") or {"numel": 0}).items():
+            for k, v in fractions.items():
+                writer.add_scalar(f"telemetry/{names[kind]}/{fmt}_{k}", v, step)
     if "lost" in net:
         writer.add_scalar("telemetry/lost_update", nx.lost_fraction(net["lost"]), step)
     for layer, entry in record["layers"].items():
