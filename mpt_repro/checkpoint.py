@@ -11,6 +11,7 @@ read it raises CheckpointError naming both files and the way out, never a bare U
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
@@ -54,7 +55,8 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
         raise CheckpointError(_write_failure(last, e)) from e
     # Two renames, each atomic: between them previous.pt holds the older checkpoint and last.pt
     # is missing, which the load handles (it falls back to previous.pt).
@@ -87,6 +89,14 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] 
         if not isinstance(state, dict) or REQUIRED_KEY not in state:
             problems.append(f"{path}: not a checkpoint of mpt-run (no {REQUIRED_KEY!r} field)")
             continue
+        if not problems and path.name == PREVIOUS.name:
+            log.warning(
+                "%s is missing (a save was cut short between its two renames); resuming from %s "
+                "(step %s)",
+                Path(run_dir) / LAST,
+                path,
+                state[REQUIRED_KEY],
+            )
         if problems:
             log.warning(
                 "checkpoint %s cannot be read (%s); resuming from the one before it, %s (step %s)",

@@ -4,11 +4,12 @@ mpt-run experiment=resnet50 precision=mixed budget=smoke
 mpt-run -m experiment=demo precision=fp32,amp seed=0,1,2
 
 Every way a run can end is one short message on the console and an exit status
-(docs/reliability.md): 0 completed or diverged (a result), 2 bad input the user can fix (the
-message names the key, file or directory and what to do), 130/143 interrupted by Ctrl-C/SIGTERM
-after a checkpoint (the message gives the command that resumes), 1 anything else (the traceback
-goes to the run's log file and run.json, not to the console). HYDRA_FULL_ERROR=1 shows the
-tracebacks on the console as well.
+(docs/reliability.md): 0 completed or diverged (a result); 2 a fault the message explains (bad
+input, a busy or finished run directory, an unreadable checkpoint, a full disk or a read-only
+folder: it names the key, file or directory and what to do); 130/143 interrupted by
+Ctrl-C/SIGTERM after a checkpoint (the message gives the command that resumes); 1 anything else
+(the traceback goes to the run's log file and run.json, not to the console). HYDRA_FULL_ERROR=1
+shows the tracebacks on the console as well.
 
 This module imports no torch at import time: `--help`, `--version` and shell completion stay fast.
 """
@@ -52,16 +53,17 @@ def _main(cfg: DictConfig) -> None:
     run_dir = Path(hc.runtime.output_dir)
     try:
         from mpt_repro.config import check_overrides_are_read
+
+        check_overrides_are_read(cfg, list(hc.overrides.task))  # before torch is even imported
         from mpt_repro.run import run
 
-        check_overrides_are_read(cfg, list(hc.overrides.task))
         record = run(cfg, run_dir)
     except BaseException as e:  # noqa: BLE001 - every ending gets its message and status
         if isinstance(e, SystemExit):
             raise
         message, code = explain(e, run_dir)
         print(f"{PROG}: {message}", file=sys.stderr)
-        _to_log_file(e, message, with_traceback=code == 1)
+        _to_log_file(e, message, with_traceback=code == 1 or isinstance(e, OSError))
         if _show_tracebacks and code == 1:
             raise
         # A stop by a signal ends a sweep; any other failure ends only its own job.
@@ -111,14 +113,14 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
     if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
         return (
             f"error: no space left on the device holding {e.filename or run_dir}: free space, "
-            f"then run the same command with resume=true (details: {_log_hint(run_dir)})",
-            1,
+            "then run the same command again (with resume=true if the run had a checkpoint)",
+            2,
         )
     if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
         return (
             f"error: cannot write {e.filename or run_dir} ({e.strerror}): choose a writable "
             "results folder with paths.runs_dir=DIR (or hydra.run.dir=DIR)",
-            1,
+            2,
         )
     if isinstance(e, UnicodeDecodeError):
         return (

@@ -108,12 +108,12 @@ def _run_planned(
     cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool
 ) -> dict[str, Any]:
     previous = plan.previous
+    resuming = plan.action == "resume"
+    if previous and plan.action in ("done", "resume"):
+        _refuse_other_data(previous, cfg, run_dir)
     if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
         return previous
-    resuming = plan.action == "resume"
-    if resuming and previous:
-        _refuse_other_data(previous, cfg, run_dir)
 
     from mpt_repro.precision import PrecisionPolicy
     from mpt_repro.tasks.base import build_task
