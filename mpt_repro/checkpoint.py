@@ -133,10 +133,12 @@ def _write_failure(path: Path, e: BaseException) -> str:
         if full
         else "check that the folder is writable (or choose another with paths.runs_dir=DIR)"
     )
-    return (
-        f"could not write the checkpoint {path}{where}: {_short(e)}. The previous checkpoint is "
-        f"kept: {fix}, then run the same command with resume=true."
+    then = (
+        "The checkpoint before it is kept: " + fix + ", then run the same command with resume=true"
+        if path.exists()
+        else fix[0].upper() + fix[1:] + ", then run the same command again"
     )
+    return f"could not write the checkpoint {path}{where}: {_short(e)}. {then}."
 
 
 def _free_bytes(folder: Path) -> int | None:

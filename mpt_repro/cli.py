@@ -26,7 +26,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
-from mpt_repro.errors import Interrupted, UserError
+from mpt_repro.errors import Interrupted, UserError, describe
 
 register_configs()
 log = logging.getLogger("mpt_repro")
@@ -128,9 +128,7 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
             f"traceback in {_log_hint(run_dir)} names it",
             1,
         )
-    text = _first_lines(str(e), 1)
-    what = f"{type(e).__name__}: {text}" if text else type(e).__name__
-    return f"error: {what} (traceback: {_log_hint(run_dir)})", 1
+    return f"error: {describe(e)} (traceback: {_log_hint(run_dir)})", 1
 
 
 def _first_lines(text: str, n: int) -> str:
@@ -179,6 +177,9 @@ def version() -> str:
 
 def main() -> None:
     global _show_tracebacks
+    # A full disk or a vanished log folder must not turn every later log line into a traceback
+    # on the console ("--- Logging error ---"): the failure itself is reported once, below.
+    logging.raiseExceptions = False
     argv = sys.argv[1:]
     if "--version" in argv:  # Hydra's own --version would print Hydra's version
         print(f"{PROG} (mpt-repro) {version()}")

@@ -367,6 +367,8 @@ def _override_args(argv: list[str]) -> list[str]:
         args, _ = get_args_parser().parse_known_args(argv)
     except SystemExit:  # a malformed flag: Hydra will say so
         return []
+    if args.shell_completion:  # `-sc install=bash`, `-sc query=bash`: not overrides
+        return []
     return list(args.overrides or [])
 
 

@@ -54,13 +54,18 @@ class Interrupted(Exception):
     number, so that a scheduler or a script sees the stop for what it is.
     """
 
-    def __init__(self, signum: int, step: int | None = None):
+    def __init__(self, signum: int, step: int | None = None, saved: bool = True):
         self.signum = int(signum)
         self.step = step
         at = f" at step {step}" if step is not None else ""
-        super().__init__(
-            f"stopped by {self.signal_name}{at} after saving a checkpoint; resume with resume=true"
+        # saved=False: the signal arrived outside the trainer's step boundary (e.g. Ctrl-C while
+        # evaluating), so the run continues from its last periodic checkpoint instead
+        how = (
+            "after saving a checkpoint; resume with resume=true"
+            if saved
+            else "; resume=true continues from its last checkpoint"
         )
+        super().__init__(f"stopped by {self.signal_name}{at} {how}".replace(" ;", ";"))
 
     @property
     def signal_name(self) -> str:
@@ -72,3 +77,13 @@ class Interrupted(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def describe(e: BaseException) -> str:
+    """One line for the console or a record's `reason`: the error's type and first line. An
+    error raised in a DataLoader worker arrives wrapped ("Caught X in DataLoader worker process
+    0." and the worker's traceback); its last line is the original error, which names the file."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()]
+    if len(lines) > 1 and " in DataLoader worker process " in lines[0]:
+        return f"{lines[-1]} (in a data-loading worker)"
+    return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__

@@ -24,7 +24,7 @@ from omegaconf import DictConfig
 from mpt_repro import distributed
 from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
-from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError
+from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
 from mpt_repro.record import RunRecord, nonfinite_metrics
 from mpt_repro.rundir import (
     Plan,
@@ -199,7 +199,9 @@ def _run_planned(
         )
         log.warning("diverged at step %s: %s", step, e.reason)
     except BaseException as e:
-        _end_abnormally(record, e, trainer, start, run_dir)
+        stopped = _end_abnormally(record, e, trainer, start, run_dir)
+        if stopped is not None and stopped is not e:
+            raise stopped from e  # the CLI answers a stop by a signal with its own exit status
         raise
     finally:
         if trainer is not None:
@@ -217,8 +219,9 @@ def _claim(run_dir: Path, plan: Plan, cfg: DictConfig) -> None:
 
 def _end_abnormally(
     record: RunRecord, e: BaseException, trainer: Any, start: float, run_dir: Path
-) -> None:
-    """Record an interruption (a signal, after a checkpoint) or a failure; never raise."""
+) -> Interrupted | None:
+    """Record an interruption (a signal, with a checkpoint to resume from) or a failure; return
+    the interruption, if it was one; never raise."""
     stopped = _as_interrupted(e, trainer)
     if stopped is not None and has_checkpoint(run_dir):
         _safely(
@@ -229,8 +232,9 @@ def _end_abnormally(
             wall_time_s=_wall(record, start),
             **_summary(trainer),
         )
-        return
+        return stopped
     _fail(record, e, start, hint=_hint_for(e, run_dir), **_summary(trainer))
+    return None
 
 
 def _as_interrupted(e: BaseException, trainer: Any) -> Interrupted | None:
@@ -247,7 +251,7 @@ def _as_interrupted(e: BaseException, trainer: Any) -> Interrupted | None:
     if Stopped and isinstance(e, Stopped):
         return Interrupted(signal.SIGTERM, trainer.step if trainer else None)
     if isinstance(e, KeyboardInterrupt):
-        return Interrupted(signal.SIGINT, trainer.step if trainer else None)
+        return Interrupted(signal.SIGINT, trainer.step if trainer else None, saved=False)
     return None
 
 
@@ -255,7 +259,7 @@ def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, *
     if isinstance(e, KeyboardInterrupt):
         reason = "stopped by Ctrl-C before a checkpoint was saved"
     else:
-        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+        reason = f"{type(e).__name__}: {e}" if isinstance(e, UserError) else describe(e)
         if not isinstance(e, UserError):
             record.update(traceback=traceback.format_exc(limit=30))
     _safely(record.finish, "failed", reason, hint=hint, wall_time_s=_wall(record, start), **extra)
