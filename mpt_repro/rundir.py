@@ -313,7 +313,7 @@ def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
         raise RunDirError(_unfinished_message(state))
     if resume and status is not None:
         raise RunDirError(
-            f"resume=true, but {d} has no checkpoint to continue from: its run is {status} "
+            f"resume=true, but {d} has no checkpoint to continue from: its run {_ended(status)} "
             f"({state.record.get('reason') or 'it stopped before its first checkpoint'}). Run the "
             "same command without resume=true to start it afresh (its files are moved to "
             f"{d}/{SET_ASIDE_PREFIX}<time>/)."
@@ -345,7 +345,7 @@ def _finished_message(state: RunDirState) -> str:
 def _unfinished_message(state: RunDirState) -> str:
     d = state.run_dir
     what = (
-        f"an unfinished run ({state.status})"
+        f"an unfinished run (it {_ended(state.status)})"
         if state.status
         else "a run with an unreadable run.json"
     )
@@ -354,6 +354,12 @@ def _unfinished_message(state: RunDirState) -> str:
         f"it afresh, run with overwrite=true (its files are moved to {d}/{SET_ASIDE_PREFIX}<time>/,"
         " not deleted)."
     )
+
+
+def _ended(status: str) -> str:
+    """How a run with this record status ended, in words (`running` with nobody holding the
+    directory means the process was killed)."""
+    return "was killed (its record still says running)" if status == "running" else f"is {status}"
 
 
 def set_aside(run_dir: Path, names: list[str]) -> Path | None:

@@ -152,8 +152,10 @@ def test_a_finished_run_is_refused_unless_kept_or_overwritten(tmp_path, status) 
 @pytest.mark.parametrize("status", ["interrupted", "running", "failed"])
 def test_an_unfinished_run_with_a_checkpoint_asks_resume_or_overwrite(tmp_path, status) -> None:
     d = _run(tmp_path, status, checkpoint=True)
-    with pytest.raises(RunDirError, match="resume=true.*overwrite=true"):
+    with pytest.raises(RunDirError, match="resume=true.*overwrite=true") as err:
         _plan(d)
+    said = "was killed (its record still says running)" if status == "running" else status
+    assert f"unfinished run (it {said}" in str(err.value) or said in str(err.value)
     plan = _plan(d, resume=True)
     assert plan.action == "resume" and plan.set_aside == [] and plan.holds_work
 
