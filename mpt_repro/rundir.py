@@ -359,7 +359,7 @@ def _unfinished_message(state: RunDirState) -> str:
 def _ended(status: str) -> str:
     """How a run with this record status ended, in words (`running` with nobody holding the
     directory means the process was killed)."""
-    return "was killed (its record still says running)" if status == "running" else f"is {status}"
+    return "was killed while running" if status == "running" else f"is {status}"
 
 
 def set_aside(run_dir: Path, names: list[str]) -> Path | None:

@@ -154,8 +154,8 @@ def test_an_unfinished_run_with_a_checkpoint_asks_resume_or_overwrite(tmp_path, 
     d = _run(tmp_path, status, checkpoint=True)
     with pytest.raises(RunDirError, match="resume=true.*overwrite=true") as err:
         _plan(d)
-    said = "was killed (its record still says running)" if status == "running" else status
-    assert f"unfinished run (it {said}" in str(err.value) or said in str(err.value)
+    said = "was killed while running" if status == "running" else f"is {status}"
+    assert f"holds an unfinished run (it {said}) with a checkpoint" in str(err.value)
     plan = _plan(d, resume=True)
     assert plan.action == "resume" and plan.set_aside == [] and plan.holds_work
 
