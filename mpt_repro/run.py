@@ -88,13 +88,16 @@ def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
     """Rank 0 locks and reads the directory; every rank gets the same plan, or the same refusal
     (a refusal raised on rank 0 alone would leave the others waiting in the broadcast)."""
     answer: tuple[Plan | None, str | None] | None = None
+    error: Exception | None = None
     if lock is not None:
         try:
             lock.acquire()
             answer = (plan_run(inspect_run_dir(run_dir), cfg.resume, cfg.overwrite), None)
-        except UserError as e:
-            answer = (None, str(e))
+        except Exception as e:  # noqa: BLE001 - handed to every rank, raised below
+            error, answer = e, (None, str(e))
     plan, refusal = distributed.broadcast_object(answer)
+    if error is not None:
+        raise error
     if refusal is not None:
         raise RunDirError(refusal)
     assert plan is not None
