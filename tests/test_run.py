@@ -158,6 +158,9 @@ def test_killed_run_resumes_to_identical_metrics(tmp_path: Path) -> None:
     assert rows(whole) == rows(broken)
 
 
+# slow: tests/test_faults.py checks SIGTERM (interrupted, 143) in the default suite, and the
+# resume of an interrupted run through the command the message prints
+@pytest.mark.slow
 def test_sigterm_saves_a_checkpoint_and_records_the_stop(tmp_path: Path) -> None:
     proc = _launch(tmp_path, *RESUME_SETTINGS)
     _wait_for_checkpoint(proc, tmp_path)
