@@ -149,9 +149,12 @@ def _run_planned(
         # A new run leaves a record of why it could not start; an earlier run's record (one to
         # resume, or one overwrite=true would have replaced) stays as it was.
         if main and plan.action == "fresh" and not plan.holds_work:
-            _claim(run_dir, plan, cfg)
-            record = RunRecord(run_dir, fields)
-            _fail(record, e, time.perf_counter(), hint=_hint_for(e, run_dir))
+            try:
+                _claim(run_dir, plan, cfg)
+            except OSError as err:  # the folder itself is the problem: the error says the rest
+                log.warning("could not prepare %s for the run record: %s", run_dir, err)
+            else:
+                _fail(RunRecord(run_dir, fields), e, time.perf_counter(), _hint_for(e, run_dir))
         raise
     distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
 
