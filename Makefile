@@ -24,6 +24,12 @@ install: $(STAMP) ## build .venv and install mpt-repro (editable, with test extr
 demo: $(STAMP) ## train the demo (digits CNN) in fp32 and amp, then print the comparison table
 	$(BIN)/python scripts/demo.py
 
+# The wheel carries the configs (mpt_repro/conf): `pip install dist/mpt_repro-*.whl`, or
+# `pipx install dist/mpt_repro-*.whl`, works from any folder (tests/test_cli_packaging.py).
+wheel: $(STAMP) ## build the installable wheel into dist/ (configs included)
+	$(BIN)/python -m pip wheel --no-deps --no-build-isolation -w dist .
+	rm -rf build
+
 lint: $(STAMP) ## ruff: formatting, lint, import order (configured in pyproject.toml)
 	$(BIN)/ruff format --check .
 	$(BIN)/ruff check .
@@ -59,4 +65,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp
+.PHONY: help install wheel lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp

@@ -2,52 +2,217 @@
 
 mpt-run experiment=resnet50 precision=mixed budget=smoke
 mpt-run -m experiment=demo precision=fp32,amp seed=0,1,2
+
+Every way a run can end is one short message on the console and an exit status
+(docs/reliability.md): 0 completed or diverged (a result); 2 a fault the message explains (bad
+input, a busy or finished run directory, an unreadable checkpoint, a full disk or a read-only
+folder: it names the key, file or directory and what to do); 130/143 interrupted by
+Ctrl-C/SIGTERM after a checkpoint (the message gives the command that resumes); 1 anything else
+(the traceback goes to the run's log file and run.json, not to the console). HYDRA_FULL_ERROR=1
+shows the tracebacks on the console as well.
+
+This module imports no torch at import time: `--help`, `--version` and shell completion stay fast.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import sys
 from pathlib import Path
 
 import hydra
-from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
-from mpt_repro.config import register_configs
-from mpt_repro.errors import UserError
-
-# conf/ lives at the repository root, beside the package (editable install: `make install`).
-CONF_DIR = str(Path(__file__).resolve().parents[1] / "conf")
+from mpt_repro.config import CONF_DIR, check_command_line, register_configs
+from mpt_repro.errors import Interrupted, UserError, describe
 
 register_configs()
 log = logging.getLogger("mpt_repro")
+PROG = "mpt-run"
+# HYDRA_FULL_ERROR=1 as the user set it: unexpected errors then raise with their traceback
+_show_tracebacks = False
 
 
-@hydra.main(version_base="1.3", config_path=CONF_DIR, config_name="config")
+class _JobFailed(Exception):
+    """A job of a sweep failed and said why: the sweep goes on to its other jobs, then exits with
+    this status (Hydra re-raises a sweep's first failure once all its jobs have run)."""
+
+    def __init__(self, code: int):
+        super().__init__(f"exit status {code}")
+        self.code = code
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def _main(cfg: DictConfig) -> None:
-    from mpt_repro.run import run
+    from hydra.core.hydra_config import HydraConfig
+    from hydra.types import RunMode
 
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hc = HydraConfig.get()
+    run_dir = Path(hc.runtime.output_dir)
     try:
+        from mpt_repro.config import check_overrides_are_read
+
+        check_overrides_are_read(cfg, list(hc.overrides.task))  # before torch is even imported
+        from mpt_repro.run import run
+
         record = run(cfg, run_dir)
-    except UserError as e:
-        # Bad input the user can fix: a clear message, no traceback, exit status 2.
-        print(f"mpt-run: error: {e}", file=sys.stderr)
-        sys.exit(2)
+    except BaseException as e:  # noqa: BLE001 - every ending gets its message and status
+        if isinstance(e, SystemExit):
+            raise
+        message, code = explain(e, run_dir)
+        print(f"{PROG}: {message}", file=sys.stderr)
+        _to_log_file(e, message, with_traceback=code == 1 or isinstance(e, OSError))
+        if _show_tracebacks and code == 1:
+            raise
+        # A stop by a signal ends a sweep; any other failure ends only its own job.
+        if hc.mode == RunMode.MULTIRUN and code not in (130, 143):
+            raise _JobFailed(code) from None
+        sys.exit(code)
+    _report_end(record, run_dir)
+
+
+def _report_end(record: dict, run_dir: Path) -> None:
+    from mpt_repro.record import nonfinite_metrics
+
     metrics = ", ".join(f"{k}={v:.4g}" for k, v in (record.get("metrics") or {}).items())
-    log.info(
+    status = record["status"]
+    # Anything but a clean, finite completion is worth the reader's attention.
+    level = logging.INFO
+    if status != "completed" or nonfinite_metrics(record.get("metrics")):
+        level = logging.WARNING
+    log.log(
+        level,
         "%s: %s %s -> %s",
-        record["status"],
+        status,
         record["experiment"],
         record["precision"],
         metrics or record.get("reason"),
     )
+    if record.get("hint"):
+        log.log(level, "%s", record["hint"])
     log.info("run record: %s", run_dir / "run.json")
 
 
+def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
+    """The console message and exit status for an exception that ended a run."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if isinstance(e, Interrupted):
+        return f"interrupted: {e}. Continue with: {_resume(run_dir)}", e.exit_code
+    if isinstance(e, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)", 130
+    if isinstance(e, _JobFailed):
+        return "a job of the sweep failed (its message is above)", e.code
+    if isinstance(e, UserError):
+        return f"error: {e}", 2
+    if isinstance(e, (HydraException, OmegaConfBaseException)):
+        return f"error: {_first_lines(str(e), 12)}", 2
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"error: no space left on the device holding {e.filename or run_dir}: free space, "
+            "then run the same command again (with resume=true if the run had a checkpoint)",
+            2,
+        )
+    if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"error: cannot write {e.filename or run_dir} ({e.strerror}): choose a writable "
+            "results folder with paths.runs_dir=DIR (or hydra.run.dir=DIR)",
+            2,
+        )
+    if isinstance(e, UnicodeDecodeError):
+        return (
+            f"error: a file is not valid {e.encoding} text ({e.reason} at byte {e.start}); the "
+            f"traceback in {_log_hint(run_dir)} names it",
+            1,
+        )
+    return f"error: {describe(e)} (traceback: {_log_hint(run_dir)})", 1
+
+
+def _first_lines(text: str, n: int) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    shown = "\n".join(lines[:n])
+    return shown[:2000]
+
+
+def _resume(run_dir: Path | None) -> str:
+    from mpt_repro.rundir import resume_command
+
+    return resume_command(run_dir) if run_dir is not None else f"{PROG} ... resume=true"
+
+
+def _log_files() -> list[logging.FileHandler]:
+    return [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+
+
+def _log_hint(run_dir: Path | None) -> str:
+    files = [h.baseFilename for h in _log_files()]
+    if files:
+        return files[0]
+    return str(run_dir / "run.json") if run_dir is not None else "HYDRA_FULL_ERROR=1"
+
+
+def _to_log_file(e: BaseException, message: str, with_traceback: bool) -> None:
+    """The message, and for an unexpected error its traceback, go to the run's log file only:
+    the console keeps its one line."""
+    exc_info = (type(e), e, e.__traceback__) if with_traceback else None
+    record = logging.LogRecord(
+        "mpt_repro", logging.ERROR, __file__, 0, "%s: %s", (PROG, message), exc_info
+    )
+    for handler in _log_files():
+        handler.handle(record)
+
+
+def version() -> str:
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("mpt-repro")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main() -> None:
-    _main()
+    global _show_tracebacks
+    # A full disk or a vanished log folder must not turn every later log line into a traceback
+    # on the console ("--- Logging error ---"): the failure itself is reported once, below.
+    logging.raiseExceptions = False
+    argv = sys.argv[1:]
+    if "--version" in argv:  # Hydra's own --version would print Hydra's version
+        print(f"{PROG} (mpt-repro) {version()}")
+        return
+    problem = check_command_line(argv)
+    if problem is not None:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    # Hydra prints its own errors with a stripped traceback and exits 1; with HYDRA_FULL_ERROR
+    # it raises them instead, and the lines below turn them into one message and a status.
+    user_full_error = os.environ.get("HYDRA_FULL_ERROR")
+    _show_tracebacks = user_full_error == "1"
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        _main()
+    except BrokenPipeError:  # `mpt-run --help | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(141)
+    except Exception as e:
+        if user_full_error == "1" and not isinstance(e, _JobFailed):
+            raise
+        message, code = explain(e, None)
+        if not isinstance(e, _JobFailed):
+            print(f"{PROG}: {message}", file=sys.stderr)
+        sys.exit(code)
+    except KeyboardInterrupt:  # outside a run (while composing the config)
+        print(f"{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
+        sys.exit(130)
+    finally:
+        if user_full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = user_full_error
 
 
 if __name__ == "__main__":

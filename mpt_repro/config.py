@@ -1,15 +1,26 @@
-"""The typed configuration schema, registered in Hydra's ConfigStore.
+"""The typed configuration schema, registered in Hydra's ConfigStore, and the checks around it.
 
 Every YAML file in conf/ is merged onto these dataclasses, so a misspelled key or a value of the
-wrong type is refused by Hydra before any work starts. `validate` then checks the values that
-types cannot (a negative learning rate, a batch size of 0, contradictory precision knobs) and
-raises ConfigError naming the key.
+wrong type is refused before any work starts. Three checks go further:
+
+- `check_command_line` refuses a key the schema does not have, with or without a leading `+`
+  (Hydra would add a `+key` silently, and the run would ignore it);
+- `check_overrides_are_read` refuses a command-line key that the selected experiment does not
+  read (another model's field, a loss-scaling knob under a preset without scaling), from the
+  table READ_ONLY_BY below;
+- `validate` checks the values that types cannot (a negative learning rate, a batch size of 0,
+  contradictory precision knobs) and raises ConfigError naming the key.
+
+Nothing here imports torch: `mpt-run --help` and shell completion load this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import typing
 from dataclasses import dataclass, field
-from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
@@ -19,12 +30,27 @@ from mpt_repro.errors import ConfigError
 from mpt_repro.precision.config import PrecisionConfig
 from mpt_repro.telemetry.config import TelemetryConfig
 
+# The configs ship inside the package (mpt_repro/conf is a link to the repository's conf/, which a
+# wheel carries as files), so Hydra finds them from any working directory, editable or not.
+CONF_DIR = Path(__file__).resolve().parent / "conf"
 
-class TaskKind(Enum):
-    classification = "classification"
-    language_model = "language_model"
-    gan = "gan"
-    detection = "detection"
+
+def options(group: str) -> list[str]:
+    """The options of a config group, from its folder in conf/ (e.g. the budgets or presets)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def option_name(value: Any) -> str:
+    """The name of a config choice, whether OmegaConf hands over an Enum member or a string."""
+    return str(getattr(value, "name", value))
+
+
+def known_tasks() -> list[str]:
+    """The task names the registry knows (importing the tasks registers them; needs torch)."""
+    import mpt_repro.tasks  # noqa: F401
+    from mpt_repro.tasks.base import TASKS
+
+    return sorted(TASKS)
 
 
 @dataclass
@@ -165,9 +191,10 @@ class PathsConfig:
 @dataclass
 class Config:
     experiment_name: str = MISSING
-    task: TaskKind = TaskKind.classification
+    task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     seed: int = 0
-    resume: bool = False
+    resume: bool = False  # continue the run in its directory from its last checkpoint
+    overwrite: bool = False  # train again over a finished run (its files are moved aside first)
     paper_loss_scale: float | None = None
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -311,12 +338,16 @@ def validate(cfg: DictConfig) -> None:
         "must be per_process or global",
     )
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
-    _check(
-        cfg.budget.name in ("paper", "short", "smoke"),
-        "budget.name",
-        cfg.budget.name,
-        "must be paper, short or smoke",
-    )
+    budgets = options("budget")
+    _check(cfg.budget.name in budgets, "budget.name", cfg.budget.name, f"must be one of {budgets}")
+    tasks = known_tasks()
+    _check(cfg.task in tasks, "task", cfg.task, f"must be one of {tasks}")
+    if cfg.resume and cfg.overwrite:
+        raise ConfigError(
+            "resume=true and overwrite=true ask for opposite things: resume=true continues the run "
+            "in its directory, overwrite=true starts it again (moving the old files aside). "
+            "Keep one."
+        )
     _check(
         cfg.paper_loss_scale is None or cfg.paper_loss_scale > 0,
         "paper_loss_scale",
@@ -333,3 +364,277 @@ def validate(cfg: DictConfig) -> None:
 def to_plain(cfg: DictConfig) -> dict:
     """The resolved config as plain JSON-able data (enums as strings)."""
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
+
+
+# -- strict command lines ----------------------------------------------------------------------
+# Keys under these schema nodes are free-form (a mapping handed on as is): `+node.anything=...`
+# is the documented way to add one. Every node typed as a dict in the schema is one; none of
+# today's fields is, so today no `+key=` addition is accepted.
+def extension_points() -> list[str]:
+    return [key for key, hint in _schema_fields(Config, "") if _origin(hint) is dict]
+
+
+def check_command_line(argv: list[str]) -> str | None:
+    """Why the command line names a key the configuration does not have, or None.
+
+    A misspelled key and a `+key=` addition get the same answer: Hydra would add the `+` one to
+    the config without complaint, and the run would ignore it (e.g. `+optim.lrr=0.1`).
+    Group choices (`precision=amp`), Hydra's own settings and malformed overrides are left to
+    Hydra, which reports those itself.
+    """
+    overrides = _parse(_override_args(argv))
+    if overrides is None:
+        return None
+    groups = _groups()
+    for o in overrides:
+        key = o.key_or_group
+        if o.is_delete() or o.package is not None or "/" in key or key.split(".")[0] == "hydra":
+            continue
+        if key in groups:
+            continue
+        if _schema_has(key):
+            continue
+        return _unknown_key_message(key)
+    return None
+
+
+def _override_args(argv: list[str]) -> list[str]:
+    """The overrides of an mpt-run command line, as Hydra's own argument parser sees them."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args, _ = get_args_parser().parse_known_args(argv)
+    except SystemExit:  # a malformed flag: Hydra will say so
+        return []
+    if args.shell_completion:  # `-sc install=bash`, `-sc query=bash`: not overrides
+        return []
+    return list(args.overrides or [])
+
+
+def _parse(args: list[str]) -> list | None:
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        return OverridesParser.create().parse_overrides(args)
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its own message
+        return None
+
+
+def _groups() -> set[str]:
+    return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+
+
+def _origin(hint: Any) -> Any:
+    return typing.get_origin(hint) or hint
+
+
+def _schema_fields(cls: type, prefix: str) -> list[tuple[str, Any]]:
+    """(dotted key, type hint) of every field of a schema dataclass, nested ones included."""
+    out = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key, hint = prefix + f.name, hints[f.name]
+        out.append((key, hint))
+        if dataclasses.is_dataclass(hint):
+            out += _schema_fields(hint, key + ".")
+    return out
+
+
+def _schema_has(key: str) -> bool:
+    fields = dict(_schema_fields(Config, ""))
+    if key in fields:
+        return True
+    parts = key.split(".")
+    for i in range(len(parts) - 1, 0, -1):  # under a free-form mapping, or an item of a list
+        parent = fields.get(".".join(parts[:i]))
+        if parent is not None and _origin(parent) in (dict, list, Any):
+            return True
+    return False
+
+
+def _unknown_key_message(key: str) -> str:
+    parent, _, name = key.rpartition(".")
+    known = [
+        k.rpartition(".")[2]
+        for k, _ in _schema_fields(Config, "")
+        if k.rpartition(".")[0] == parent
+    ]
+    close = [
+        f"{parent}.{k}" if parent else k for k in difflib.get_close_matches(name, known, 2, 0.7)
+    ]
+    where = f"{parent} has no setting {name!r}" if parent else f"there is no top-level {name!r}"
+    hint = f" (did you mean {' or '.join(close)}?)" if close else ""
+    points = extension_points()
+    plus = (
+        f"a leading + adds keys only under {', '.join(points)}"
+        if points
+        else "a leading + cannot add one: the run would not read it"
+    )
+    return f"unknown key {key!r}: {where}{hint}. `mpt-run --help` lists every key; {plus}."
+
+
+# -- keys the selected experiment does not read ------------------------------------------------
+# A command-line key listed here is refused when the run's kind (model, data set, optimizer,
+# loss scaling, ...) is not among those that read it: `model.hidden_size=999` on the demo CNN or
+# `precision.init_scale=1024` under fp32 would change nothing, silently, in a new directory.
+# Keys not listed are read by every kind. When you add a model, a data set or a field that only
+# some kinds read, add it here (tests/test_config_reads.py checks the table against conf/ and
+# against the small models' parameter shapes).
+#
+# key -> (selector, the kinds that read it). A selector is a config key or a derived value
+# (SELECTORS); KINDS lists the kinds each selector knows: a kind missing from it (a model added
+# without updating this table) is never refused anything.
+READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
+    # models
+    "model.variant": ("model.name", ("resnet50", "small_grad_mlp")),
+    "model.width": ("model.name", ("digits_cnn", "small_grad_mlp")),
+    "model.dropout": (
+        "model.name",
+        ("alexnet", "digits_cnn", "googlenet", "inception_v2", "inception_v3", "lstm_lm", "vgg16"),
+    ),
+    "model.aux_logits": ("model.name", ("googlenet", "inception_v3")),
+    "model.channels_last": ("task", ("classification",)),
+    "model.embed_dim": ("model.name", ("lstm_lm",)),
+    "model.hidden_size": ("model.name", ("lstm_lm",)),
+    "model.proj_size": ("model.name", ("lstm_lm",)),
+    "model.num_sampled": ("model.name", ("lstm_lm",)),
+    "model.num_layers": ("model.name", ("lstm_lm", "small_grad_mlp")),
+    "model.latent_dim": ("model.name", ("dcgan",)),
+    "model.gen_features": ("model.name", ("dcgan",)),
+    "model.disc_features": ("model.name", ("dcgan",)),
+    # data sets
+    "data.root": ("data.name", ("corpus", "imagenet", "images")),
+    "data.num_classes": ("data.name", ("imagenet", "synthetic")),
+    "data.channels": ("data.name", ("images", "synthetic")),
+    "data.image_size": ("data.name", ("imagenet", "images", "synthetic")),
+    "data.resize_size": ("data.name", ("imagenet",)),
+    "data.augmentation": ("data.name", ("imagenet",)),
+    "data.num_workers": ("data.name", ("digits", "imagenet", "images", "synthetic")),
+    "data.pin_memory": ("data.name", ("digits", "imagenet", "images", "synthetic")),
+    "data.synthetic_train_size": ("data.name", ("synthetic",)),
+    "data.synthetic_eval_size": ("data.name", ("synthetic",)),
+    "data.seq_len": ("data.name", ("corpus",)),
+    "data.min_freq": ("data.name", ("corpus",)),
+    "data.max_vocab": ("data.name", ("corpus",)),
+    # optimizers and LR schedules
+    "optim.momentum": ("optim.name", ("rmsprop", "sgd")),
+    "optim.nesterov": ("optim.name", ("sgd",)),
+    "optim.betas": ("optim.name", ("adam", "adamw")),
+    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop")),
+    "optim.initial_accumulator_value": ("optim.name", ("adagrad",)),
+    "optim.step_size": ("optim.schedule", ("step",)),
+    "optim.milestones": ("optim.schedule", ("multistep",)),
+    "optim.gamma": ("optim.schedule", ("exponential", "multistep", "step")),
+    "optim.power": ("optim.schedule", ("poly",)),
+    "optim.base_batch_size": ("optim.lr_scaling", ("linear",)),
+    # precision: by the loss scaling a run ends up with (`paper` resolved)
+    "paper_loss_scale": ("precision.loss_scaling", ("paper",)),
+    "precision.static_scale": ("precision.loss_scaling", ("static",)),
+    "precision.init_scale": ("loss_scaling", ("dynamic",)),
+    "precision.growth_factor": ("loss_scaling", ("dynamic",)),
+    "precision.backoff_factor": ("loss_scaling", ("dynamic",)),
+    "precision.hysteresis": ("loss_scaling", ("dynamic",)),
+    "precision.min_scale": ("loss_scaling", ("dynamic",)),
+    "precision.max_scale": ("loss_scaling", ("dynamic",)),
+    "precision.growth_interval": ("loss_scaling", ("adaptive", "dynamic")),
+    "precision.floor_patience": ("loss_scaling", ("adaptive", "dynamic", "static")),
+    "precision.per_loss_scale": ("loss_scaling", ("adaptive", "dynamic", "static")),
+    "precision.hold_lr_on_skip": ("loss_scaling", ("adaptive", "dynamic", "static")),
+    **{
+        f"precision.adaptive_{k}": ("loss_scaling", ("adaptive",))
+        for k in ("underflow_threshold", "scale_upper_bound", "accum_upper_bound")
+    },
+    "precision.adaptive_update_interval": ("loss_scaling", ("adaptive",)),
+    "precision.adaptive_method": ("loss_scaling", ("adaptive",)),
+    # telemetry: every knob but the switch itself
+    **{
+        f"telemetry.{f.name}": ("telemetry.enabled", ("true",))
+        for f in dataclasses.fields(TelemetryConfig)
+        if f.name != "enabled"
+    },
+}
+
+
+def _loss_scaling(cfg: DictConfig) -> str:
+    """The loss scaling a run ends up with: `paper` is the experiment's constant when it states
+    one, else dynamic (as PrecisionPolicy resolves it)."""
+    kind = option_name(cfg.precision.loss_scaling)
+    if kind == "paper":
+        return "static" if cfg.paper_loss_scale is not None else "dynamic"
+    return kind
+
+
+SELECTORS: dict[str, Any] = {
+    "loss_scaling": _loss_scaling,
+    "telemetry.enabled": lambda cfg: str(bool(cfg.telemetry.enabled)).lower(),
+}
+# what a message calls each selector, and the other way out besides dropping the override
+SELECTOR_TEXT = {
+    "model.name": ("the model", "choose a model that reads it (model=...)"),
+    "data.name": ("the data set", "choose a data set that reads it (data=...)"),
+    "optim.name": ("optim.name", "set optim.name to an optimizer that reads it"),
+    "optim.schedule": ("optim.schedule", "set optim.schedule to a schedule that reads it"),
+    "optim.lr_scaling": ("optim.lr_scaling", "set optim.lr_scaling=linear"),
+    "precision.loss_scaling": (
+        "precision.loss_scaling",
+        "choose a precision preset that uses it (precision=...)",
+    ),
+    "loss_scaling": (
+        "the loss scaling (precision.loss_scaling, with paper resolved)",
+        "choose a precision preset that scales the loss that way (precision=...)",
+    ),
+    "task": ("the task", "choose an experiment of a task that reads it"),
+    "telemetry.enabled": ("telemetry.enabled", "turn telemetry on (telemetry=diagnostic)"),
+}
+KINDS: dict[str, tuple[str, ...]] = {
+    "model.name": (
+        "alexnet",
+        "dcgan",
+        "digits_cnn",
+        "googlenet",
+        "inception_v2",
+        "inception_v3",
+        "lstm_lm",
+        "resnet50",
+        "small_grad_mlp",
+        "vgg16",
+    ),
+    "data.name": ("corpus", "digits", "imagenet", "images", "synthetic"),
+    "optim.name": OPTIMIZERS,
+    "optim.schedule": SCHEDULES,
+    "optim.lr_scaling": ("linear", "none"),
+    "precision.loss_scaling": ("adaptive", "dynamic", "none", "paper", "static"),
+    "loss_scaling": ("adaptive", "dynamic", "none", "static"),
+    "task": ("classification", "gan", "language_model"),
+    "telemetry.enabled": ("false", "true"),
+}
+
+
+def selected_kind(cfg: DictConfig, selector: str) -> str:
+    if selector in SELECTORS:
+        return SELECTORS[selector](cfg)
+    return option_name(OmegaConf.select(cfg, selector))
+
+
+def check_overrides_are_read(cfg: DictConfig, overrides: list[str]) -> None:
+    """Refuse a command-line override of a key this run does not read (READ_ONLY_BY).
+
+    `overrides` are the job's override strings (HydraConfig's overrides.task). Raises
+    ConfigError naming the key, the kind it would apply to and the run's own kind.
+    """
+    parsed = _parse(list(overrides)) or []
+    for o in parsed:
+        key = o.key_or_group
+        if key not in READ_ONLY_BY or o.is_delete():
+            continue
+        selector, readers = READ_ONLY_BY[key]
+        kind = selected_kind(cfg, selector)
+        if kind in readers or kind not in KINDS.get(selector, ()):
+            continue
+        label, way_out = SELECTOR_TEXT.get(selector, (selector, f"set {selector} otherwise"))
+        who = " or ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
+        raise ConfigError(
+            f"{key} would change nothing in this run: it is read only when {label} is {who}, "
+            f"and this run (experiment={cfg.experiment_name}) has {kind}. Remove {key}=... from "
+            f"the command line, or {way_out}."
+        )

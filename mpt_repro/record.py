@@ -1,14 +1,21 @@
 """The run record: run.json, written atomically at the start and however the run ends.
 
 The reporter, the tests and users' own scripts read it; its schema is documented in README.md
-("The run record"). Bump SCHEMA_VERSION when a field changes meaning.
+("The run record"). Bump SCHEMA_VERSION when a field changes meaning, and teach `upgrade` to read
+the older versions.
+
+Schema 2 (this writer) over 1: status `interrupted` (stopped by a signal after a checkpoint;
+version 1 wrote `failed` with "SIGTERM" in the reason), and the fields `hint` (what to do next),
+`diverged_layer`, `metrics_detail` (optional, task-specific), `host` and `pid`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -16,15 +23,34 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
-STATUSES = ("running", "completed", "diverged", "failed")
+SCHEMA_VERSION = 2
+READABLE_VERSIONS = (1, 2)
+STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
+# what every readable record holds, whatever its status (a diverged or failed run has no metrics)
+REQUIRED = ("schema_version", "status", "experiment", "precision")
+# fields of schema 2 that a version-1 record lacks: read as None
+ADDED_IN_2 = ("reason", "hint", "diverged_at_step", "diverged_layer", "host", "pid")
+
+
+class RecordError(ValueError):
+    """A run.json that cannot be used: not JSON, cut short, or not a run record of a schema this
+    code reads. `path` is the file, `problem` says what is wrong with it."""
+
+    def __init__(self, path: Path, problem: str):
+        super().__init__(f"{path}: {problem}")
+        self.path, self.problem = Path(path), problem
 
 
 def atomic_write_text(path: Path, text: str) -> None:
-    """Write to a temporary file in the same folder, then rename: readers never see half a file."""
+    """Write to a temporary file in the same folder, then rename: readers never see half a file.
+
+    The file gets the mode an ordinary file would (0644 under the usual umask), not mkstemp's
+    0600: run records are shared with the rest of a team's results.
+    """
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -33,6 +59,12 @@ def atomic_write_text(path: Path, text: str) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
+    os.umask(mask)
+    return mask
 
 
 def now_iso() -> str:
@@ -64,6 +96,8 @@ def versions() -> dict[str, str | None]:
 def git_commit() -> str | None:
     """The commit of the code that ran, with '+dirty' when the work tree had changes."""
     repo = Path(__file__).resolve().parents[1]
+    if not (repo / ".git").exists() or not (repo / "pyproject.toml").exists():
+        return None  # installed from a wheel: whatever repository site-packages sits in is not ours
     try:
         sha = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"],
@@ -93,10 +127,14 @@ class RunRecord:
             "schema_version": SCHEMA_VERSION,
             "status": "running",
             "reason": None,
+            "hint": None,
             "diverged_at_step": None,
+            "diverged_layer": None,
             "started_at": now_iso(),
             "finished_at": None,
             "command": " ".join(sys.argv),
+            "host": socket.gethostname(),
+            "pid": os.getpid(),
             "versions": versions(),
             "git_commit": git_commit(),
             "diagnostics": {},
@@ -106,9 +144,12 @@ class RunRecord:
     def update(self, **fields: Any) -> None:
         self.data.update(fields)
 
-    def finish(self, status: str, reason: str | None = None, **fields: Any) -> None:
-        assert status in STATUSES, status
-        self.data.update(status=status, reason=reason, finished_at=now_iso(), **fields)
+    def finish(
+        self, status: str, reason: str | None = None, hint: str | None = None, **fields: Any
+    ) -> None:
+        if status not in STATUSES:
+            raise ValueError(f"unknown run status {status!r}; one of {STATUSES}")
+        self.data.update(status=status, reason=reason, hint=hint, finished_at=now_iso(), **fields)
         self.write()
 
     def write(self) -> None:
@@ -118,13 +159,74 @@ class RunRecord:
 def _json_default(obj: Any) -> Any:
     if hasattr(obj, "item"):  # tensors and numpy scalars
         return obj.item()
-    if isinstance(obj, Path):
-        return str(obj)
-    return str(obj)
+    return str(obj)  # paths, enums
 
 
 def read_record(run_dir: Path) -> dict[str, Any] | None:
+    """The run record in run_dir (upgraded to this schema), or None when there is none.
+
+    Raises RecordError when a run.json is there but cannot be used.
+    """
     path = Path(run_dir) / "run.json"
     if not path.exists():
         return None
-    return json.loads(path.read_text())
+    return load_record(path)
+
+
+def load_record(path: Path) -> dict[str, Any]:
+    """Read one run.json of any readable schema version, as this version's fields.
+
+    Raises RecordError naming the problem: unreadable bytes, JSON cut short, not an object, an
+    unknown schema_version, missing fields, an unknown status.
+    """
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise RecordError(path, f"not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except OSError as e:
+        raise RecordError(path, f"cannot be read ({e.strerror or e})") from None
+    if not text.strip():
+        raise RecordError(path, "empty file")
+    try:
+        record = json.loads(text)
+    except json.JSONDecodeError as e:
+        problem = f"not valid JSON ({e.msg} at line {e.lineno}); cut short?"
+        raise RecordError(path, problem) from None
+    return upgrade(record, path)
+
+
+def upgrade(record: Any, path: Path | str = "run.json") -> dict[str, Any]:
+    """Check a parsed record and bring it to this schema (see the module docstring)."""
+    if not isinstance(record, dict):
+        raise RecordError(Path(path), f"holds a JSON {type(record).__name__}, not an object")
+    version = record.get("schema_version")
+    if isinstance(version, bool) or version not in READABLE_VERSIONS:
+        raise RecordError(
+            Path(path),
+            f"schema_version {version!r}; this version of mpt-repro reads {READABLE_VERSIONS}",
+        )
+    missing = [k for k in REQUIRED if k not in record]
+    if missing:
+        raise RecordError(Path(path), f"missing fields: {', '.join(missing)}")
+    if record["status"] not in STATUSES:
+        raise RecordError(Path(path), f"unknown status {record['status']!r}")
+    if version == SCHEMA_VERSION:
+        return record
+    record = {**{k: None for k in ADDED_IN_2}, **record}
+    reason = str(record.get("reason") or "")
+    if record["status"] == "failed" and "SIGTERM" in reason:
+        # version 1 recorded a stop by SIGTERM (checkpoint saved, resumable) as failed
+        record["status"] = "interrupted"
+    record["upgraded_from"] = version
+    record["schema_version"] = SCHEMA_VERSION
+    return record
+
+
+def nonfinite_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
+    """The metrics whose value is NaN or infinite (a completed run that learned nothing useful)."""
+    return {
+        k: v
+        for k, v in (metrics or {}).items()
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and not math.isfinite(v)
+    }

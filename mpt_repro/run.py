@@ -1,13 +1,18 @@
 """One run's life: its directory, its record, the build, the fit, and how it ended.
 
-Whatever happens, run.json says so: `completed`, `diverged` (a result, not a crash: a sweep goes
-on), or `failed` with the reason (then the error propagates and the exit status is non-zero).
+The order matters (docs/reliability.md): the configuration is validated, the run directory is
+locked and inspected, and the data and model are built, all before anything in an existing run
+directory changes. Only then does the run claim the directory (moving an earlier run's files
+aside, never deleting them) and write its record.
+
+Whatever happens next, run.json says so: `completed`, `diverged` (a result, not a crash: a sweep
+goes on), `interrupted` (a signal stopped it after a checkpoint; resume=true continues) or
+`failed` with the reason (then the error propagates and the CLI exits non-zero).
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
 import time
 import traceback
 from pathlib import Path
@@ -17,10 +22,19 @@ import torch
 from omegaconf import DictConfig
 
 from mpt_repro import distributed
+from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
-from mpt_repro.errors import Diverged, UserError
-from mpt_repro.record import RunRecord, read_record
-from mpt_repro.trainer import CHECKPOINT, Stopped, Trainer
+from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
+from mpt_repro.record import RunRecord, nonfinite_metrics
+from mpt_repro.rundir import (
+    Plan,
+    RunLock,
+    inspect_run_dir,
+    plan_run,
+    resume_command,
+    set_aside,
+    write_hydra_files,
+)
 
 log = logging.getLogger("mpt_repro")
 
@@ -61,17 +75,46 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     device = distributed.setup(cfg.distributed, pick_device(cfg.trainer.device))
     main = distributed.is_main()
     run_dir = Path(distributed.broadcast_object(str(run_dir)))
-    previous = read_record(run_dir) if main else None
-    # diverged is a result too: re-running a sweep must not train it again
-    done = bool(cfg.resume and previous and previous.get("status") in ("completed", "diverged"))
-    if main and not done and not cfg.resume:
-        _clear_previous_run(run_dir)
-    previous, done, resuming = distributed.broadcast_object(
-        (previous, done, bool(cfg.resume and (run_dir / CHECKPOINT).exists())) if main else None
-    )
-    if cfg.resume and previous:
+    lock = RunLock(run_dir) if main else None
+    try:
+        plan = _decide(cfg, run_dir, lock)
+        return _run_planned(cfg, run_dir, device, plan, main)
+    finally:
+        if lock is not None:
+            lock.release()
+
+
+def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
+    """Rank 0 locks and reads the directory; every rank gets the same plan, or the same refusal
+    (a refusal raised on rank 0 alone would leave the others waiting in the broadcast)."""
+    answer: tuple[Plan | None, str | None] | None = None
+    error: Exception | None = None
+    if lock is not None:
+        try:
+            lock.acquire()
+            answer = (plan_run(inspect_run_dir(run_dir), cfg.resume, cfg.overwrite), None)
+        except Exception as e:  # noqa: BLE001 - handed to every rank, raised below
+            error, answer = e, (None, str(e))
+    plan, refusal = distributed.broadcast_object(answer)
+    if error is not None:
+        raise error
+    if refusal is not None:
+        raise RunDirError(refusal)
+    assert plan is not None
+    if lock is not None:
+        for level, note in plan.notes:
+            log.log(level, note)
+    return plan
+
+
+def _run_planned(
+    cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool
+) -> dict[str, Any]:
+    previous = plan.previous
+    resuming = plan.action == "resume"
+    if previous and plan.action in ("done", "resume"):
         _refuse_other_data(previous, cfg, run_dir)
-    if done:
+    if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
         return previous
 
@@ -83,69 +126,171 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if device.type == "cuda":
         # A multirun runs its jobs in one process: each run's peak must be its own.
         torch.cuda.reset_peak_memory_stats(device)
-    record = (RunRecord if main else _UnwrittenRecord)(
-        run_dir,
-        {
-            "experiment": cfg.experiment_name,
-            "task": cfg.task.name,
-            "precision": cfg.precision.name,
-            "precision_config": to_plain(cfg.precision),
-            "seed": cfg.seed,
-            "budget": cfg.budget.name,
-            "device": describe_device(device),
-            "run_dir": str(run_dir),
-            "resumed": resuming,
-            "config": to_plain(cfg),
-            "distributed": distributed.describe(cfg),
-        },
-    )
-    if resuming and previous:
-        # a hard-killed run left no wall_time_s: carry what earlier segments had carried
-        before = previous.get("wall_time_s") or previous.get("wall_time_s_before_resume")
-        record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=before)
-    record.write()
-    start = time.perf_counter()
-    trainer = None
+    fields = {
+        "experiment": cfg.experiment_name,
+        "task": cfg.task,
+        "precision": cfg.precision.name,
+        "precision_config": to_plain(cfg.precision),
+        "seed": cfg.seed,
+        "budget": cfg.budget.name,
+        "device": describe_device(device),
+        "run_dir": str(run_dir),
+        "resumed": resuming,
+        "config": to_plain(cfg),
+        "distributed": distributed.describe(cfg),
+    }
+    # Build everything that reads user input (the data above all) before the directory changes:
+    # a mistyped data.root must not cost an earlier run its files.
     try:
         policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
         log.info("precision %s", policy.describe())
         task = build_task(cfg, device, policy)
-        distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
-        record.update(
-            data=task.describe_data(),
-            model=task.describe_model(),
-            primary_metric=task.primary_metric,
-            higher_is_better=task.higher_is_better,
-        )
+    except BaseException as e:
+        # A new run leaves a record of why it could not start; an earlier run's record (one to
+        # resume, or one overwrite=true would have replaced) stays as it was.
+        if main and plan.action == "fresh" and not plan.holds_work:
+            try:
+                _claim(run_dir, plan, cfg)
+            except OSError as err:  # the folder itself is the problem: the error says the rest
+                log.warning("could not prepare %s for the run record: %s", run_dir, err)
+            else:
+                _fail(RunRecord(run_dir, fields), e, time.perf_counter(), _hint_for(e, run_dir))
+        raise
+    distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
+
+    record = (RunRecord if main else _UnwrittenRecord)(run_dir, fields)
+    if resuming and previous:
+        # a hard-killed run left no wall_time_s: carry what earlier segments had carried
+        before = previous.get("wall_time_s") or previous.get("wall_time_s_before_resume")
+        record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=before)
+    record.update(
+        data=task.describe_data(),
+        model=task.describe_model(),
+        primary_metric=task.primary_metric,
+        higher_is_better=task.higher_is_better,
+    )
+    start = time.perf_counter()
+    trainer = None
+    try:
+        if main:
+            _claim(run_dir, plan, cfg)
         record.write()
+        from mpt_repro.trainer import Trainer
+
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
         summary = trainer.fit()
-        record.finish("completed", wall_time_s=_wall(record, start), **summary)
+        bad = nonfinite_metrics(summary.get("metrics"))
+        hint = None
+        if bad:
+            shown = ", ".join(f"{k}={v}" for k, v in bad.items())
+            hint = (
+                f"the final evaluation is not finite ({shown}): the run ended but learned "
+                "nothing usable; look at metrics.csv for where the loss went non-finite"
+            )
+        record.finish("completed", hint=hint, wall_time_s=_wall(record, start), **summary)
     except Diverged as e:
         step = e.step if e.step is not None else (trainer.step if trainer else None)
-        extra = trainer.final_summary() if trainer else {}
+        extra = _summary(trainer)
         extra.pop("metrics", None)
+        layer = e.layer or (extra.get("diagnostics") or {}).get("first_nonfinite_layer")
         record.finish(
-            "diverged", e.reason, diverged_at_step=step, wall_time_s=_wall(record, start), **extra
+            "diverged",
+            e.reason,
+            hint="divergence is a result (the report lists it); to train this configuration "
+            "again, run with overwrite=true",
+            diverged_at_step=step,
+            diverged_layer=layer,
+            wall_time_s=_wall(record, start),
+            **extra,
         )
         log.warning("diverged at step %s: %s", step, e.reason)
-    except Stopped as e:
-        record.finish(
-            "failed",
-            str(e),
-            wall_time_s=_wall(record, start),
-            **(trainer.final_summary() if trainer else {}),
-        )
-        raise
-    except BaseException as e:  # noqa: BLE001 - the record must say how the run ended, then re-raise
-        reason = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
-        record.update(traceback=traceback.format_exc(limit=20))
-        record.finish("failed", reason, wall_time_s=_wall(record, start))
+    except BaseException as e:
+        stopped = _end_abnormally(record, e, trainer, start, run_dir)
+        if stopped is not None and stopped is not e:
+            raise stopped from e  # the CLI answers a stop by a signal with its own exit status
         raise
     finally:
         if trainer is not None:
             trainer.close()
     return record.data
+
+
+def _claim(run_dir: Path, plan: Plan, cfg: DictConfig) -> None:
+    """Take the directory over: the earlier run's files to previous-<time>/, then .hydra/."""
+    moved = set_aside(run_dir, plan.set_aside)
+    if moved is not None:
+        log.warning("the earlier files of %s are kept in %s", run_dir, moved)
+    write_hydra_files(run_dir, cfg)
+
+
+def _end_abnormally(
+    record: RunRecord, e: BaseException, trainer: Any, start: float, run_dir: Path
+) -> Interrupted | None:
+    """Record an interruption (a signal, with a checkpoint to resume from) or a failure; return
+    the interruption, if it was one; never raise."""
+    stopped = _as_interrupted(e, trainer)
+    if stopped is not None and has_checkpoint(run_dir):
+        _safely(
+            record.finish,
+            "interrupted",
+            str(stopped),
+            hint=f"continue with: {resume_command(run_dir)}",
+            wall_time_s=_wall(record, start),
+            **_summary(trainer),
+        )
+        return stopped
+    _fail(record, e, start, hint=_hint_for(e, run_dir), **_summary(trainer))
+    return None
+
+
+def _as_interrupted(e: BaseException, trainer: Any) -> Interrupted | None:
+    """A stop by a signal, as errors.Interrupted: the trainer's own, or a Ctrl-C that reached
+    us outside the trainer's step boundary (then the last checkpoint is where resume starts)."""
+    import signal
+
+    if isinstance(e, Interrupted):
+        return e
+    if isinstance(e, KeyboardInterrupt):
+        return Interrupted(signal.SIGINT, trainer.step if trainer else None, saved=False)
+    return None
+
+
+def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, **extra) -> None:
+    if isinstance(e, KeyboardInterrupt):
+        reason = "stopped by Ctrl-C before a checkpoint was saved"
+    else:
+        reason = f"{type(e).__name__}: {e}" if isinstance(e, UserError) else describe(e)
+        if not isinstance(e, UserError):
+            record.update(traceback=traceback.format_exc(limit=30))
+    _safely(record.finish, "failed", reason, hint=hint, wall_time_s=_wall(record, start), **extra)
+
+
+def _hint_for(e: BaseException, run_dir: Path) -> str:
+    if isinstance(e, UserError):
+        return "the reason says what to fix; then run the same command again"
+    if has_checkpoint(run_dir):
+        return f"after fixing the cause, continue with: {resume_command(run_dir)}"
+    return "the traceback is in this record and in the run's log file; fix the cause and rerun"
+
+
+def _safely(fn: Any, *args: Any, **kwargs: Any) -> None:
+    """Writing the record can fail for the reason the run failed (a full disk, a read-only
+    folder): say so in the log, and let the original error be the one reported."""
+    try:
+        fn(*args, **kwargs)
+    except OSError as err:
+        log.warning("could not write the run record: %s", err)
+
+
+def _summary(trainer: Any) -> dict[str, Any]:
+    """The trainer's summary for a run that ended early; {} if even that fails."""
+    if trainer is None:
+        return {}
+    try:
+        return trainer.final_summary()
+    except Exception as err:  # noqa: BLE001 - the record of a failure must still be written
+        log.warning("could not summarise the run: %s", err)
+        return {}
 
 
 class _UnwrittenRecord(RunRecord):
@@ -165,9 +310,8 @@ def _refuse_other_data(previous: dict, cfg: DictConfig, run_dir: Path) -> None:
         if key in old and old[key] != cfg.data[key]:
             raise UserError(
                 f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; "
-                "resume=true would "
-                "mix the two. Use another paths.runs_dir, or resume=false to start this run "
-                "afresh there."
+                "resume=true would mix the two. Use another paths.runs_dir, or overwrite=true to "
+                "start this run afresh there (the earlier files are moved aside)."
             )
 
 
@@ -183,21 +327,3 @@ def build_callbacks(cfg: DictConfig) -> list:
 def _wall(record: RunRecord, start: float) -> float:
     before = record.data.get("wall_time_s_before_resume") or 0.0
     return before + time.perf_counter() - start
-
-
-def _clear_previous_run(run_dir: Path) -> None:
-    """A fresh (non-resumed) run in a used directory starts clean: old results would mix in."""
-    stale = [
-        run_dir / n
-        for n in ("checkpoints", "tb", "metrics.csv", "run.json")
-        if (run_dir / n).exists()
-    ]
-    if stale:
-        log.warning(
-            "starting afresh in %s: removing the previous run's %s (use resume=true to continue "
-            "it)",
-            run_dir,
-            ", ".join(p.name for p in stale),
-        )
-    for path in stale:
-        shutil.rmtree(path) if path.is_dir() else path.unlink()

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import random
 import resource
 import signal
@@ -23,8 +22,9 @@ import numpy as np
 import torch
 
 from mpt_repro import distributed
+from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
-from mpt_repro.errors import ConfigError, DataError, Diverged
+from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
 from mpt_repro.logging import MetricsLogger
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.schedule import LRSchedule
@@ -36,14 +36,6 @@ if TYPE_CHECKING:
     from mpt_repro.tasks.base import StepResult, Task
 
 CHECKPOINT = "checkpoints/last.pt"
-
-
-class Stopped(Exception):
-    """A stop was requested (SIGTERM or Ctrl-C): the checkpoint is saved, the run can resume."""
-
-    def __init__(self, reason: str, signal_name: str):
-        super().__init__(reason)
-        self.signal_name = signal_name
 
 
 class Callback(Protocol):
@@ -78,7 +70,7 @@ class Trainer:
         self.last_eval: dict[str, float] = {}
         self.window = LogWindow()  # what the next train row of the log averages over
         self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
-        self._stop_signal: str | None = None
+        self._stop_signal: int | None = None  # the signal that asked for a stop
         spe = task.steps_per_epoch()
         if spe < 1:
             raise DataError(
@@ -141,12 +133,8 @@ class Trainer:
                     if self._due(self.cfg.trainer.checkpoint_every, epoch_end) or last or stop:
                         with self.clock.paused():
                             self.save_checkpoint(epoch_done=epoch_end)
-                    if stop:
-                        raise Stopped(
-                            f"stopped by {self._stop_signal} at step {self.step} (checkpoint "
-                            "saved); resume with resume=true",
-                            self._stop_signal or "SIGTERM",
-                        )
+                    if stop:  # the checkpoint is saved: the run can resume from here
+                        raise Interrupted(self._stop_signal or signal.SIGTERM, self.step)
                     if last:
                         break
                 self.clock.stop()  # the loader's epoch tail counts as training time
@@ -209,7 +197,7 @@ class Trainer:
             return False
         flag = torch.tensor([1.0 if self._stop_signal else 0.0])
         if bool(distributed.all_reduce_(flag, "max")[0]):
-            self._stop_signal = self._stop_signal or "SIGTERM"
+            self._stop_signal = self._stop_signal or signal.SIGTERM
             return True
         return False
 
@@ -321,17 +309,14 @@ class Trainer:
             "rng": rng_state(),
             "per_rank": per_rank if len(per_rank) > 1 else None,
         }
-        path = self.run_dir / CHECKPOINT
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        torch.save(state, tmp)
-        os.replace(tmp, path)  # atomic: a kill mid-save leaves the previous checkpoint intact
+        # atomic, and the one before is kept: a corrupt last.pt resumes from previous.pt
+        save_checkpoint(self.run_dir, state)
 
     def _maybe_resume(self) -> bool:
-        path = self.run_dir / CHECKPOINT
-        if not (self.cfg.resume and path.exists()):
+        state = load_checkpoint(self.run_dir, self.task.device) if self.cfg.resume else None
+        if state is None:
             return False
-        state = torch.load(path, map_location=self.task.device, weights_only=False)
+        path = state["loaded_from"]
         for k, m in self.task.models.items():
             m.load_state_dict(state["models"][k])
         for k, o in self.task.optimizers.items():
@@ -383,7 +368,7 @@ class Trainer:
             name = signal.Signals(signum).name
             if self._stop_signal is not None and signum == signal.SIGINT:
                 raise KeyboardInterrupt  # the second Ctrl-C: the user means it
-            self._stop_signal = name
+            self._stop_signal = signum
             self.log.warning("%s: saving a checkpoint at the end of this step, then stopping", name)
 
         previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}

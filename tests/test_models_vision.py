@@ -179,7 +179,7 @@ def test_experiment_composes_and_validates(exp, budget):
     validate(cfg)
     model, size, batch, epochs, lr = PAPER[exp]
     assert cfg.experiment_name == exp and cfg.model.name == model and cfg.data.name == "imagenet"
-    assert cfg.task.value == "classification" and cfg.budget.name == budget
+    assert cfg.task == "classification" and cfg.budget.name == budget
     assert cfg.data.num_classes == 1000 and cfg.data.channels == 3 and cfg.data.root is None
     assert cfg.optim.lr == lr  # the recipe's LR under every budget
     if budget == "paper":

@@ -143,5 +143,4 @@ def recalibrate_bn(model: nn.Module, inputs: Iterable[Any]) -> int:
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:
     import mpt_repro.tasks  # noqa: F401  (registers the tasks)
 
-    kind = cfg.task.name if hasattr(cfg.task, "name") else str(cfg.task)
-    return TASKS[kind](cfg, device, policy)
+    return TASKS[cfg.task](cfg, device, policy)  # validate() refused names it does not know

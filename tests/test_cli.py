@@ -1,0 +1,104 @@
+"""mpt-run's front door: fast help and version without torch, and one message per way to end."""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT
+
+from mpt_repro.cli import explain
+from mpt_repro.errors import CheckpointError, ConfigError, Interrupted
+
+# The worktree's own code, whatever an installed mpt-run would run.
+ENTRY = "import sys; from mpt_repro.cli import main; sys.argv = ['mpt-run', *sys.argv[1:]]; main()"
+TORCH_CHECK = (
+    "import atexit; atexit.register(lambda: print('torch imported:', 'torch' in sys.modules)); "
+)
+
+
+def _cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    code = "import sys; " + TORCH_CHECK + ENTRY.replace("import sys; ", "")
+    return subprocess.run(
+        [sys.executable, "-c", code, *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+    )
+
+
+def test_version_is_mpt_repros() -> None:
+    from importlib.metadata import version
+
+    proc = _cli("--version")
+    assert proc.returncode == 0
+    assert proc.stdout.splitlines()[0] == f"mpt-run (mpt-repro) {version('mpt-repro')}"
+    assert "torch imported: False" in proc.stdout
+
+
+def test_help_is_mpt_runs_and_needs_no_torch() -> None:
+    proc = _cli("--help")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("mpt-run (mpt-repro):")
+    assert "precision: adaptive, amp" in proc.stdout and "overwrite=true" in proc.stdout
+    assert "powered by Hydra" not in proc.stdout
+    assert "torch imported: False" in proc.stdout
+
+
+def test_shell_completion_needs_no_torch() -> None:
+    proc = _cli("-sc", "query=bash", env={"COMP_LINE": "mpt-run precision=n", "COMP_POINT": "20"})
+    assert proc.returncode == 0, proc.stderr
+    assert "precision=no_master" in proc.stdout and "precision=no_scaling" in proc.stdout
+    assert "torch imported: False" in proc.stdout
+
+
+def test_an_unknown_key_is_refused_before_hydra_starts() -> None:
+    proc = _cli("experiment=demo", "+optim.lrr=0.1")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("mpt-run: error: unknown key 'optim.lrr'")
+    assert "torch imported: False" in proc.stdout
+
+
+def test_a_hydra_composition_error_is_one_message() -> None:
+    proc = _cli("experiment=demo", "precision=fp64")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "fp64" in proc.stderr and "Available options" in proc.stderr
+    assert "HYDRA_FULL_ERROR" not in proc.stderr
+
+
+# -- explain(): the message and the exit status of each ending -----------------------------------
+RUN = Path("/results/runs/demo/fp32-smoke/seed0")
+
+
+@pytest.mark.parametrize(
+    "error,code,words",
+    [
+        (Interrupted(signal.SIGTERM, 12), 143, ["SIGTERM", "step 12", "resume=true"]),
+        (Interrupted(signal.SIGINT, 3), 130, ["SIGINT", "step 3", "resume=true"]),
+        (KeyboardInterrupt(), 130, ["Ctrl-C"]),
+        (ConfigError("optim.lr must be > 0"), 2, ["optim.lr must be > 0"]),
+        (CheckpointError("no checkpoint of this run can be read"), 2, ["no checkpoint"]),
+        (OSError(errno.ENOSPC, "No space left", "/r/run.json"), 2, ["no space", "/r/run.json"]),
+        (OSError(errno.EROFS, "Read-only file system", "/r"), 2, ["paths.runs_dir=DIR"]),
+        (PermissionError(errno.EACCES, "Permission denied", "/r"), 2, ["writable"]),
+        (RuntimeError("Caught ValueError in DataLoader worker 0.\nOriginal Traceback ..."), 1, []),
+    ],
+)
+def test_each_ending_has_one_line_and_its_status(error, code, words) -> None:
+    message, status = explain(error, RUN)
+    assert status == code
+    assert "\n" not in message and "Traceback" not in message
+    for word in words:
+        assert word in message, (word, message)
+
+
+def test_an_unexpected_error_points_at_its_traceback() -> None:
+    message, status = explain(ValueError("bad value\nline two"), RUN)
+    assert status == 1 and message.startswith("error: ValueError: bad value (traceback: ")
