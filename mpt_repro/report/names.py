@@ -5,6 +5,7 @@ lists, so a new preset, experiment, budget or task needs a config file (or a reg
 nothing else. Reading conf/ needs only omegaconf (no torch); `tasks()` imports the registry.
 
     python -m mpt_repro.report.names presets|experiments|budgets|table1|others [--sep ,]
+    python -m mpt_repro.report.names data EXPERIMENT      # the conf/data/ file its recipe uses
 """
 
 from __future__ import annotations
@@ -203,9 +204,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "what",
-        choices=["presets", "experiments", "budgets", "table1", "others"],
-        help="others: the experiments that are not rows of the paper's Table 1",
+        choices=["presets", "experiments", "budgets", "table1", "others", "data"],
+        help="others: the experiments that are not rows of the paper's Table 1; data: the data "
+        "set an experiment's recipe uses",
     )
+    parser.add_argument("experiment", nargs="?", help="for `data`: the experiment")
     parser.add_argument("--sep", default=" ", help="separator between names (default: space)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.what == "presets":
@@ -216,6 +219,11 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted(budgets())
     elif args.what == "table1":
         names = table1_experiments()
+    elif args.what == "data":
+        found = experiments().get(args.experiment or "")
+        if found is None:
+            parser.error(f"no experiment {args.experiment!r} in conf/experiment/")
+        names = [found.data]
     else:
         table1 = set(table1_experiments())
         names = [e for e in sorted(experiments()) if e not in table1]
