@@ -420,15 +420,16 @@ class _WriteHandler(logging.Handler):
 class RunProgress:
     """One run's progress: a bar on a terminal, periodic log lines elsewhere.
 
-    with RunProgress(total_steps, initial=step, desc="demo/fp32", enabled=cfg.trainer.progress)
-        as progress:
+    with RunProgress(total_steps, initial=step, desc="demo/fp32",
+                     enabled=cfg.trainer.progress, silent=not is_main) as progress:
         ...
         progress.update(step, loss=0.31, samples_s=812.0, scale=65536.0)
 
     On a terminal (and `enabled`), console logging goes through the bar while it lives, and the bar
     is removed when the run ends (`leave=False`): the closing block reports the end state. Without
     a terminal, or with `enabled=False`, there is no bar; a line goes to the log at the first
-    update, then at most every `interval_s` seconds, and at the last step.
+    update, then at most every `interval_s` seconds, and at the last step. `silent` (the other
+    ranks of a distributed run): nothing at all.
     """
 
     def __init__(
@@ -440,14 +441,16 @@ class RunProgress:
         stream=None,
         interval_s: float = PLAIN_LOG_INTERVAL_S,
         logger: logging.Logger | None = None,
+        silent: bool = False,
     ):
         self.total, self.desc, self.interval_s = total, desc, interval_s
+        self.silent = silent
         self.stream = sys.stderr if stream is None else stream
         self.log = logger or log
         self.bar = None
         self._redirect = None
         self._last_line = -math.inf
-        if enabled and _isatty(self.stream):
+        if enabled and not silent and _isatty(self.stream):
             from tqdm import tqdm
 
             self.bar = tqdm(
@@ -470,6 +473,8 @@ class RunProgress:
         self.close()
 
     def update(self, step: int, **fields: Any) -> None:
+        if self.silent:
+            return
         shown = {k: _short(v) for k, v in fields.items() if v is not None}
         if self.bar is not None:
             self.bar.n = step

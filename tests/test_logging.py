@@ -239,6 +239,12 @@ def test_without_a_terminal_no_bar_and_few_plain_lines(caplog):
     assert stream.getvalue() == ""  # no bar, no carriage returns in a log file
     lines = [r.getMessage() for r in caplog.records]
     assert lines == ["demo/fp32 step 1/100 (1%) loss=1", "demo/fp32 step 100/100 (100%) loss=1"]
+    caplog.clear()
+    terminal = FakeTerminal()
+    with RunProgress(100, stream=terminal, silent=True) as progress:  # another rank
+        for step in range(1, 101):
+            progress.update(step, loss=1.0)
+    assert terminal.getvalue() == "" and caplog.records == []
 
 
 def test_file_handlers_are_not_redirected(console, monkeypatch, tmp_path):
