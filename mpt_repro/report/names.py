@@ -109,8 +109,9 @@ def _cached_preset(path: str) -> dict[str, Any]:
 class Experiment:
     name: str  # experiment_name (the folder name of its runs)
     task: str
-    data: str  # the data set its recipe trains on (conf/data/<data>.yaml)
+    data: str  # the data config its recipe trains on (conf/data/<data>.yaml)
     file: str  # conf/experiment/<file>.yaml: what `experiment=` selects
+    data_name: str = ""  # that config's `name`, as run.json records it (data.name)
 
 
 @lru_cache(maxsize=1)
@@ -126,14 +127,18 @@ def experiments() -> dict[str, Experiment]:
                     if key.split()[-1].strip("/") == "data":  # "override /data": imagenet
                         data = str(value)
         name = str(body.get("experiment_name") or stem)
-        out[name] = Experiment(name, str(body.get("task") or "classification"), data, stem)
+        data_file = conf_dir() / "data" / f"{data}.yaml"
+        data_name = str(_load(data_file).get("name") or data) if data_file.exists() else data
+        task = str(body.get("task") or "classification")
+        out[name] = Experiment(name, task, data, stem, data_name)
     return out
 
 
 def own_data(experiment: str) -> str | None:
-    """The data set an experiment's recipe uses (its paper's), or None for an unknown one."""
+    """The data set an experiment's recipe uses (its paper's) as run.json names it (data.name),
+    or None for an unknown experiment."""
     found = experiments().get(experiment)
-    return found.data if found and found.data else None
+    return (found.data_name or found.data) if found and found.data else None
 
 
 # ---------------------------------------------------------------- budgets
