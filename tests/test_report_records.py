@@ -190,6 +190,9 @@ def outcomes(tmp_path_factory):
             as_schema_v2(derive(interrupted_v1(done, 4), precision="tf32")),
         ),
     }
+    # overwrite=true moved an earlier run's files aside (mpt_repro/rundir.py): not a seed
+    aside = write_record(root / "earlier", derive(done, metrics={**done["metrics"], "top1": 1.0}))
+    aside.rename(dirs["completed"] / "previous-20261122-120000")
     # malformed records: each is a real record broken one way
     broken = runs / "broken"
     text = json.dumps(done)
@@ -265,7 +268,15 @@ def test_malformed_records_are_listed_and_never_stop_the_report(outcomes):
     report = (out / "report.md").read_text()
     assert "### Malformed or unreadable records" in report
     # 3 runs in the tables (fp32, two diverged seeds); everything else is listed
-    assert "3 run(s) in the tables, 12 left out" in report
+    assert "3 run(s) in the tables, 13 left out" in report
+
+
+def test_a_run_moved_aside_by_overwrite_is_listed_not_averaged(outcomes):
+    _, out, dirs = outcomes
+    problems = _problems(out).set_index("path")
+    aside = str(dirs["completed"] / "previous-20261122-120000")
+    assert problems.loc[aside, "status"] == "replaced"
+    assert "kept in previous-20261122-120000/ when overwrite=true" in problems.loc[aside, "reason"]
 
 
 def test_completed_run_with_a_non_finite_primary_metric_is_shown_not_hidden(tmp_path):

@@ -56,6 +56,7 @@ HEADINGS = {
     "running": ("Still running, or killed before they could record it", False),
     "malformed": ("Malformed or unreadable records", False),
     "variant": ("Variants (same setting and seed, other overrides)", False),
+    "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": ("Completed with non-finite metrics (in the tables: check them)", True),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
 }

@@ -30,6 +30,8 @@ LISTED = ("failed", "interrupted", "running")
 # the grouping key: runs are averaged over seeds only when all of these agree, so a synthetic-data
 # run is never averaged with a real-data run, nor a CPU run with a GPU run
 GROUP_KEYS = ["experiment", "task", "precision", "budget", "data", "device"]
+# mpt-run moves an earlier run's files to <run dir>/previous-<time>/ when overwrite=true redoes it
+SET_ASIDE = "previous-"
 # the numbers of the cost table, as run.json names them
 COST_FIELDS = ["wall_time_s", "samples_per_s", "peak_memory_bytes", "steps", "skipped_steps"]
 
@@ -68,7 +70,8 @@ class Problem:
     """A record left out of the tables (or kept, but to be checked), and why."""
 
     path: str
-    status: str  # failed | interrupted | running | malformed | suspect | variant | no curves
+    # failed | interrupted | running | malformed | suspect | variant | replaced | no curves
+    status: str
     reason: str
     run: str = ""  # "demo fp32 smoke seed0" when the record says so
     hint: str = ""  # what to do next, when the record or the reporter knows
@@ -265,6 +268,17 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
     """All run.json under `root`: the tabulable runs as a DataFrame, and the problems."""
     rows, problems = [], []
     for path in sorted(Path(root).rglob("run.json")):
+        replaced = next((p for p in path.relative_to(root).parts if p.startswith(SET_ASIDE)), None)
+        if replaced:
+            problems.append(
+                Problem(
+                    str(path.parent),
+                    "replaced",
+                    f"an earlier run of {path.parent.parent}, kept in {replaced}/ when "
+                    "overwrite=true started it again: not in the tables",
+                )
+            )
+            continue
         record, problem = read_record(path)
         if problem:
             problems.append(problem)

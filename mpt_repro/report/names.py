@@ -20,10 +20,14 @@ from typing import Any
 
 
 def conf_dir() -> Path:
-    """The config folder mpt-run composes from (the one place that knows where it lives)."""
-    from mpt_repro.cli import CONF_DIR
+    """The config folder mpt-run composes from, as the package defines it (mpt_repro.config's
+    CONF_DIR once the configs ship inside the package; mpt_repro.cli's before)."""
+    import mpt_repro.config
 
-    return Path(CONF_DIR)
+    found = getattr(mpt_repro.config, "CONF_DIR", None)
+    if found is None:
+        from mpt_repro.cli import CONF_DIR as found
+    return Path(found)
 
 
 def _load(path: Path) -> dict[str, Any]:
