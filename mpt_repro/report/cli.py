@@ -82,8 +82,9 @@ def problems_section(problems: list[Problem]) -> str:
             if p.status != status:
                 continue
             who = f" ({p.run})" if p.run else ""
-            hint = f" Next: {p.hint}." if p.hint else ""
-            out.append(f"- `{p.path}`{who}: {p.reason}{hint}")
+            stop = "" if p.reason.endswith((".", "!", "?")) else "."
+            hint = f" Next: {p.hint.rstrip('.')}." if p.hint else ""
+            out.append(f"- `{p.path}`{who}: {p.reason}{stop}{hint}")
         out.append("")
     return "\n".join(out)
 
