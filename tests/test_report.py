@@ -651,6 +651,9 @@ def test_preset_order_comes_from_what_each_preset_does():
     assert order[:2] == ["fp32", "tf32"]  # the FP32 baselines first
     assert order.index("mixed") < order.index("no_master") < order.index("fp16")
     assert order.index("no_scaling") < order.index("fp16") < order.index("bf16")
+    # an FP8 preset (an `fp8` mode over an FP32 or BF16 base) goes after the paper's formats
+    fp8 = [p for p, c in names.presets().items() if (c.get("fp8") or {}).get("mode")]
+    assert all(order.index(p) > order.index("bf16") for p in fp8)
     # a preset conf/ does not know is placed by the config its records hold
     custom = {**names.presets()["mixed"], "name": "my_fp8", "compute_dtype": "float8_e4m3fn"}
     assert names.preset_order(["my_fp8", "bf16", "fp32"], {"my_fp8": custom}) == [

@@ -52,8 +52,16 @@ def presets() -> dict[str, dict[str, Any]]:
 
 
 # compute dtypes in the order the tables show them: the FP32 baselines, then FP16 (the paper's
-# subject), then BF16 (after the paper)
-_DTYPE_RANK = {"float32": 0, "float16": 1, "bfloat16": 2}
+# subject), then BF16 (after the paper), then 8-bit floats (a preset with an `fp8` mode)
+_DTYPE_RANK = {"float32": 0, "float16": 1, "bfloat16": 2, "fp8": 3}
+
+
+def _fp8_mode(config: Mapping[str, Any]) -> str | None:
+    """The preset's 8-bit mode (emulated, torchao), or None when it does not use FP8."""
+    fp8 = config.get("fp8")
+    mode = fp8.get("mode") if isinstance(fp8, Mapping) else None
+    mode = getattr(mode, "name", mode)  # an enum from a composed config
+    return None if mode in (None, "none", "off", False) else str(mode)
 
 
 def preset_sort_key(name: str, config: Mapping[str, Any] | None) -> tuple:
@@ -62,12 +70,14 @@ def preset_sort_key(name: str, config: Mapping[str, Any] | None) -> tuple:
     Baselines first (FP32 compute; strict before TF32), then FP16 presets with more of the paper's
     two techniques on first (an FP32 master copy, §3.1, counting FP32 weights under autocast as
     one, and loss scaling, §3.2), within those FP32-weight autocast before FP16 storage and a
-    global scale before other scalers, then BF16; a preset whose config is unknown goes last. Name
-    breaks ties. Gives fp32 tf32 amp mixed adaptive no_master no_scaling fp16 bf16 today.
+    global scale before other scalers, then BF16, then FP8 presets (whatever their base dtype);
+    a preset whose config is unknown goes last. Name breaks ties. Gives today: fp32 tf32 amp
+    mixed adaptive no_master no_scaling fp16 bf16, then the FP8 presets.
     """
     if not isinstance(config, Mapping) or "compute_dtype" not in config:
         return (9, name)
-    dtype = _DTYPE_RANK.get(str(config.get("compute_dtype")), 3)
+    dtype_name = "fp8" if _fp8_mode(config) else str(config.get("compute_dtype"))
+    dtype = _DTYPE_RANK.get(dtype_name, len(_DTYPE_RANK))
     autocast = config.get("weights") == "fp32_autocast"
     master = bool(config.get("master_weights")) or autocast
     scaling = str(config.get("loss_scaling") or "none")
