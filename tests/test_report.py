@@ -56,8 +56,10 @@ def rec(
     """A real record (completed, diverged or failed, as `status` asks) moved to this setting."""
     metric, higher = TASK_METRIC[task]
     kind = status if status in ("completed", "diverged", "failed") else "completed"
+    # a detection record is a copy of the real SSD run's (its metrics_detail, its data fields)
+    source = "detection" if task == "detection" and kind != "failed" else kind
     base = derive(
-        real_record(kind),
+        real_record(source),
         experiment=experiment,
         task=task,
         precision=precision,
@@ -75,7 +77,14 @@ def rec(
     if kind == "completed":
         base["metrics"] = metrics or {}
     if status == "diverged":
-        base = finish(base, "diverged", reason or base["reason"], diverged_at_step=diverged_at_step)
+        base = finish(
+            base,
+            "diverged",
+            reason or "loss was non-finite for 10 consecutive steps",
+            diverged_at_step=diverged_at_step,
+            metrics_detail=None,  # no evaluation before it diverged
+        )
+        base.pop("metrics", None)
     elif status == "failed":
         base = finish(base, "failed", reason)
     elif status != "completed":  # running: as written at the start, before any result
@@ -186,7 +195,11 @@ def _results(tmp_path_factory):
                 preset,
                 seed,
                 metrics={"map": mean_ap, "loss": 3.0},
-                metrics_detail={"per_class_ap": dict(zip(VOC_CLASSES, aps))},
+                # the real record's detail, with VOC's class names as on VOC data
+                metrics_detail={
+                    **real_record("detection")["metrics_detail"],
+                    "per_class_ap": dict(zip(VOC_CLASSES, aps)),
+                },
                 **voc,
             ),
         )

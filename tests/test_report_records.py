@@ -42,6 +42,8 @@ REAL_RUNS = {
     ],
     # the data check runs after the record is written: a real `failed` record with its reason
     "failed": ["experiment=resnet50", "budget=smoke", "data.root=/nonexistent/imagenet"],
+    # the detection task's record (Table 2): metrics.map, metrics_detail.per_class_ap
+    "detection": ["experiment=ssd", "budget=smoke", "data=synthetic"],
 }
 
 
@@ -66,7 +68,7 @@ def real_runs() -> dict[str, Path]:
 
 
 def real_record(kind: str) -> dict:
-    """A fresh copy of a real run.json ("completed", "diverged" or "failed")."""
+    """A fresh copy of a real run.json ("completed", "diverged", "failed" or "detection")."""
     return copy.deepcopy(read_run(real_runs()[kind]))
 
 
@@ -162,6 +164,10 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     assert div["diverged_at_step"] == 2 and div["reason"].startswith("loss was non-finite")
     assert fail["status"] == "failed" and "metrics" not in fail and "primary_metric" not in fail
     assert fail["reason"].startswith("DataError: data.root=/nonexistent/imagenet does not exist")
+    det = real_record("detection")
+    assert (det["task"], det["primary_metric"], det["status"]) == ("detection", "map", "completed")
+    assert "map" in det["metrics"]
+    assert isinstance(det["metrics_detail"]["per_class_ap"], dict)
 
 
 @pytest.fixture(scope="module")
