@@ -17,11 +17,12 @@
 #   OTHER_PRECISIONS [fp32,mixed,no_scaling]  the presets of the default OTHERS: the baseline, the
 #                paper's recipe and its loss-scaling ablation (bigLSTM diverges without scaling,
 #                DCGAN needs none)
-#   <DATA>_ROOT  []        at BUDGET=paper, the folder of an other experiment's data set when its
-#                conf/data/<data>.yaml takes a root: LM_ROOT for the corpus (One Billion Word as
-#                train.txt/valid.txt/test.txt, docs/experiments_lm_gan.md), CELEBA_ROOT for CelebA
-#                (an ImageFolder), VOC_ROOT for PASCAL VOC; unset: that row is skipped, with a note
-#                (smoke and short budgets use the embedded corpus and digits instead)
+#   <DATA>_ROOT  []        the folder of an other experiment's data set when its conf/data/<data>.yaml
+#                takes a root: LM_ROOT for the corpus (One Billion Word as train.txt/valid.txt/
+#                test.txt, docs/experiments_lm_gan.md), CELEBA_ROOT for CelebA (an ImageFolder),
+#                VOC_ROOT for PASCAL VOC (a VOCdevkit). Unset: at BUDGET=paper that row is skipped,
+#                with a note; at smoke and short the embedded stand-ins run (corpus, digits), and a
+#                data set without one (VOC) runs on random data with DATA=synthetic
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
 #   DRY_RUN      [0]       1: print the commands, run nothing
 #   LAUNCHER     []        a Hydra launcher for the sweeps: slurm (submit every run to SLURM; fill in
@@ -127,21 +128,25 @@ failed=0
 if [[ -n "$EXPERIMENTS" ]]; then
     run "$MPT_RUN" -m "experiment=$EXPERIMENTS" "precision=$PRECISIONS" "${common[@]}" "${ilsvrc_data[@]}" || failed=1
 fi
-# At the paper budget an experiment whose data set takes a folder (conf/data/<data>.yaml has a
-# `root:`) needs it (the embedded corpus and digits stand in only for smoke and short); without it
-# that row is skipped, not failed. The folder comes from <DATA>_ROOT (LM_ROOT for the corpus).
-root_var() { case "$1" in corpus) echo LM_ROOT ;; *) tr '[:lower:]' '[:upper:]' <<<"${1}_ROOT" ;; esac; }
+# An other experiment whose data set takes a folder (conf/data/<data>.yaml has a `root:`) reads it
+# from <DATA>_ROOT (LM_ROOT for the corpus; `names data-root` says which). Without it: at
+# BUDGET=paper the row is skipped, not failed; at smoke and short the budget's embedded stand-in
+# runs (the corpus, the digits), or, for a data set without one (VOC), DATA=synthetic runs it on
+# random data and anything else skips it with a note.
 other_data() {  # experiment -> extra overrides in $extra, or return 1 to skip it
-    local data var root
-    data=$(names data "$1") || return 0
-    grep -q '^root:' "conf/data/$data.yaml" 2>/dev/null || return 0
-    var=$(root_var "$data")
+    local var kind root
+    read -r var kind < <(names data-root "$1" "$BUDGET") || true
+    [[ -n "${var:-}" ]] || return 0
     root=${!var:-}
     if [[ -n "$root" ]]; then extra=("data.root=$root"); return 0; fi
     if [[ "$BUDGET" == paper ]]; then
-        echo "reproduce-table: skipping $1 at budget=paper: set $var to its $data data set's folder (conf/data/$data.yaml; docs/experiments_lm_gan.md for the corpus and CelebA)" >&2
+        echo "reproduce-table: skipping $1 at budget=paper: set $var to its data set's folder (conf/data/, docs/)" >&2
         return 1
     fi
+    [[ "$kind" == embedded ]] && return 0
+    if [[ "$DATA" == synthetic ]]; then extra=("data=synthetic"); return 0; fi
+    echo "reproduce-table: skipping $1: set $var to its data set's folder, or DATA=synthetic" >&2
+    return 1
 }
 for pair in $OTHERS; do
     extra=()

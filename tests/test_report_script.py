@@ -175,10 +175,29 @@ def test_paper_budget_skips_an_experiment_whose_data_folder_is_not_given(tmp_pat
         LM_ROOT="",
     )
     assert result.returncode == 0, result.stderr
-    assert "skipping lstm_lm at budget=paper: set LM_ROOT" in result.stderr
+    assert "skipping lstm_lm at budget=paper: set LM_ROOT to its data set's folder" in result.stderr
     assert "experiment=lstm_lm" not in result.stdout and "experiment=demo" in result.stdout
     with_root = run_script(
         tmp_path, DRY_RUN="1", BUDGET="paper", EXPERIMENTS="", OTHERS="lstm_lm:fp32", LM_ROOT="/lm"
     )
     assert "experiment=lstm_lm precision=fp32" in with_root.stdout
     assert "data.root=/lm" in with_root.stdout
+
+
+def test_smoke_without_a_folder_uses_the_stand_in_or_synthetic_data(tmp_path):
+    """At smoke size: the corpus has an embedded stand-in (conf/experiment_budget), VOC has none,
+    so DATA=synthetic runs the detector on random images and otherwise it is skipped."""
+    others = "lstm_lm:fp32 ssd:fp32"
+    result = run_script(
+        tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="synthetic", EXPERIMENTS="", OTHERS=others
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    lm, ssd = lines[0].split(), lines[1].split()
+    assert lm[3] == "experiment=lstm_lm" and "data=synthetic" not in lm
+    assert ssd[3] == "experiment=ssd" and ssd[-1] == "data=synthetic"
+    real = run_script(
+        tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="imagenet", EXPERIMENTS="", OTHERS=others
+    )
+    assert "skipping ssd: set VOC_ROOT to its data set's folder, or DATA=synthetic" in real.stderr
+    assert "experiment=ssd" not in real.stdout and "experiment=lstm_lm" in real.stdout

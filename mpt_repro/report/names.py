@@ -6,6 +6,7 @@ nothing else. Reading conf/ needs only omegaconf (no torch); `tasks()` imports t
 
     python -m mpt_repro.report.names presets|experiments|budgets|table1|others [--sep ,]
     python -m mpt_repro.report.names data EXPERIMENT      # the conf/data/ file its recipe uses
+    python -m mpt_repro.report.names data-root EXPERIMENT BUDGET   # e.g. "LM_ROOT embedded"
 """
 
 from __future__ import annotations
@@ -195,6 +196,26 @@ def full_recipe(budget: str, experiment: str | None = None) -> bool:
     return not found.trims
 
 
+def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
+    """Where the folder of an experiment's data set comes from in scripts/reproduce_table.sh:
+    (the environment variable, whether the budget has an embedded stand-in), or None when the
+    data set takes no folder (conf/data/<data>.yaml has no `root`). The variable is <DATA>_ROOT
+    (LM_ROOT for the corpus, the name the docs have always used). A budget has a stand-in when
+    its delta file (conf/experiment_budget/<experiment>_<budget>.yaml) sets the data's root or
+    switches the data set (the embedded corpus, the digits)."""
+    found = experiments().get(experiment)
+    if found is None or not found.data:
+        return None
+    data_file = conf_dir() / "data" / f"{found.data}.yaml"
+    if not data_file.exists() or "root" not in _load(data_file):
+        return None
+    var = "LM_ROOT" if found.data == "corpus" else f"{found.data.upper()}_ROOT"
+    delta = conf_dir() / "experiment_budget" / f"{found.file}_{budget}.yaml"
+    data = _load(delta).get("data") if delta.exists() else None
+    embedded = isinstance(data, dict) and ("root" in data or "name" in data)
+    return var, embedded
+
+
 # ---------------------------------------------------------------- tasks
 
 
@@ -223,11 +244,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "what",
-        choices=["presets", "experiments", "budgets", "table1", "others", "data"],
+        choices=["presets", "experiments", "budgets", "table1", "others", "data", "data-root"],
         help="others: the experiments that are not rows of the paper's Table 1; data: the data "
-        "set an experiment's recipe uses",
+        "set an experiment's recipe uses; data-root: the variable naming its folder and whether "
+        "the budget has an embedded stand-in (`LM_ROOT embedded`; nothing: no folder needed)",
     )
-    parser.add_argument("experiment", nargs="?", help="for `data`: the experiment")
+    parser.add_argument("experiment", nargs="?", help="for data, data-root: the experiment")
+    parser.add_argument("budget", nargs="?", help="for data-root: the budget")
     parser.add_argument("--sep", default=" ", help="separator between names (default: space)")
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     if args.what == "presets":
@@ -238,11 +261,15 @@ def main(argv: list[str] | None = None) -> int:
         names = sorted(budgets())
     elif args.what == "table1":
         names = table1_experiments()
-    elif args.what == "data":
+    elif args.what in ("data", "data-root"):
         found = experiments().get(args.experiment or "")
         if found is None:
             parser.error(f"no experiment {args.experiment!r} in conf/experiment/")
-        names = [found.data]
+        if args.what == "data":
+            names = [found.data]
+        else:
+            root = data_root(found.name, args.budget or "")
+            names = [] if root is None else [root[0], "embedded" if root[1] else "folder"]
     else:
         table1 = set(table1_experiments())
         names = [e for e in sorted(experiments()) if e not in table1]
