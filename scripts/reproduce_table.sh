@@ -9,15 +9,20 @@
 #                          download. BUDGET=smoke DATA=synthetic runs the whole pipeline on a CPU.
 #   DATA_ROOT    []        ImageNet folder holding train/ and val/ (needed when DATA=imagenet)
 #   SEEDS        [0]       comma-separated seeds, e.g. 0,1,2
-#   EXPERIMENTS  [alexnet,vgg16,googlenet,inception_v2,inception_v3,resnet50]  ("" skips them)
+#   EXPERIMENTS  [the rows of the paper's Table 1 that conf/experiment/ has, in the paper's order:
+#                `python -m mpt_repro.report.names table1`]  ("" skips them)
 #   PRECISIONS   [fp32,mixed,no_master,no_scaling]  presets for the ILSVRC models
-#   OTHERS       [lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed scaling_matters:fp32,mixed,no_scaling,adaptive]
-#                space-separated experiment:presets for the rows on embedded data; the presets
-#                include the paper's ablations (bigLSTM diverges without scaling; DCGAN needs none)
-#   LM_ROOT      []        at BUDGET=paper, the One Billion Word corpus as train.txt/valid.txt/test.txt
-#                          (docs/experiments_lm_gan.md); unset: the lstm_lm row is skipped, with a note
-#   CELEBA_ROOT  []        at BUDGET=paper, CelebA as an ImageFolder; unset: the dcgan row is skipped
-#                          (smoke and short budgets use the embedded corpus and digits instead)
+#   OTHERS       [every other conf/experiment/ experiment, each with OTHER_PRECISIONS]
+#                space-separated experiment:presets, e.g. "lstm_lm:fp32,mixed,no_scaling demo:fp32"
+#   OTHER_PRECISIONS [fp32,mixed,no_scaling]  the presets of the default OTHERS: the baseline, the
+#                paper's recipe and its loss-scaling ablation (bigLSTM diverges without scaling,
+#                DCGAN needs none)
+#   <DATA>_ROOT  []        the folder of an other experiment's data set when its conf/data/<data>.yaml
+#                takes a root: LM_ROOT for the corpus (One Billion Word as train.txt/valid.txt/
+#                test.txt, docs/experiments_lm_gan.md), CELEBA_ROOT for CelebA (an ImageFolder),
+#                VOC_ROOT for PASCAL VOC (a VOCdevkit). Unset: at BUDGET=paper that row is skipped,
+#                with a note; at smoke and short the embedded stand-ins run (corpus, digits), and a
+#                data set without one (VOC) runs on random data with DATA=synthetic
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
 #   DRY_RUN      [0]       1: print the commands, run nothing
 #   LAUNCHER     []        a Hydra launcher for the sweeps: slurm (submit every run to SLURM; fill in
@@ -36,16 +41,19 @@ BUDGET=${BUDGET:-paper}
 DATA=${DATA:-imagenet}
 DATA_ROOT=${DATA_ROOT:-}
 SEEDS=${SEEDS:-0}
-EXPERIMENTS=${EXPERIMENTS-alexnet,vgg16,googlenet,inception_v2,inception_v3,resnet50}
+VENV=${VENV:-.venv}
+# names come from conf/ (and the paper's reference table), never from a list kept here
+names() { "$VENV/bin/python" -m mpt_repro.report.names "$@"; }
+EXPERIMENTS=${EXPERIMENTS-$(names table1 --sep ,)}
 PRECISIONS=${PRECISIONS:-fp32,mixed,no_master,no_scaling}
-OTHERS=${OTHERS-lstm_lm:fp32,mixed,no_scaling dcgan:fp32,mixed,no_scaling demo:fp32,mixed scaling_matters:fp32,mixed,no_scaling,adaptive}
+OTHER_PRECISIONS=${OTHER_PRECISIONS:-fp32,mixed,no_scaling}
+if [[ -z "${OTHERS+set}" ]]; then
+    OTHERS=$(for e in $(names others); do printf '%s:%s ' "$e" "$OTHER_PRECISIONS"; done)
+fi
 RUNS_DIR=${RUNS_DIR:-results/runs}
 OUT=${OUT:-results/report}
-VENV=${VENV:-.venv}
 DRY_RUN=${DRY_RUN:-0}
 LAUNCHER=${LAUNCHER:-}
-LM_ROOT=${LM_ROOT:-}
-CELEBA_ROOT=${CELEBA_ROOT:-}
 
 die() { echo "reproduce-table: $*" >&2; exit 2; }
 
@@ -120,20 +128,25 @@ failed=0
 if [[ -n "$EXPERIMENTS" ]]; then
     run "$MPT_RUN" -m "experiment=$EXPERIMENTS" "precision=$PRECISIONS" "${common[@]}" "${ilsvrc_data[@]}" || failed=1
 fi
-# At the paper budget the language model and the DCGAN need their own data sets (the embedded
-# ones stand in only for smoke and short); without them those rows are skipped, not failed.
-other_data() {  # experiment -> extra overrides, or return 1 to skip it
-    local root="" var what
-    case "$1" in
-        lstm_lm) root=$LM_ROOT; var=LM_ROOT; what="the One Billion Word corpus as train.txt, valid.txt, test.txt" ;;
-        dcgan) root=$CELEBA_ROOT; var=CELEBA_ROOT; what="CelebA as an ImageFolder" ;;
-        *) return 0 ;;
-    esac
+# An other experiment whose data set takes a folder (conf/data/<data>.yaml has a `root:`) reads it
+# from <DATA>_ROOT (LM_ROOT for the corpus; `names data-root` says which). Without it: at
+# BUDGET=paper the row is skipped, not failed; at smoke and short the budget's embedded stand-in
+# runs (the corpus, the digits), or, for a data set without one (VOC), DATA=synthetic runs it on
+# random data and anything else skips it with a note.
+other_data() {  # experiment -> extra overrides in $extra, or return 1 to skip it
+    local var kind root
+    read -r var kind < <(names data-root "$1" "$BUDGET") || true
+    [[ -n "${var:-}" ]] || return 0
+    root=${!var:-}
     if [[ -n "$root" ]]; then extra=("data.root=$root"); return 0; fi
     if [[ "$BUDGET" == paper ]]; then
-        echo "reproduce-table: skipping $1 at budget=paper: set $var to a folder with $what (docs/experiments_lm_gan.md)" >&2
+        echo "reproduce-table: skipping $1 at budget=paper: set $var to its data set's folder (conf/data/, docs/)" >&2
         return 1
     fi
+    [[ "$kind" == embedded ]] && return 0
+    if [[ "$DATA" == synthetic ]]; then extra=("data=synthetic"); return 0; fi
+    echo "reproduce-table: skipping $1: set $var to its data set's folder, or DATA=synthetic" >&2
+    return 1
 }
 for pair in $OTHERS; do
     extra=()

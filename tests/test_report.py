@@ -1,5 +1,8 @@
-"""mpt-report on handwritten run records with known numbers: exact cells, formats, plots,
-references.
+"""mpt-report on run records with known numbers: exact cells, formats, plots, references.
+
+Every record is a copy of a real run.json (tests/test_report_records.py runs mpt-run once per
+session), with its setting and numbers changed the way the writer holds them, so the reporter is
+tested on the shapes the writer produces: diverged and failed records carry no `metrics`.
 """
 
 from __future__ import annotations
@@ -11,22 +14,28 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from test_report_records import derive, finish, real_record, write_record
 
-from mpt_repro.report import cli
+from mpt_repro.report import cli, names
 from mpt_repro.report.reference import load_reference, table1_reference
 from mpt_repro.report.render import LATEX_ESCAPES
 
-CPU = {"type": "cpu", "name": "cpu", "count": 1}
+# the device fields as describe_device writes them (run.py)
+CPU = {"type": "cpu", "name": "x86_64", "count": 2}
 GPU = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "count": 1}
+CPU_SLUG, GPU_SLUG = "cpu-x86_64-2", "cuda-nvidia-h100-80gb-hbm3"
 MiB = 2**20
+# what each task's records name as their primary metric (the task classes' attributes)
 TASK_METRIC = {
     "classification": ("top1", True),
     "language_model": ("perplexity", False),
     "gan": ("g_loss", False),
+    "detection": ("map", True),
+    "segmentation": ("miou", True),  # a task the reporter has no presentation for
 }
 
 
-def make_record(
+def rec(
     experiment,
     precision,
     seed,
@@ -42,101 +51,77 @@ def make_record(
     samples_per_s=100.0,
     peak_memory_bytes=100 * MiB,
     wall_time_s=10.0,
+    **fields,
 ):
+    """A real record (completed, diverged or failed, as `status` asks) moved to this setting."""
     metric, higher = TASK_METRIC[task]
-    return {
-        "schema_version": 1,
-        "experiment": experiment,
-        "task": task,
-        "precision": precision,
-        "precision_config": {"name": precision},
-        "seed": seed,
-        "budget": budget,
-        "data": {
-            "name": data,
-            "root": None,
-            "train_size": 64,
-            "eval_size": 64,
-            "description": data,
-        },
-        "model": {"name": experiment, "variant": "", "parameters": 1000},
-        "status": status,
-        "reason": reason,
-        "diverged_at_step": diverged_at_step,
-        "metrics": metrics or {},
-        "primary_metric": metric,
-        "higher_is_better": higher,
-        "steps": 6,
-        "epochs": 1.0,
-        "skipped_steps": 0,
-        "loss_scale": {"initial": 65536.0, "final": 32768.0, "min": 32768.0, "max": 65536.0},
-        "samples_per_s": samples_per_s,
-        "peak_memory_bytes": peak_memory_bytes,
-        "peak_memory_kind": "host_max_rss" if device["type"] == "cpu" else "cuda_max_allocated",
-        "wall_time_s": wall_time_s,
-        "device": device,
-        "versions": {},
-        "git_commit": "abc",
-        "started_at": "2025-01-01T00:00:00",
-        "finished_at": None if status == "running" else "2025-01-01T00:01:00",
-        "config": {},
-        "diagnostics": {},
-    }
+    kind = status if status in ("completed", "diverged", "failed") else "completed"
+    # a detection record is a copy of the real SSD run's (its metrics_detail, its data fields)
+    source = "detection" if task == "detection" and kind != "failed" else kind
+    base = derive(
+        real_record(source),
+        experiment=experiment,
+        task=task,
+        precision=precision,
+        seed=seed,
+        budget=budget,
+        data=data,
+        device=device,
+        primary_metric=metric,
+        higher_is_better=higher,
+        samples_per_s=samples_per_s,
+        peak_memory_bytes=peak_memory_bytes,
+        wall_time_s=wall_time_s,
+        **fields,
+    )
+    if kind == "completed":
+        base["metrics"] = metrics or {}
+    if status == "diverged":
+        base = finish(
+            base,
+            "diverged",
+            reason or "loss was non-finite for 10 consecutive steps",
+            diverged_at_step=diverged_at_step,
+            metrics_detail=None,  # no evaluation before it diverged
+        )
+        base.pop("metrics", None)
+    elif status == "failed":
+        base = finish(base, "failed", reason)
+    elif status != "completed":  # running: as written at the start, before any result
+        base = finish(base, status, reason)
+        base.pop("metrics")
+    return base
 
 
 def write_run(root: Path, record: dict, metrics_csv: bool = True) -> Path:
-    """Where the trainer puts it: <experiment>/<precision>-<budget>/seed<N>/<overrides>/run.json."""
-    run_dir = (
-        root
-        / record["experiment"]
-        / f"{record['precision']}-{record['budget']}"
-        / f"seed{record['seed']}"
-        / f"data={record['data']['name']},device={record['device']['type']}"
-    )
-    run_dir.mkdir(parents=True)
-    (run_dir / "run.json").write_text(json.dumps(record))
-    if metrics_csv:
-        metric = record["primary_metric"]
-        rows = []
-        for step in (2, 4, 6):
-            rows.append(
-                {
-                    "step": step,
-                    "epoch": step / 6,
-                    "split": "train",
-                    "loss": 3.0 / step,
-                    "lr": 0.1,
-                    "loss_scale": 65536.0 / step,
-                    "skipped_steps": 0,
-                    "samples_per_s": 100.0,
-                    "wall_time_s": step,
-                    metric: 1.0 * step,
-                }
-            )
-        rows.append(
-            {
-                "step": 6,
-                "epoch": 1.0,
-                "split": "eval",
-                "loss": 0.5,
-                "lr": 0.1,
-                "loss_scale": None,
-                "skipped_steps": 0,
-                "samples_per_s": None,
-                "wall_time_s": 6,
-                metric: record["metrics"].get(metric, 0.0),
-            }
-        )
-        pd.DataFrame(rows).to_csv(run_dir / "metrics.csv", index=False)
-    return run_dir
+    """Where mpt-run puts it (<experiment>/<precision>-<budget>/seed<N>/<overrides>), with the
+    real demo run's metrics.csv (for the plots)."""
+    extra = f"data={record['data']['name']},device={record['device']['type']}"
+    return write_record(root, record, extra, curves_from="completed" if metrics_csv else None)
+
+
+# the paper's Table 2 experiments, as the detection branch configures them (conf/experiment/
+# ssd.yaml, faster_rcnn.yaml: task detection on data=voc); added for the tests when this checkout's
+# conf/ does not have them yet
+DETECTION = {
+    "ssd": names.Experiment("ssd", "detection", "voc", "ssd"),
+    "faster_rcnn": names.Experiment("faster_rcnn", "detection", "voc", "faster_rcnn"),
+}
+VOC_CLASSES = ("aeroplane", "bicycle", "bird")
 
 
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """A results folder with known numbers, and the report built from it."""
+    known = names.experiments()
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(names, "experiments", lambda: {**DETECTION, **known})
+        yield _results(tmp_path_factory)
+
+
+def _results(tmp_path_factory):
     root = tmp_path_factory.mktemp("results")
     runs = root / "runs"
-    rec = make_record
     # resnet50, smoke on synthetic data: fp32 two seeds, mixed three, no_scaling diverged, fp16
     # failed
     for seed, top1, speed, wall in ((0, 10.0, 100.0, 10.0), (1, 11.0, 120.0, 20.0)):
@@ -163,49 +148,17 @@ def results(tmp_path_factory):
                 peak_memory_bytes=50 * MiB,
             ),
         )
-    write_run(
-        runs,
-        rec(
-            "resnet50",
-            "no_scaling",
-            0,
-            status="diverged",
-            diverged_at_step=4,
-            reason="loss scale at floor",
-            metrics={"top1": 0.1},
-        ),
-    )
+    write_run(runs, rec("resnet50", "no_scaling", 0, status="diverged", diverged_at_step=4))
     write_run(runs, rec("resnet50", "fp16", 0, status="failed", reason="CUDA out of memory"))
     write_run(runs, rec("vgg16", "mixed", 0, status="running"))
     write_run(runs, rec("alexnet", "fp32", 0, metrics={"top1": 20.0, "loss": float("nan")}))
     # the same experiment on real data must never be averaged with the synthetic runs
     write_run(runs, rec("resnet50", "mixed", 0, data="imagenet", metrics={"top1": 50.0}))
     # the paper budget on ImageNet on a GPU: comparable with the paper
+    paper_gpu = dict(budget="paper", data="imagenet", device=GPU)
     for seed, top1 in ((0, 75.5), (1, 76.5)):
-        write_run(
-            runs,
-            rec(
-                "resnet50",
-                "fp32",
-                seed,
-                budget="paper",
-                data="imagenet",
-                device=GPU,
-                metrics={"top1": top1},
-            ),
-        )
-    write_run(
-        runs,
-        rec(
-            "resnet50",
-            "mixed",
-            0,
-            budget="paper",
-            data="imagenet",
-            device=GPU,
-            metrics={"top1": 76.0},
-        ),
-    )
+        write_run(runs, rec("resnet50", "fp32", seed, metrics={"top1": top1}, **paper_gpu))
+    write_run(runs, rec("resnet50", "mixed", 0, metrics={"top1": 76.0}, **paper_gpu))
     # demo (another classification experiment)
     write_run(runs, rec("demo", "fp32", 0, data="digits", metrics={"top1": 90.0}))
     write_run(runs, rec("demo", "mixed", 0, data="digits", metrics={"top1": 91.0}))
@@ -214,27 +167,80 @@ def results(tmp_path_factory):
     lm = dict(task="language_model", data="corpus")
     write_run(runs, rec("lstm_lm", "fp32", 0, metrics={"perplexity": 100.0, "loss": 4.6}, **lm))
     write_run(runs, rec("lstm_lm", "fp32", 1, metrics={"perplexity": 110.0, "loss": 4.7}, **lm))
-    write_run(runs, rec("lstm_lm", "no_scaling", 0, status="diverged", diverged_at_step=300, **lm))
-    write_run(runs, rec("lstm_lm", "no_scaling", 1, status="diverged", diverged_at_step=310, **lm))
+    for seed, step in ((0, 300), (1, 310)):
+        write_run(
+            runs, rec("lstm_lm", "no_scaling", seed, status="diverged", diverged_at_step=step, **lm)
+        )
     write_run(runs, rec("lstm_lm", "mixed", 0, metrics={"perplexity": 104.0}, **lm))
     write_run(runs, rec("lstm_lm", "mixed", 1, status="diverged", diverged_at_step=5, **lm))
     # DCGAN
     gan = dict(task="gan", data="digits")
     write_run(runs, rec("dcgan", "fp32", 0, metrics={"d_loss": 1.0, "g_loss": 2.0}, **gan))
     write_run(runs, rec("dcgan", "mixed", 0, metrics={"d_loss": 1.25, "g_loss": 2.5}, **gan))
-    # unreadable records: broken JSON, another schema version; and a run without metrics.csv
+    # detection (Table 2): the paper budget on VOC on a GPU, and a smoke run on synthetic images
+    voc = dict(task="detection", budget="paper", data="voc", device=GPU)
+    for experiment, preset, seed, mean_ap, aps in (
+        ("ssd", "fp32", 0, 76.5, (80.0, 84.0, 70.0)),
+        ("ssd", "fp32", 1, 77.5, (82.0, 86.0, 72.0)),
+        ("ssd", "mixed", 0, 77.0, (81.0, 85.0, 71.0)),
+        ("ssd", "adaptive", 0, 76.8, (81.0, 85.0, 70.0)),
+        ("faster_rcnn", "fp32", 0, 69.0, (70.0, 71.0, 60.0)),
+        ("faster_rcnn", "no_scaling", 0, 68.0, (69.0, 70.0, 59.0)),
+        ("faster_rcnn", "mixed", 0, 69.5, (70.5, 71.5, 60.5)),
+    ):
+        write_run(
+            runs,
+            rec(
+                experiment,
+                preset,
+                seed,
+                metrics={"map": mean_ap, "loss": 3.0},
+                # the real record's detail, with VOC's class names as on VOC data
+                metrics_detail={
+                    **real_record("detection")["metrics_detail"],
+                    "per_class_ap": dict(zip(VOC_CLASSES, aps)),
+                },
+                **voc,
+            ),
+        )
+    write_run(
+        runs,
+        rec(
+            "ssd",
+            "no_scaling",
+            0,
+            status="diverged",
+            diverged_at_step=120,
+            diverged_layer="backbone.features.0",
+            **voc,
+        ),
+    )
+    write_run(
+        runs,
+        rec("ssd", "fp32", 0, task="detection", metrics={"map": 0.5, "loss": 20.0}),
+    )
+    # a task the reporter has never heard of: a table with every numeric metric
+    seg = dict(task="segmentation", data="cityscapes")
+    write_run(
+        runs, rec("unet", "fp32", 0, metrics={"miou": 40.0, "pixel_acc": 80.0, "loss": 1.0}, **seg)
+    )
+    write_run(
+        runs, rec("unet", "amp", 0, metrics={"miou": 41.0, "pixel_acc": 81.0, "loss": 0.9}, **seg)
+    )
+    # unreadable records: a truncated real record and one of another schema version; and a run
+    # without metrics.csv
+    text = json.dumps(real_record("completed"))
     broken = runs / "googlenet" / "mixed-smoke" / "seed0"
     broken.mkdir(parents=True)
-    (broken / "run.json").write_text("{not json")
+    (broken / "run.json").write_text(text[: len(text) // 3])
     old = runs / "googlenet" / "fp32-smoke" / "seed0"
     old.mkdir(parents=True)
-    (old / "run.json").write_text(
-        json.dumps({**make_record("googlenet", "fp32", 0), "schema_version": 0})
-    )
+    (old / "run.json").write_text(json.dumps({**rec("googlenet", "fp32", 0), "schema_version": 0}))
     write_run(runs, rec("inception_v3", "fp32", 0, metrics={"top1": 30.0}), metrics_csv=False)
 
     out = root / "report"
-    assert cli.main([str(runs), "--out", str(out), "--quiet"]) == 0
+    # plots take most of a report's time: test_plots_written draws them for a smaller folder
+    assert cli.main([str(runs), "--out", str(out), "--quiet", "--no-plots"]) == 0
     return runs, out
 
 
@@ -250,7 +256,7 @@ def row(frame: pd.DataFrame, column: str, value: str) -> pd.Series:
 
 def test_table1_smoke_cells(results):
     _, out = results
-    t = read_csv(out, "table1_smoke_synthetic_cpu")
+    t = read_csv(out, f"table1_smoke_synthetic_{CPU_SLUG}")
     assert list(t["Model"]) == list(table1_reference()["label"])  # all six rows, the paper's order
     resnet = row(t, "Model", "ResNet-50 (pre-activation)")
     assert resnet["paper fp32 [P]"] == "75.92" and resnet["paper mixed [P]"] == "76.04"
@@ -277,7 +283,7 @@ def test_table1_smoke_cells(results):
 
 def test_table1_paper_budget_differences(results):
     _, out = results
-    t = read_csv(out, "table1_paper_imagenet_cuda-nvidia-h100-80gb-hbm3")
+    t = read_csv(out, f"table1_paper_imagenet_{GPU_SLUG}")
     resnet = row(t, "Model", "ResNet-50 (pre-activation)")
     assert resnet["ours fp32"] == "76.00 ± 0.71 (n=2)"
     assert resnet["ours mixed"] == "76.00 (n=1)"
@@ -289,22 +295,25 @@ def test_table1_paper_budget_differences(results):
 
 def test_real_and_synthetic_are_separate_tables(results):
     _, out = results
-    t = read_csv(out, "table1_smoke_imagenet_cpu")
+    t = read_csv(out, f"table1_smoke_imagenet_{CPU_SLUG}")
     assert row(t, "Model", "ResNet-50 (pre-activation)")["ours mixed"] == "50.00 (n=1)"
 
 
 def test_captions_state_setting_and_comparability(results):
     _, out = results
     report = (out / "report.md").read_text()
-    assert "*budget=smoke on synthetic data, device cpu: random inputs check the pipeline" in report
-    assert "not comparable with the paper" in report
+    assert (
+        "*budget=smoke on synthetic data, device cpu: x86_64 ×2: random inputs check the pipeline"
+        in report
+    )
     assert (
         "*budget=paper on imagenet data, device cuda: NVIDIA H100 80GB HBM3: the full recipe on "
-        "the "
-        "paper's data set: comparable with the paper's numbers.*"
+        "the paper's data set: comparable with the paper's numbers.*"
     ) in report
-    assert (
-        "*budget=smoke on digits data, device cpu: checks the pipeline, not comparable with the "
+    # a trimmed budget is described in its own words, from conf/budget/smoke.yaml
+    smoke = names.budgets()["smoke"].description
+    assert smoke and (
+        f"*budget=smoke on digits data, device cpu: x86_64 ×2: {smoke}; not comparable with the "
         "paper.*" in report
     )
     # every table has a caption line straight after its title
@@ -316,18 +325,19 @@ def test_captions_state_setting_and_comparability(results):
 
 def test_other_classification_lm_and_gan(results):
     _, out = results
-    demo = row(read_csv(out, "classification_smoke_digits_cpu"), "Experiment", "demo")
+    demo = row(read_csv(out, f"classification_smoke_digits_{CPU_SLUG}"), "Experiment", "demo")
     assert (demo["fp32"], demo["mixed"], demo["Δ mixed − fp32"]) == (
         "90.00 (n=1)",
         "91.00 (n=1)",
         "+1.00",
     )
-    lm = row(read_csv(out, "lm_smoke_corpus_cpu"), "Experiment", "lstm_lm")
+    lm = row(read_csv(out, f"lm_smoke_corpus_{CPU_SLUG}"), "Experiment", "lstm_lm")
     assert lm["Metric"] == "perplexity"
     assert lm["fp32"] == "105.00 ± 7.07 (n=2)"
     assert lm["no_scaling"] == "diverged at steps 300, 310"
     assert lm["mixed"] == "104.00 (n=1); 1 of 2 diverged at step 5"
-    gan = read_csv(out, "gan_smoke_digits_cpu")
+    gan = read_csv(out, f"gan_smoke_digits_{CPU_SLUG}")
+    assert list(gan.columns) == ["Experiment", "Preset", "Outcome", "d_loss", "g_loss"]
     mixed = row(gan, "Preset", "mixed")
     assert (mixed["Outcome"], mixed["d_loss"], mixed["g_loss"]) == (
         "1 completed",
@@ -341,7 +351,7 @@ def test_other_classification_lm_and_gan(results):
 
 def test_cost_ratios(results):
     _, out = results
-    cost = read_csv(out, "cost_smoke_cpu")
+    cost = read_csv(out, f"cost_smoke_{CPU_SLUG}")
     fp32 = cost[
         (cost["Experiment"] == "resnet50")
         & (cost["Data"] == "synthetic")
@@ -368,30 +378,25 @@ def test_cost_ratios(results):
 
 def test_left_out_runs_are_listed_with_reasons(results):
     runs, out = results
-    problems = pd.read_csv(out / "problems.csv")
+    problems = pd.read_csv(out / "problems.csv", dtype=str, keep_default_na=False)
     by_status = problems.groupby("status")["path"].apply(list).to_dict()
-    assert by_status["failed"] == [
-        str(runs / "resnet50/fp16-smoke/seed0/data=synthetic,device=cpu")
-    ]
-    assert by_status["running"] == [str(runs / "vgg16/mixed-smoke/seed0/data=synthetic,device=cpu")]
-    assert sorted(by_status["unreadable"]) == [
+    cpu = "data=synthetic,device=cpu"
+    assert by_status["failed"] == [str(runs / "resnet50/fp16-smoke/seed0" / cpu)]
+    assert by_status["running"] == [str(runs / "vgg16/mixed-smoke/seed0" / cpu)]
+    assert sorted(by_status["malformed"]) == [
         str(runs / "googlenet/fp32-smoke/seed0"),
         str(runs / "googlenet/mixed-smoke/seed0"),
     ]
     report = (out / "report.md").read_text()
-    assert "CUDA out of memory" in report
+    assert "(resnet50 fp16 smoke seed0): CUDA out of memory" in report
     assert "cannot parse run.json" in report
     assert "schema_version 0" in report
-    assert "still running or interrupted" in report
-    assert "metrics.csv missing or unreadable" in report
+    assert "still running, or killed" in report
     # a NaN loss keeps the run in its table but is pointed out
-    assert by_status["suspect"] == [
-        str(runs / "alexnet/fp32-smoke/seed0/data=synthetic,device=cpu")
-    ]
-    assert "non-finite final metrics (loss=nan)" in report
-    assert (
-        "22 run(s) in the tables, 4 left out" in report
-    )  # inception_v3: in the table, not in the plots
+    assert by_status["suspect"] == [str(runs / "alexnet/fp32-smoke/seed0" / cpu)]
+    assert "non-finite final metrics (loss=nan); kept in the tables" in report
+    # alexnet (NaN loss) is in the tables and listed to check
+    assert "33 run(s) in the tables, 4 left out" in report
 
 
 def parse_markdown_tables(text: str) -> dict[str, list[list[str]]]:
@@ -431,29 +436,38 @@ def test_markdown_csv_latex_agree(results):
         assert r"\toprule" in tex and r"\midrule" in tex and r"\bottomrule" in tex
 
 
-def test_plots_written(results):
-    _, out = results
+def test_plots_written(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, top1 in ((0, 10.0), (1, 12.0)):
+        write_run(runs, rec("resnet50", "fp32", seed, metrics={"top1": top1}))
+    write_run(runs, rec("resnet50", "mixed", 0, metrics={"top1": 11.0}))
+    write_run(runs, rec("resnet50", "no_scaling", 0, status="diverged", diverged_at_step=4))
+    write_run(runs, rec("resnet50", "mixed", 0, metrics={"top1": 1.0}, budget="paper", device=GPU))
+    write_run(runs, rec("inception_v3", "fp32", 0, metrics={"top1": 30.0}), metrics_csv=False)
+    out = tmp_path / "report"
+    assert cli.main([str(runs), "--out", str(out), "--quiet"]) == 0
     pngs = {p.name: p for p in (out / "plots").glob("*.png")}
     expected = [
-        "resnet50_smoke_synthetic_cpu_curves.png",
-        "resnet50_smoke_synthetic_cpu_loss_scale.png",
-        "lstm_lm_smoke_corpus_cpu_curves.png",
-        "dcgan_smoke_digits_cpu_curves.png",
-        "cost_smoke_cpu.png",
-        "cost_paper_cuda-nvidia-h100-80gb-hbm3.png",
+        f"resnet50_smoke_synthetic_{CPU_SLUG}_curves.png",
+        f"resnet50_smoke_synthetic_{CPU_SLUG}_loss_scale.png",
+        f"resnet50_paper_synthetic_{GPU_SLUG}_curves.png",
+        f"cost_smoke_{CPU_SLUG}.png",
+        f"cost_paper_{GPU_SLUG}.png",
     ]
     for name in expected:
         data = pngs[name].read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000, name
-    assert (
-        "![resnet50_smoke_synthetic_cpu_curves](plots/resnet50_smoke_synthetic_cpu_curves.png)"
-        in (out / "report.md").read_text()
-    )
+    report = (out / "report.md").read_text()
+    stem = f"resnet50_smoke_synthetic_{CPU_SLUG}_curves"
+    assert f"![{stem}](plots/{stem}.png)" in report
+    # in the table, not in the plots, and said so
+    assert "metrics.csv missing or unreadable" in report
+    assert "6 run(s) in the tables, 0 left out" in report
 
 
 def test_terminal_output_and_missing_folder(tmp_path, capsys):
     runs = tmp_path / "runs"
-    write_run(runs, make_record("demo", "fp32", 0, data="digits", metrics={"top1": 80.0}))
+    write_run(runs, rec("demo", "fp32", 0, data="digits", metrics={"top1": 80.0}))
     assert cli.main([str(runs), "--out", str(tmp_path / "r"), "--no-plots"]) == 0
     printed = capsys.readouterr().out
     assert "80.00 (n=1)" in printed and "# Mixed Precision Training reproduction" in printed
@@ -483,8 +497,16 @@ def test_reference_has_every_table1_value():
     assert set(t1["confidence"]) == {"P"}
 
 
-# the team's research notes, beside the repository (not part of the product)
-NOTES = Path(__file__).resolve().parents[2] / "shared" / "reference" / "papers.md"
+# the team's research notes, beside the repository (not part of the product); a worktree sits one
+# level deeper than the main checkout
+NOTES = next(
+    (
+        p / "shared" / "reference" / "papers.md"
+        for p in Path(__file__).resolve().parents
+        if (p / "shared" / "reference" / "papers.md").exists()
+    ),
+    Path("/nonexistent"),
+)
 
 
 @pytest.mark.skipif(not NOTES.exists(), reason="reference notes not on this machine")
@@ -533,14 +555,205 @@ def test_paper_tables_show_the_papers_digits(results):
 def test_runs_differing_only_in_overrides_are_not_averaged_as_seeds(tmp_path):
     from mpt_repro.report.collect import load_runs
 
-    plain = write_run(
-        tmp_path, make_record("demo", "fp32", 0, data="digits", metrics={"top1": 90.0})
-    )
-    other = plain / "optim.lr=0.5"  # the same settings and seed, plus an extra override
-    other.mkdir()
-    (other / "run.json").write_text(
-        json.dumps(make_record("demo", "fp32", 0, data="digits", metrics={"top1": 10.0}))
-    )
+    plain = write_run(tmp_path, rec("demo", "fp32", 0, data="digits", metrics={"top1": 90.0}))
+    # the same settings and seed, plus an extra override
+    variant = rec("demo", "fp32", 0, data="digits", metrics={"top1": 10.0})
+    other = write_record(tmp_path, variant, f"{plain.name}/optim.lr=0.5")
     runs, problems = load_runs(tmp_path)
     assert runs["metric_top1"].tolist() == [90.0]  # not 50 = the mean of two "seeds"
     assert [(p.path, p.status) for p in problems] == [(str(other), "variant")]
+
+
+# ---------------------------------------------------------------- Table 2 (detection)
+
+
+def test_table2_side_by_side_with_the_paper(results):
+    _, out = results
+    t2 = read_csv(out, f"table2_paper_voc_{GPU_SLUG}")
+    assert list(t2.columns) == [
+        "Model",
+        "paper: Baseline [S]",
+        "paper: MP without loss-scale [S]",
+        "paper: MP with loss-scale [S]",
+        "ours fp32",
+        "ours mixed",
+        "ours adaptive",  # any other preset that ran, in the display order
+        "ours no_scaling",
+        "fp32 vs paper",
+        "no_scaling vs paper",
+        "mixed vs paper",
+        "Δ mixed − fp32 (ours)",
+    ]
+    ssd = row(t2, "Model", "Multibox SSD")
+    assert (ssd["paper: Baseline [S]"], ssd["paper: MP without loss-scale [S]"]) == (
+        "76.9",
+        "diverges",
+    )
+    assert ssd["paper: MP with loss-scale [S]"] == "77.1"
+    assert ssd["ours fp32"] == "77.0 ± 0.7 (n=2)"
+    assert ssd["ours no_scaling"] == "diverged at step 120 (layer backbone.features.0)"
+    assert ssd["no_scaling vs paper"] == "diverged, as in the paper"
+    assert (ssd["fp32 vs paper"], ssd["mixed vs paper"]) == ("+0.1", "-0.1")  # 77.0-76.9, -77.1
+    frcnn = row(t2, "Model", "Faster R-CNN")
+    assert (frcnn["paper: Baseline [S]"], frcnn["paper: MP with loss-scale [S]"]) == (
+        "69.1",
+        "69.7",
+    )
+    assert frcnn["ours no_scaling"] == "68.0 (n=1)" and frcnn["no_scaling vs paper"] == "-0.6"
+    assert frcnn["ours adaptive"] == "" and frcnn["Δ mixed − fp32 (ours)"] == "+0.5"
+    report = (out / "report.md").read_text()
+    assert "Baseline = our fp32, MP without loss-scale = our no_scaling" in report
+
+
+def test_table2_smoke_is_not_compared(results):
+    _, out = results
+    t2 = read_csv(out, f"table2_smoke_synthetic_{CPU_SLUG}")
+    ssd = row(t2, "Model", "Multibox SSD")
+    assert ssd["ours fp32"] == "0.5 (n=1)" and ssd["fp32 vs paper"] == "n/c"
+    assert row(t2, "Model", "Faster R-CNN")["ours fp32"] == ""
+
+
+def test_table2_per_class_ap(results):
+    _, out = results
+    t = read_csv(out, f"table2_per_class_paper_voc_{GPU_SLUG}")
+    assert list(t["Class"]) == list(VOC_CLASSES)
+    bird = row(t, "Class", "bird")
+    assert bird["ssd fp32"] == "71.0 ± 1.4 (n=2)"  # (70 + 72) / 2, sd sqrt(2)
+    assert bird["faster_rcnn no_scaling"] == "59.0 (n=1)"
+    assert "ssd no_scaling" not in t.columns  # a diverged run has no AP
+
+
+# ---------------------------------------------------------------- names from conf/ and records
+
+
+def test_a_new_task_gets_a_table_of_every_metric(results):
+    _, out = results
+    t = read_csv(out, f"segmentation_smoke_cityscapes_{CPU_SLUG}")
+    assert list(t.columns) == ["Experiment", "Preset", "Outcome", "loss", "miou", "pixel_acc"]
+    amp = row(t, "Preset", "amp")
+    assert (amp["Outcome"], amp["miou"], amp["pixel_acc"]) == (
+        "1 completed",
+        "41.000 (n=1)",
+        "81.000 (n=1)",
+    )
+
+
+def test_every_registered_task_gets_a_table(tmp_path):
+    """A completed record of each task the registry knows lands in some table."""
+    import torch  # noqa: F401  (the registry imports the tasks)
+
+    from mpt_repro.report.aggregate import aggregate
+    from mpt_repro.report.collect import load_runs
+    from mpt_repro.report.tables import all_tables
+
+    for task in names.tasks():
+        metric = TASK_METRIC.get(task, ("loss", False))[0]
+        record = rec(f"exp_{task}", "fp32", 0, metrics={metric: 1.0})
+        record.update(task=task, primary_metric=metric)
+        write_run(tmp_path, record, metrics_csv=False)
+    runs, _ = load_runs(tmp_path)
+    tables = all_tables(aggregate(runs), runs)
+    shown = " ".join(t.frame.to_csv() for t in tables)
+    for task in names.tasks():
+        assert f"exp_{task}" in shown, task
+
+
+def test_preset_order_comes_from_what_each_preset_does():
+    assert list(names.presets()) == names.preset_order(names.presets())
+    order = list(names.presets())
+    assert order[:2] == ["fp32", "tf32"]  # the FP32 baselines first
+    assert order.index("mixed") < order.index("no_master") < order.index("fp16")
+    assert order.index("no_scaling") < order.index("fp16") < order.index("bf16")
+    # an FP8 preset (an `fp8` mode over an FP32 or BF16 base) goes after the paper's formats
+    fp8 = [p for p, c in names.presets().items() if (c.get("fp8") or {}).get("mode")]
+    assert all(order.index(p) > order.index("bf16") for p in fp8)
+    # a preset conf/ does not know is placed by the config its records hold
+    custom = {**names.presets()["mixed"], "name": "my_fp8", "compute_dtype": "float8_e4m3fn"}
+    assert names.preset_order(["my_fp8", "bf16", "fp32"], {"my_fp8": custom}) == [
+        "fp32",
+        "bf16",
+        "my_fp8",
+    ]
+
+
+def test_names_cli_lists_conf(capsys):
+    assert names.main(["presets", "--sep", ","]) == 0
+    assert capsys.readouterr().out.strip() == ",".join(names.presets())
+    assert names.main(["table1"]) == 0
+    assert capsys.readouterr().out.split() == list(table1_reference()["experiment"])
+    names.main(["others"])
+    others = capsys.readouterr().out.split()
+    assert "demo" in others and "resnet50" not in others
+    assert set(others) | set(names.table1_experiments()) == set(names.experiments())
+
+
+def test_budgets_come_from_conf():
+    budgets = names.budgets()
+    assert set(budgets) == {p.stem for p in (names.conf_dir() / "budget").glob("*.yaml")}
+    assert not budgets["paper"].trims and budgets["smoke"].trims
+    assert names.full_recipe("paper", "resnet50") and not names.full_recipe("short", "resnet50")
+
+
+# ---------------------------------------------------------------- plots
+
+
+def _band_frames(values_by_seed):
+    return [
+        pd.DataFrame({"step": [2, 4, 6], "split": "train", "loss": values})
+        for values in values_by_seed
+    ]
+
+
+def test_curves_mean_with_band_one_style_per_preset():
+    from mpt_repro.report.plots import curves_figure
+
+    train = {
+        "fp32": _band_frames([[3.0, 2.0, 1.0], [5.0, 4.0, 3.0]]),
+        "mixed": _band_frames([[3.0, 2.0, 1.0]]),  # overlaps fp32's first seed exactly
+    }
+    evals = {p: [] for p in train}
+    fig = curves_figure(train, evals, {"mixed": [6]}, "top1", "t")
+    ax = fig.axes[0]
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    fp32 = lines["fp32 (mean of 2, min-max band)"]
+    assert list(fp32.get_ydata()) == [4.0, 3.0, 2.0]  # the mean, one line for two seeds
+    assert lines["mixed"].get_linestyle() != fp32.get_linestyle()  # overlapping stays visible
+    assert lines["mixed"].get_color() != fp32.get_color()
+    (band,) = ax.collections  # fp32's min-max band
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert ys.min() == 1.0 and ys.max() == 5.0
+    legend = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert legend == ["fp32 (mean of 2, min-max band)", "mixed", "mixed diverged"]
+
+
+def test_plain_tick_labels_and_one_point_panels():
+    from mpt_repro.report.plots import curves_figure
+
+    perplexity = [pd.DataFrame({"step": [6], "split": "eval", "perplexity": [1000.5]})]
+    fig = curves_figure(
+        {"fp32": _band_frames([[1.0, 1.0, 1.0]])}, {"fp32": perplexity}, {}, "perplexity", "t"
+    )
+    right = fig.axes[1]
+    fig.canvas.draw()
+    assert right.yaxis.get_offset_text().get_text() == ""  # no "+1e3" at the axis end
+    assert list(right.get_xticks()) == [6] and right.get_xlim() == (5.0, 7.0)
+
+
+def test_cost_bars_linear_from_zero():
+    from mpt_repro.report.plots import cost_figure
+
+    agg = pd.DataFrame(
+        {
+            "experiment": ["demo", "demo"],
+            "data": ["digits", "digits"],
+            "precision": ["fp32", "mixed"],
+            "samples_per_s_mean": [1000.0, 1010.0],  # 1% apart must look 1% apart
+            "peak_memory_bytes_mean": [100 * MiB, 99 * MiB],
+        }
+    )
+    fig = cost_figure(agg, "t")
+    for ax in fig.axes:
+        assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
+    speed = fig.axes[0]
+    assert [p.get_height() for p in speed.patches] == [1000.0, 1010.0]
+    assert [t.get_text() for t in speed.get_legend().get_texts()] == ["fp32", "mixed"]

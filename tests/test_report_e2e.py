@@ -21,6 +21,10 @@ SETTINGS = (
     "OTHERS",
     "DRY_RUN",
     "LAUNCHER",
+    "OTHER_PRECISIONS",
+    "LM_ROOT",
+    "CELEBA_ROOT",
+    "VOC_ROOT",
 )
 
 

@@ -27,6 +27,10 @@ def run_script(tmp_path: Path, **env) -> subprocess.CompletedProcess:
             "OTHERS",
             "DRY_RUN",
             "LAUNCHER",
+            "OTHER_PRECISIONS",
+            "LM_ROOT",
+            "CELEBA_ROOT",
+            "VOC_ROOT",
         }
     }
     clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
@@ -144,3 +148,56 @@ def test_make_passes_its_variables(tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert "experiment=resnet50 precision=fp32 budget=smoke" in result.stdout
+
+
+def test_default_sweep_comes_from_conf(tmp_path):
+    """Without EXPERIMENTS and OTHERS: the paper's Table 1 rows conf/ has, then every other
+    experiment of conf/experiment/ with OTHER_PRECISIONS; nothing is listed in the script."""
+    from mpt_repro.report import names
+
+    result = run_script(tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="synthetic")
+    assert result.returncode == 0, result.stderr
+    commands = [line.split() for line in result.stdout.splitlines() if line.startswith("+ ")]
+    assert commands[0][3] == "experiment=" + ",".join(names.table1_experiments())
+    others = [c[3].removeprefix("experiment=") for c in commands[1:-1]]
+    assert others == [e for e in sorted(names.experiments()) if e not in names.table1_experiments()]
+    assert {c[4] for c in commands[1:-1]} == {"precision=fp32,mixed,no_scaling"}
+    assert commands[-1][1] == ".venv/bin/mpt-report"
+
+
+def test_paper_budget_skips_an_experiment_whose_data_folder_is_not_given(tmp_path):
+    result = run_script(
+        tmp_path,
+        DRY_RUN="1",
+        BUDGET="paper",
+        EXPERIMENTS="",
+        OTHERS="lstm_lm:fp32 demo:fp32",
+        LM_ROOT="",
+    )
+    assert result.returncode == 0, result.stderr
+    assert "skipping lstm_lm at budget=paper: set LM_ROOT to its data set's folder" in result.stderr
+    assert "experiment=lstm_lm" not in result.stdout and "experiment=demo" in result.stdout
+    with_root = run_script(
+        tmp_path, DRY_RUN="1", BUDGET="paper", EXPERIMENTS="", OTHERS="lstm_lm:fp32", LM_ROOT="/lm"
+    )
+    assert "experiment=lstm_lm precision=fp32" in with_root.stdout
+    assert "data.root=/lm" in with_root.stdout
+
+
+def test_smoke_without_a_folder_uses_the_stand_in_or_synthetic_data(tmp_path):
+    """At smoke size: the corpus has an embedded stand-in (conf/experiment_budget), VOC has none,
+    so DATA=synthetic runs the detector on random images and otherwise it is skipped."""
+    others = "lstm_lm:fp32 ssd:fp32"
+    result = run_script(
+        tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="synthetic", EXPERIMENTS="", OTHERS=others
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
+    lm, ssd = lines[0].split(), lines[1].split()
+    assert lm[3] == "experiment=lstm_lm" and "data=synthetic" not in lm
+    assert ssd[3] == "experiment=ssd" and ssd[-1] == "data=synthetic"
+    real = run_script(
+        tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="imagenet", EXPERIMENTS="", OTHERS=others
+    )
+    assert "skipping ssd: set VOC_ROOT to its data set's folder, or DATA=synthetic" in real.stderr
+    assert "experiment=ssd" not in real.stdout and "experiment=lstm_lm" in real.stdout

@@ -1,32 +1,32 @@
 """Seeds -> one row per setting: mean, sample standard deviation and count of every number.
 
-Only completed runs enter the means; diverged runs are counted and their steps kept, because the
-tables show them as the paper does ("diverged at step N").
+Only completed runs enter the means; diverged runs are counted and their steps (and first
+non-finite layers) kept, because the tables show them as the paper does ("diverged at step N").
 """
 
 from __future__ import annotations
 
 import pandas as pd
 
+from mpt_repro.report import names
 from mpt_repro.report.collect import COST_FIELDS, GROUP_KEYS
 
-# presets in the order the tables show them; a preset not listed here goes after, by name
-PRESET_ORDER = [
-    "fp32",
-    "tf32",
-    "amp",
-    "mixed",
-    "no_master",
-    "no_scaling",
-    "fp16",
-    "bf16",
-    "adaptive",
-]
+
+def preset_configs(frame: pd.DataFrame) -> dict[str, dict]:
+    """Preset name -> the precision config its records hold (what the preset did)."""
+    if "precision_config" not in frame:
+        return {}
+    out = {}
+    for preset, config in zip(frame["precision"], frame["precision_config"]):
+        if isinstance(config, dict) and preset not in out:
+            out[preset] = config
+    return out
 
 
-def preset_order(names) -> list[str]:
-    names = set(names)
-    return [p for p in PRESET_ORDER if p in names] + sorted(names - set(PRESET_ORDER))
+def preset_order(presets, frame: pd.DataFrame | None = None) -> list[str]:
+    """Presets in the display order (mpt_repro.report.names.preset_sort_key), placed by the
+    configs in `frame`'s records where it has them, else by conf/precision/."""
+    return names.preset_order(presets, preset_configs(frame) if frame is not None else None)
 
 
 def value_columns(runs: pd.DataFrame) -> list[str]:
@@ -35,10 +35,23 @@ def value_columns(runs: pd.DataFrame) -> list[str]:
     ]
 
 
+def _sorted_unique(values) -> list:
+    return sorted({v for v in values if v is not None and v == v})
+
+
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per GROUP_KEYS: n_completed, n_diverged, diverged_steps, <col>_mean/_std/_count."""
+    """One row per GROUP_KEYS: n_completed, n_nonfinite, n_diverged, diverged_steps,
+    diverged_layers, <col>_mean/_std/_count."""
+    empty = [
+        *GROUP_KEYS,
+        "n_completed",
+        "n_nonfinite",
+        "n_diverged",
+        "diverged_steps",
+        "diverged_layers",
+    ]
     if runs.empty:
-        return pd.DataFrame(columns=[*GROUP_KEYS, "n_completed", "n_diverged", "diverged_steps"])
+        return pd.DataFrame(columns=empty)
     values = value_columns(runs)
     # groupby(dropna=False): a key never vanishes because a field was empty
     done = runs[runs["status"] == "completed"]
@@ -46,21 +59,29 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     numbers[values] = numbers[values].apply(pd.to_numeric, errors="coerce")
     stats = numbers.groupby(GROUP_KEYS, dropna=False)[values].agg(["mean", "std", "count"])
     stats.columns = [f"{col}_{stat}" for col, stat in stats.columns]
-    completed = done.groupby(GROUP_KEYS, dropna=False).size().rename("n_completed")
+    completed = done.groupby(GROUP_KEYS, dropna=False).agg(
+        n_completed=("seed", "size"),
+        n_nonfinite=("primary_finite", lambda s: int((~s.astype(bool)).sum())),
+    )
 
     diverged = runs[runs["status"] == "diverged"]
     div = diverged.groupby(GROUP_KEYS, dropna=False).agg(
         n_diverged=("seed", "size"),
         diverged_steps=("diverged_at_step", lambda s: sorted(int(x) for x in s.dropna())),
+        diverged_layers=("diverged_layer", _sorted_unique),
     )
-    # the metric's name and direction, for captions and "better" arrows
+    # the metric's name and direction (from any run that has them: a run that diverged before its
+    # task was built may not), for captions; the preset's config, for the column order
     meta_cols = [
-        c for c in ("primary_metric", "higher_is_better", "peak_memory_kind") if c in runs.columns
+        c
+        for c in ("primary_metric", "higher_is_better", "peak_memory_kind", "precision_config")
+        if c in runs.columns
     ]
     meta = runs.groupby(GROUP_KEYS, dropna=False)[meta_cols].first()
 
     out = pd.concat([meta, completed, div, stats], axis=1)
-    out["n_completed"] = out["n_completed"].fillna(0).astype(int)
-    out["n_diverged"] = out["n_diverged"].fillna(0).astype(int)
-    out["diverged_steps"] = out["diverged_steps"].apply(lambda s: s if isinstance(s, list) else [])
+    for col in ("n_completed", "n_nonfinite", "n_diverged"):
+        out[col] = out[col].fillna(0).astype(int)
+    for col in ("diverged_steps", "diverged_layers"):
+        out[col] = out[col].apply(lambda s: s if isinstance(s, list) else [])
     return out.reset_index()

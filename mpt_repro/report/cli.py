@@ -1,6 +1,6 @@
 """mpt-report [RESULTS_DIR] [--out DIR]: tables (Markdown, CSV, LaTeX) and plots from run records.
 
-mpt-report                          # results/runs -> results/report
+mpt-report                          # results/runs -> results/report (+ results/bench/*.json)
 mpt-report /data/sweep --out /tmp/r --no-plots
 """
 
@@ -11,10 +11,9 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import pandas as pd
-
 from mpt_repro.report.aggregate import aggregate
-from mpt_repro.report.collect import Problem, load_runs
+from mpt_repro.report.bench import bench_tables
+from mpt_repro.report.collect import Problem, load_runs, problems_frame
 from mpt_repro.report.plots import cost_plots, experiment_plots
 from mpt_repro.report.render import markdown, write_table
 from mpt_repro.report.tables import Table, all_tables
@@ -35,6 +34,13 @@ def parse_args(argv):
         type=Path,
         help="where report.md, tables/ and plots/ go (default: results/report)",
     )
+    parser.add_argument(
+        "--bench",
+        type=Path,
+        default=None,
+        help="folder of mpt-bench JSON files rendered as benchmark tables "
+        "(default: bench/ beside RESULTS_DIR, i.e. results/bench)",
+    )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     parser.add_argument(
         "--quiet", action="store_true", help="do not print the report to the terminal"
@@ -42,57 +48,78 @@ def parse_args(argv):
     return parser.parse_args(argv)
 
 
+# how the list of left-out runs is grouped, in this order; "in the tables" says whether the runs
+# of a group are also in the tables
+HEADINGS = {
+    "failed": ("Failed", False),
+    "interrupted": ("Interrupted (a checkpoint was saved: resume=true continues them)", False),
+    "running": ("Still running, or killed before they could record it", False),
+    "malformed": ("Malformed or unreadable records", False),
+    "variant": ("Variants (same setting and seed, other overrides)", False),
+    "replaced": ("Replaced by overwrite=true (kept aside)", False),
+    "suspect": ("Completed with non-finite metrics (in the tables: check them)", True),
+    "no curves": ("Without training curves (in the tables, not in the plots)", True),
+}
+
+
 def problems_section(problems: list[Problem]) -> str:
-    """Everything left out of the tables, grouped by why, with the run directory."""
+    """Everything left out of the tables, grouped by why, with the run directory and hint."""
     if not problems:
         return "## Runs not in the tables\n\nNone: every run record was read and used.\n"
     out = [
         "## Runs not in the tables, and runs to check",
         "",
-        "These records were found but not averaged into any table (failed, still running or "
-        "interrupted, unreadable). Runs that are in the tables but need a second look (non-finite "
-        "metrics, no curves) are listed too.",
+        "These records were found but are not in any table (failed, interrupted, still running, "
+        "malformed), or are in the tables but need a second look.",
         "",
     ]
-    headings = {
-        "failed": "Failed",
-        "running": "Still running or interrupted",
-        "unreadable": "Unreadable or corrupt",
-        "suspect": "Completed with non-finite metrics (in the tables: check them)",
-        "no curves": "Without training curves (in the tables, not in the plots)",
-    }
+    order = list(HEADINGS)
     for status in sorted(
-        {p.status for p in problems}, key=lambda s: list(headings).index(s) if s in headings else 99
+        {p.status for p in problems}, key=lambda s: order.index(s) if s in order else 99
     ):
-        out += [f"### {headings.get(status, status)}", ""]
-        out += [f"- `{p.path}`: {p.reason}" for p in problems if p.status == status]
+        out += [f"### {HEADINGS.get(status, (status, False))[0]}", ""]
+        for p in problems:
+            if p.status != status:
+                continue
+            who = f" ({p.run})" if p.run else ""
+            stop = "" if p.reason.endswith((".", "!", "?")) else "."
+            hint = f" Next: {p.hint.rstrip('.')}." if p.hint else ""
+            out.append(f"- `{p.path}`{who}: {p.reason}{stop}{hint}")
         out.append("")
     return "\n".join(out)
 
 
+def left_out(problems: list[Problem]) -> int:
+    return sum(not HEADINGS.get(p.status, ("", False))[1] for p in problems)
+
+
 def build_report(
-    results_dir: Path, out: Path, plots: bool = True
+    results_dir: Path, out: Path, plots: bool = True, bench_dir: Path | None = None
 ) -> tuple[str, list[Table], list[Problem]]:
     """Read, aggregate, write every output; return the Markdown text, the tables, the problems."""
     runs, problems = load_runs(results_dir)
     agg = aggregate(runs)
-    tables = all_tables(agg)
+    tables = all_tables(agg, runs)
+    bench_dir = Path(results_dir).parent / "bench" if bench_dir is None else bench_dir
+    benches, bench_problems = bench_tables(bench_dir)
+    tables += benches
+    problems = problems + bench_problems
 
     tables_dir, plots_dir = out / "tables", out / "plots"
     for table in tables:
         write_table(table, tables_dir)
     # the raw material, for anyone who wants other tables: one row per run, one per group
-    runs.to_csv(out / "runs.csv", index=False)
-    agg.to_csv(out / "groups.csv", index=False)
-    pd.DataFrame([p.__dict__ for p in problems], columns=["path", "status", "reason"]).to_csv(
-        out / "problems.csv", index=False
+    runs.drop(columns=["precision_config", "metrics_detail"], errors="ignore").to_csv(
+        out / "runs.csv", index=False
     )
+    agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
 
     images = []
     if plots and not runs.empty:
         curves, curve_problems = experiment_plots(runs, plots_dir)
         problems = problems + curve_problems
         images = curves + cost_plots(agg, plots_dir)
+    problems_frame(problems).to_csv(out / "problems.csv", index=False)
 
     n_used = len(runs)
     text = [
@@ -101,8 +128,9 @@ def build_report(
         f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from "
         f"`{results_dir}`: "
         f"{n_used} run(s) in the tables, "
-        f"{sum(p.status not in ('no curves', 'suspect') for p in problems)} left out "
-        "(listed at the end).",
+        f"{left_out(problems)} left out (listed at the end)"
+        + (f", {len(benches)} benchmark file(s)" if benches else "")
+        + ".",
         "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs; a blank cell "
         "is a preset "
         "that did not run. Values marked `paper` are Micikevicius et al. 2018's, with the "
@@ -123,15 +151,18 @@ def build_report(
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    if not args.results_dir.is_dir():
+    bench_dir = args.results_dir.parent / "bench" if args.bench is None else args.bench
+    if not args.results_dir.is_dir() and not bench_dir.is_dir():
         print(
-            f"mpt-report: no results folder {args.results_dir} (run mpt-run first, or pass "
-            "RESULTS_DIR)",
+            f"mpt-report: no results folder {args.results_dir} and no benchmark folder "
+            f"{bench_dir} (run mpt-run or mpt-bench first, or pass RESULTS_DIR)",
             file=sys.stderr,
         )
         return 2
     args.out.mkdir(parents=True, exist_ok=True)
-    report, _, _ = build_report(args.results_dir, args.out, plots=not args.no_plots)
+    report, _, _ = build_report(
+        args.results_dir, args.out, plots=not args.no_plots, bench_dir=bench_dir
+    )
     if not args.quiet:
         print(report)
     print(

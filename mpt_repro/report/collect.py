@@ -1,46 +1,80 @@
 """Read every run record under a results folder into one table, and list what cannot be used.
 
-A run takes part in the tables when it completed or diverged (a diverged run is a result: the
-paper reports them). Everything else (failed, still running or interrupted, unreadable, from
-another schema) goes into the problems list with its path and reason, so nothing is dropped
-without the reader seeing it.
+Every outcome is shown somewhere. Completed and diverged runs go into the tables (a diverged run
+is a result: the paper reports them as "diverges"). Failed, interrupted and still-running runs
+are listed with their reason; a malformed record (truncated JSON, a field of the wrong type, a
+missing field, an unknown schema) is listed with its problem. One bad record never stops the
+report: everything about a record is checked before it is used, and whatever still goes wrong
+while reading one record is caught and listed for that record alone.
+
+Records of schema 1 and 2 are read (README "The run record"). Schema 2 adds the status
+`interrupted`, `diverged_layer`, `hint`, `metrics_detail`, `host` and `pid`; in a schema 1 record
+a `failed` run stopped by SIGTERM is an interrupted one, and the first non-finite layer is in
+`diagnostics.first_nonfinite_layer`.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSION = 1
-# the fields a record needs before it can be placed in any table
-REQUIRED = (
-    "experiment",
-    "task",
-    "precision",
-    "seed",
-    "budget",
-    "status",
-    "metrics",
-    "primary_metric",
-)
+SCHEMA_VERSIONS = (1, 2)
+# statuses whose runs enter the tables, and those that are listed instead
+TABULATED = ("completed", "diverged")
+LISTED = ("failed", "interrupted", "running")
 # the grouping key: runs are averaged over seeds only when all of these agree, so a synthetic-data
 # run is never averaged with a real-data run, nor a CPU run with a GPU run
 GROUP_KEYS = ["experiment", "task", "precision", "budget", "data", "device"]
+# mpt-run moves an earlier run's files to <run dir>/previous-<time>/ when overwrite=true redoes it
+SET_ASIDE = "previous-"
 # the numbers of the cost table, as run.json names them
 COST_FIELDS = ["wall_time_s", "samples_per_s", "peak_memory_bytes", "steps", "skipped_steps"]
+
+_NUMBER = (int, float)
+# what each field must be when present: (types, readable name). bool is not a number here.
+FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
+    "experiment": ((str,), "a string"),
+    "task": ((str,), "a string"),
+    "precision": ((str,), "a string"),
+    "seed": ((int,), "an integer"),
+    "budget": ((str,), "a string"),
+    "status": ((str,), "a string"),
+    "primary_metric": ((str,), "a string"),
+    "higher_is_better": ((bool,), "true or false"),
+    "metrics": ((dict,), "an object"),
+    "metrics_detail": ((dict,), "an object"),
+    "data": ((dict,), "an object"),
+    "model": ((dict,), "an object"),
+    "device": ((dict,), "an object"),
+    "loss_scale": ((dict,), "an object"),
+    "precision_config": ((dict,), "an object"),
+    "diagnostics": ((dict,), "an object"),
+    "reason": ((str,), "a string"),
+    "hint": ((str,), "a string"),
+    "diverged_at_step": ((int,), "an integer"),
+    "diverged_layer": ((str,), "a string"),
+    "epochs": (_NUMBER, "a number"),
+    **{name: (_NUMBER, "a number") for name in COST_FIELDS},
+}
+# needed before a record can be placed in any table (or named in the list of left-out runs)
+IDENTITY = ("experiment", "task", "precision", "seed", "budget", "status")
 
 
 @dataclass(frozen=True)
 class Problem:
-    """A record left out of the tables, and why."""
+    """A record left out of the tables (or kept, but to be checked), and why."""
 
     path: str
+    # failed | interrupted | running | malformed | suspect | variant | replaced | no curves
     status: str
     reason: str
+    run: str = ""  # "demo fp32 smoke seed0" when the record says so
+    hint: str = ""  # what to do next, when the record or the reporter knows
 
 
 def device_label(device: dict | None) -> str:
@@ -56,15 +90,130 @@ def device_label(device: dict | None) -> str:
     return label
 
 
-def _finite(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+def finite(x) -> bool:
+    return isinstance(x, _NUMBER) and not isinstance(x, bool) and math.isfinite(x)
 
 
-def _flatten(record: dict, path: Path) -> dict:
+def _type_name(value) -> str:
+    return {dict: "an object", list: "a list", str: "a string", bool: "a boolean"}.get(
+        type(value), "a number" if isinstance(value, _NUMBER) else type(value).__name__
+    )
+
+
+def type_errors(record: dict) -> list[str]:
+    """Each field present with the wrong type: `data is a string ("digits"), expected an object`.
+    null is accepted for every field (the writer uses it for "not known")."""
+    errors = []
+    for key, (types, expected) in FIELD_TYPES.items():
+        if key not in record or record[key] is None:
+            continue
+        value = record[key]
+        ok = isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        if not ok:
+            shown = json.dumps(value)[:40]
+            errors.append(f"{key} is {_type_name(value)} ({shown}), expected {expected}")
+    if isinstance(record.get("metrics"), dict):
+        bad = [
+            k
+            for k, v in record["metrics"].items()
+            if v is not None and (isinstance(v, bool) or not isinstance(v, _NUMBER))
+        ]
+        if bad:
+            errors.append(f"metrics {', '.join(bad)} not numbers")
+    return errors
+
+
+def normalised_status(record: dict) -> str:
+    """The status as schema 2 names it: a schema 1 `failed` run stopped by SIGTERM is
+    `interrupted` (it saved a checkpoint; resume=true continues it)."""
+    status = record.get("status")
+    if status == "failed" and "SIGTERM" in str(record.get("reason") or ""):
+        return "interrupted"
+    return status
+
+
+def diverged_layer(record: dict) -> str | None:
+    """The first layer whose gradient went non-finite: schema 2's field, else the precision
+    policy's diagnostics of schema 1."""
+    layer = record.get("diverged_layer")
+    if isinstance(layer, str) and layer:
+        return layer
+    diag = record.get("diagnostics")
+    layer = diag.get("first_nonfinite_layer") if isinstance(diag, dict) else None
+    return layer if isinstance(layer, str) and layer else None
+
+
+def run_name(record: dict) -> str:
+    parts = [record.get(k) for k in ("experiment", "precision", "budget")]
+    seed = record.get("seed")
+    parts.append(f"seed{seed}" if seed is not None else None)
+    return " ".join(str(p) for p in parts if p is not None)
+
+
+def _check(record, path: Path) -> Problem | None:
+    """Why this record cannot be tabulated, or None when it can."""
+    where = str(path.parent)
+    if not isinstance(record, dict):
+        return Problem(where, "malformed", "run.json does not hold a JSON object")
+    version = record.get("schema_version")
+    if version not in SCHEMA_VERSIONS:
+        return Problem(
+            where,
+            "malformed",
+            f"schema_version {version!r}; this reporter reads "
+            f"{' and '.join(map(str, SCHEMA_VERSIONS))}",
+            run_name(record),
+            "update mpt-repro, or re-run with this version",
+        )
+    name = run_name(record)
+    status = normalised_status(record)
+    hint = record.get("hint") if isinstance(record.get("hint"), str) else ""
+    reason = record.get("reason") if isinstance(record.get("reason"), str) else ""
+    # not in the tables whatever else the record holds: list it by its outcome
+    if status == "failed":
+        return Problem(where, "failed", reason or "no reason recorded", name, hint)
+    if status == "interrupted":
+        return Problem(
+            where,
+            "interrupted",
+            reason or "stopped before the end",
+            name,
+            hint or "continue it: the same command with resume=true",
+        )
+    if status == "running":
+        # the trainer rewrites the record at the end, so `running` means in progress or killed
+        started = record.get("started_at") or "an unknown time"
+        return Problem(
+            where,
+            "running",
+            f"still running, or killed without a chance to record it (started {started})",
+            name,
+            hint or "if no process runs it any more, the same command with resume=true",
+        )
+    problems = []
+    missing = [k for k in IDENTITY if k not in record or record[k] is None]
+    if missing:
+        problems.append(f"missing fields: {', '.join(missing)}")
+    problems += type_errors(record)
+    if status not in (*TABULATED, *LISTED) and "status" not in missing:
+        problems.append(f"unknown status {status!r}")
+    if not problems and status == "completed":
+        metric = record.get("primary_metric")
+        if not isinstance(record.get("metrics"), dict) or metric is None:
+            problems.append("completed but without metrics or primary_metric")
+        elif metric not in record["metrics"]:
+            problems.append(f"completed but its primary metric {metric!r} is not in metrics")
+    if problems:
+        return Problem(where, "malformed", "; ".join(problems), name)
+    return None
+
+
+def _flatten(record: dict, path: Path) -> dict[str, Any]:
     """One row of the runs table: the grouping key, status, metrics (metric_<name>) and costs."""
     data = record.get("data") or {}
     model = record.get("model") or {}
     scale = record.get("loss_scale") or {}
+    metrics = record.get("metrics") or {}
     row = {
         "path": str(path.parent),
         "experiment": record["experiment"],
@@ -72,95 +221,104 @@ def _flatten(record: dict, path: Path) -> dict:
         "precision": record["precision"],
         "seed": record["seed"],
         "budget": record["budget"],
-        "data": data.get("name") or "unknown",
-        "data_description": data.get("description") or "",
+        "data": str(data.get("name") or "unknown"),
+        "data_description": str(data.get("description") or ""),
         "device": device_label(record.get("device")),
-        "model": model.get("name") or "",
-        "status": record["status"],
+        "model": str(model.get("name") or ""),
+        "status": normalised_status(record),
         "reason": record.get("reason"),
         "diverged_at_step": record.get("diverged_at_step"),
-        "primary_metric": record["primary_metric"],
-        "higher_is_better": bool(record.get("higher_is_better", True)),
+        "diverged_layer": diverged_layer(record),
+        "primary_metric": record.get("primary_metric"),
+        "higher_is_better": record.get("higher_is_better"),
         "epochs": record.get("epochs"),
-        "peak_memory_kind": record.get("peak_memory_kind") or "",
-        "loss_scale_final": scale.get("final"),
+        "peak_memory_kind": str(record.get("peak_memory_kind") or ""),
+        "loss_scale_final": scale.get("final") if finite(scale.get("final")) else None,
+        "loss_scale_min": scale.get("min") if finite(scale.get("min")) else None,
+        "precision_config": record.get("precision_config"),
+        "metrics_detail": record.get("metrics_detail"),
+        "schema_version": record["schema_version"],
     }
     for name in COST_FIELDS:
-        row[name] = record.get(name) if _finite(record.get(name)) else None
-    for name, value in record["metrics"].items():
-        row[f"metric_{name}"] = value if _finite(value) else None
+        row[name] = record.get(name) if finite(record.get(name)) else None
+    for name, value in metrics.items():
+        row[f"metric_{name}"] = value if finite(value) else None
+    metric = record.get("primary_metric")
+    row["primary_finite"] = metric is not None and finite(metrics.get(metric))
     return row
 
 
-def _check(record, path: Path) -> Problem | None:
-    """Why this record cannot be tabulated, or None when it can."""
-    where = str(path.parent)
-    if not isinstance(record, dict):
-        return Problem(where, "unreadable", "run.json does not hold a JSON object")
-    if record.get("schema_version") != SCHEMA_VERSION:
-        return Problem(
-            where,
-            "unreadable",
-            f"schema_version {record.get('schema_version')!r}, this reporter reads "
-            f"{SCHEMA_VERSION}",
+def read_record(path: Path) -> tuple[dict | None, Problem | None]:
+    """(record, None) for a tabulable run.json, else (None, the problem)."""
+    try:
+        record = json.loads(path.read_text())
+    except UnicodeDecodeError as err:
+        return None, Problem(str(path.parent), "malformed", f"run.json is not UTF-8 text: {err}")
+    except json.JSONDecodeError as err:
+        return None, Problem(
+            str(path.parent), "malformed", f"cannot parse run.json (truncated or edited?): {err}"
         )
-    missing = [k for k in REQUIRED if k not in record]
-    if missing:
-        return Problem(where, "unreadable", f"missing fields: {', '.join(missing)}")
-    status = record["status"]
-    if status == "failed":
-        return Problem(where, "failed", record.get("reason") or "no reason recorded")
-    if status == "running":
-        # the trainer rewrites the record at the end, so `running` means in progress or killed
-        started = record.get("started_at") or "an unknown time"
-        return Problem(
-            where, "running", f"still running or interrupted (started {started}, never finished)"
-        )
-    if status not in ("completed", "diverged"):
-        return Problem(where, "unreadable", f"unknown status {status!r}")
-    if not isinstance(record["metrics"], dict):
-        return Problem(where, "unreadable", "metrics is not an object")
-    if status == "completed" and not _finite(record["metrics"].get(record["primary_metric"])):
-        return Problem(
-            where,
-            "unreadable",
-            f"completed but its primary metric {record['primary_metric']!r} is missing or not "
-            "finite",
-        )
-    return None
+    except OSError as err:
+        return None, Problem(str(path.parent), "malformed", f"cannot read run.json: {err}")
+    problem = _check(record, path)
+    return (None, problem) if problem else (record, None)
 
 
 def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
-    """All run.json under `root`: the usable runs as a DataFrame, and the problems."""
+    """All run.json under `root`: the tabulable runs as a DataFrame, and the problems."""
     rows, problems = [], []
     for path in sorted(Path(root).rglob("run.json")):
-        try:
-            record = json.loads(path.read_text())
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        replaced = next((p for p in path.relative_to(root).parts if p.startswith(SET_ASIDE)), None)
+        if replaced:
             problems.append(
-                Problem(str(path.parent), "unreadable", f"cannot parse run.json: {err}")
+                Problem(
+                    str(path.parent),
+                    "replaced",
+                    f"an earlier run of {path.parent.parent}, kept in {replaced}/ when "
+                    "overwrite=true started it again: not in the tables",
+                )
             )
             continue
-        problem = _check(record, path)
+        record, problem = read_record(path)
         if problem:
             problems.append(problem)
             continue
-        rows.append(_flatten(record, path))
-        # a run can complete with a NaN loss (e.g. an overflow in evaluation); it stays in the
+        try:
+            row = _flatten(record, path)
+        except Exception as err:  # noqa: BLE001 - one odd record must not stop the report
+            problems.append(
+                Problem(str(path.parent), "malformed", f"cannot read: {type(err).__name__}: {err}")
+            )
+            continue
+        rows.append(row)
+        # a run can complete with a NaN (e.g. an eval loss that overflowed): it stays in the
         # tables as recorded, but the reader is told
-        bad = sorted(k for k, v in record["metrics"].items() if not _finite(v))
-        if record["status"] == "completed" and bad:
-            values = ", ".join(f"{k}={record['metrics'][k]}" for k in bad)
+        metrics = record.get("metrics") or {}
+        bad = sorted(k for k, v in metrics.items() if not finite(v))
+        if row["status"] == "completed" and bad:
+            values = ", ".join(f"{k}={metrics[k]}" for k in bad)
+            kept = (
+                "kept in the tables"
+                if row["primary_finite"]
+                else f"its {row['primary_metric']} is not averaged (the cell says so)"
+            )
             problems.append(
                 Problem(
                     str(path.parent),
                     "suspect",
-                    f"completed with non-finite final metrics ({values}); kept in the tables",
+                    f"completed with non-finite final metrics ({values}); {kept}",
+                    run_name(record),
                 )
             )
-    columns = ["path", *GROUP_KEYS, "seed", "status"]
+    columns = ["path", *GROUP_KEYS, "seed", "status", "primary_metric", "primary_finite"]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
     return _without_override_variants(runs, problems), problems
+
+
+def problems_frame(problems: list[Problem]) -> pd.DataFrame:
+    return pd.DataFrame(
+        [asdict(p) for p in problems], columns=["path", "status", "reason", "run", "hint"]
+    )
 
 
 def _without_override_variants(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
@@ -177,8 +335,8 @@ def _without_override_variants(runs: pd.DataFrame, problems: list[Problem]) -> p
                 path,
                 "variant",
                 "same experiment, preset, budget, data, device and seed as "
-                "another run, with other overrides: not averaged as a seed (report its folder on "
-                "its own)",
+                "another run, with other overrides: not averaged as a seed",
+                hint=f"report its folder on its own: mpt-report {path}",
             )
         )
     return runs.drop(index=dup[dup].index).sort_index()

@@ -42,6 +42,12 @@ def table1_reference() -> pd.DataFrame:
     return wide.loc[order].rename_axis("experiment").reset_index()
 
 
+def paper_table(name: str) -> pd.DataFrame:
+    """The rows of one of the paper's tables (`table1`, `table2`, `table3`, `claim`), in order."""
+    ref = load_reference()
+    return ref[ref["table"] == name]
+
+
 def claims_for(row: str) -> pd.DataFrame:
     """The qualitative claims the paper makes about one experiment (e.g. lstm_lm, dcgan)."""
     ref = load_reference()

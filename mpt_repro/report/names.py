@@ -1,0 +1,281 @@
+"""What exists, read from conf/ (and the task registry): presets, experiments, budgets, tasks.
+
+The reporter, the tests and scripts/reproduce_table.sh ask here instead of keeping their own
+lists, so a new preset, experiment, budget or task needs a config file (or a registered task) and
+nothing else. Reading conf/ needs only omegaconf (no torch); `tasks()` imports the registry.
+
+    python -m mpt_repro.report.names presets|experiments|budgets|table1|others [--sep ,]
+    python -m mpt_repro.report.names data EXPERIMENT      # the conf/data/ file its recipe uses
+    python -m mpt_repro.report.names data-root EXPERIMENT BUDGET   # e.g. "LM_ROOT embedded"
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+
+def conf_dir() -> Path:
+    """The config folder mpt-run composes from, as the package defines it (mpt_repro.config's
+    CONF_DIR once the configs ship inside the package; mpt_repro.cli's before)."""
+    import mpt_repro.config
+
+    found = getattr(mpt_repro.config, "CONF_DIR", None)
+    if found is None:
+        from mpt_repro.cli import CONF_DIR as found
+    return Path(found)
+
+
+def _load(path: Path) -> dict[str, Any]:
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    return data if isinstance(data, dict) else {}
+
+
+def _group(name: str) -> dict[str, Path]:
+    return {p.stem: p for p in sorted((conf_dir() / name).glob("*.yaml"))}
+
+
+# ---------------------------------------------------------------- presets
+
+
+@lru_cache(maxsize=1)
+def presets() -> dict[str, dict[str, Any]]:
+    """Preset name -> its conf/precision/<name>.yaml fields, in the display order."""
+    found = {name: _load(path) for name, path in _group("precision").items()}
+    return {name: found[name] for name in preset_order(found, found)}
+
+
+# compute dtypes in the order the tables show them: the FP32 baselines, then FP16 (the paper's
+# subject), then BF16 (after the paper), then 8-bit floats (a preset with an `fp8` mode)
+_DTYPE_RANK = {"float32": 0, "float16": 1, "bfloat16": 2, "fp8": 3}
+
+
+def _fp8_mode(config: Mapping[str, Any]) -> str | None:
+    """The preset's 8-bit mode (emulated, torchao), or None when it does not use FP8."""
+    fp8 = config.get("fp8")
+    mode = fp8.get("mode") if isinstance(fp8, Mapping) else None
+    mode = getattr(mode, "name", mode)  # an enum from a composed config
+    return None if mode in (None, "none", "off", False) else str(mode)
+
+
+def preset_sort_key(name: str, config: Mapping[str, Any] | None) -> tuple:
+    """Where a preset goes among the columns, from what it does (its config), not from a list.
+
+    Baselines first (FP32 compute; strict before TF32), then FP16 presets with more of the paper's
+    two techniques on first (an FP32 master copy, §3.1, counting FP32 weights under autocast as
+    one, and loss scaling, §3.2), within those FP32-weight autocast before FP16 storage and a
+    global scale before other scalers, then BF16, then FP8 presets (whatever their base dtype);
+    a preset whose config is unknown goes last. Name breaks ties. Gives today: fp32 tf32 amp
+    mixed adaptive no_master no_scaling fp16 bf16, then the FP8 presets.
+    """
+    if not isinstance(config, Mapping) or "compute_dtype" not in config:
+        return (9, name)
+    dtype_name = "fp8" if _fp8_mode(config) else str(config.get("compute_dtype"))
+    dtype = _DTYPE_RANK.get(dtype_name, len(_DTYPE_RANK))
+    autocast = config.get("weights") == "fp32_autocast"
+    master = bool(config.get("master_weights")) or autocast
+    scaling = str(config.get("loss_scaling") or "none")
+    techniques = int(master) + int(scaling != "none")
+    global_scale = scaling in ("none", "static", "dynamic", "paper")
+    return (
+        dtype,
+        bool(config.get("allow_tf32")),
+        -techniques,
+        not autocast,
+        not global_scale,
+        name,
+    )
+
+
+def preset_order(
+    names: Iterable[str], configs: Mapping[str, Mapping[str, Any]] | None = None
+) -> list[str]:
+    """`names` in the display order. `configs` (name -> precision config, e.g. from the run
+    records' precision_config) wins over conf/ for a preset it holds, so a record from a preset
+    that conf/ no longer has (or a user's own) is still placed by what it did."""
+    names = list(dict.fromkeys(n for n in names if isinstance(n, str)))
+    configs = dict(configs or {})
+
+    def config_of(name: str):
+        if name in configs:
+            return configs[name]
+        path = conf_dir() / "precision" / f"{name}.yaml"
+        return _cached_preset(str(path)) if path.exists() else None
+
+    return sorted(names, key=lambda n: preset_sort_key(n, config_of(n)))
+
+
+@lru_cache(maxsize=64)
+def _cached_preset(path: str) -> dict[str, Any]:
+    return _load(Path(path))
+
+
+# ---------------------------------------------------------------- experiments
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str  # experiment_name (the folder name of its runs)
+    task: str
+    data: str  # the data config its recipe trains on (conf/data/<data>.yaml)
+    file: str  # conf/experiment/<file>.yaml: what `experiment=` selects
+    data_name: str = ""  # that config's `name`, as run.json records it (data.name)
+
+
+@lru_cache(maxsize=1)
+def experiments() -> dict[str, Experiment]:
+    """experiment_name -> Experiment, for every conf/experiment/*.yaml."""
+    out = {}
+    for stem, path in _group("experiment").items():
+        body = _load(path)
+        data = ""
+        for entry in body.get("defaults") or []:
+            if isinstance(entry, dict):
+                for key, value in entry.items():
+                    if key.split()[-1].strip("/") == "data":  # "override /data": imagenet
+                        data = str(value)
+        name = str(body.get("experiment_name") or stem)
+        data_file = conf_dir() / "data" / f"{data}.yaml"
+        data_name = str(_load(data_file).get("name") or data) if data_file.exists() else data
+        task = str(body.get("task") or "classification")
+        out[name] = Experiment(name, task, data, stem, data_name)
+    return out
+
+
+def own_data(experiment: str) -> str | None:
+    """The data set an experiment's recipe uses (its paper's) as run.json names it (data.name),
+    or None for an unknown experiment."""
+    found = experiments().get(experiment)
+    return (found.data_name or found.data) if found and found.data else None
+
+
+# ---------------------------------------------------------------- budgets
+
+
+@dataclass(frozen=True)
+class Budget:
+    name: str
+    description: str
+    trims: bool  # the budget changes the recipe (steps, data, sizes); False: the full recipe
+
+
+@lru_cache(maxsize=1)
+def budgets() -> dict[str, Budget]:
+    """Budget name -> Budget, for every conf/budget/*.yaml. A budget trims the recipe when its
+    file sets anything besides `budget:` or an experiment has a delta file for it
+    (conf/experiment_budget/<experiment>_<budget>.yaml)."""
+    deltas = {p.stem for p in (conf_dir() / "experiment_budget").glob("*.yaml")}
+    out = {}
+    for stem, path in _group("budget").items():
+        body = _load(path)
+        meta = body.get("budget") or {}
+        name = str(meta.get("name") or stem)
+        trims = bool(set(body) - {"budget", "defaults"}) or any(
+            d.endswith(f"_{name}") for d in deltas
+        )
+        out[name] = Budget(name, str(meta.get("description") or ""), trims)
+    return out
+
+
+def full_recipe(budget: str, experiment: str | None = None) -> bool:
+    """True when runs at this budget train the experiment's whole recipe (nothing trimmed)."""
+    found = budgets().get(budget)
+    if found is None:
+        return False
+    if experiment is not None:
+        stem = experiments()[experiment].file if experiment in experiments() else experiment
+        if (conf_dir() / "experiment_budget" / f"{stem}_{budget}.yaml").exists():
+            return False
+    return not found.trims
+
+
+def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
+    """Where the folder of an experiment's data set comes from in scripts/reproduce_table.sh:
+    (the environment variable, whether the budget has an embedded stand-in), or None when the
+    data set takes no folder (conf/data/<data>.yaml has no `root`). The variable is <DATA>_ROOT
+    (LM_ROOT for the corpus, the name the docs have always used). A budget has a stand-in when
+    its delta file (conf/experiment_budget/<experiment>_<budget>.yaml) sets the data's root or
+    switches the data set (the embedded corpus, the digits)."""
+    found = experiments().get(experiment)
+    if found is None or not found.data:
+        return None
+    data_file = conf_dir() / "data" / f"{found.data}.yaml"
+    if not data_file.exists() or "root" not in _load(data_file):
+        return None
+    var = "LM_ROOT" if found.data == "corpus" else f"{found.data.upper()}_ROOT"
+    delta = conf_dir() / "experiment_budget" / f"{found.file}_{budget}.yaml"
+    data = _load(delta).get("data") if delta.exists() else None
+    embedded = isinstance(data, dict) and ("root" in data or "name" in data)
+    return var, embedded
+
+
+# ---------------------------------------------------------------- tasks
+
+
+def tasks() -> list[str]:
+    """Every registered task kind (imports the task registry, hence torch)."""
+    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
+    from mpt_repro.tasks.base import TASKS
+
+    return sorted(TASKS)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def table1_experiments() -> list[str]:
+    """The experiments of the paper's Table 1 that conf/ has, in the paper's row order."""
+    from mpt_repro.report.reference import table1_reference
+
+    known = experiments()
+    return [e for e in table1_reference()["experiment"] if e in known]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m mpt_repro.report.names", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "what",
+        choices=["presets", "experiments", "budgets", "table1", "others", "data", "data-root"],
+        help="others: the experiments that are not rows of the paper's Table 1; data: the data "
+        "set an experiment's recipe uses; data-root: the variable naming its folder and whether "
+        "the budget has an embedded stand-in (`LM_ROOT embedded`; nothing: no folder needed)",
+    )
+    parser.add_argument("experiment", nargs="?", help="for data, data-root: the experiment")
+    parser.add_argument("budget", nargs="?", help="for data-root: the budget")
+    parser.add_argument("--sep", default=" ", help="separator between names (default: space)")
+    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    if args.what == "presets":
+        names = list(presets())
+    elif args.what == "experiments":
+        names = sorted(experiments())
+    elif args.what == "budgets":
+        names = sorted(budgets())
+    elif args.what == "table1":
+        names = table1_experiments()
+    elif args.what in ("data", "data-root"):
+        found = experiments().get(args.experiment or "")
+        if found is None:
+            parser.error(f"no experiment {args.experiment!r} in conf/experiment/")
+        if args.what == "data":
+            names = [found.data]
+        else:
+            root = data_root(found.name, args.budget or "")
+            names = [] if root is None else [root[0], "embedded" if root[1] else "folder"]
+    else:
+        table1 = set(table1_experiments())
+        names = [e for e in sorted(experiments()) if e not in table1]
+    print(args.sep.join(names))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
