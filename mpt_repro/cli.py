@@ -70,29 +70,15 @@ def _main(cfg: DictConfig) -> None:
         if hc.mode == RunMode.MULTIRUN and code not in (130, 143):
             raise _JobFailed(code) from None
         sys.exit(code)
-    _report_end(record, run_dir)
+    _report_end(record, run_dir, Path(cfg.paths.runs_dir))
 
 
-def _report_end(record: dict, run_dir: Path) -> None:
-    from mpt_repro.record import nonfinite_metrics
+def _report_end(record: dict, run_dir: Path, runs_root: Path) -> None:
+    """The closing block: status, final metrics, cost, where the record, figures and TensorBoard
+    events are, and how to compare (WARNING for anything but a clean, finite completion)."""
+    from mpt_repro.logging import log_closing_block
 
-    metrics = ", ".join(f"{k}={v:.4g}" for k, v in (record.get("metrics") or {}).items())
-    status = record["status"]
-    # Anything but a clean, finite completion is worth the reader's attention.
-    level = logging.INFO
-    if status != "completed" or nonfinite_metrics(record.get("metrics")):
-        level = logging.WARNING
-    log.log(
-        level,
-        "%s: %s %s -> %s",
-        status,
-        record["experiment"],
-        record["precision"],
-        metrics or record.get("reason"),
-    )
-    if record.get("hint"):
-        log.log(level, "%s", record["hint"])
-    log.info("run record: %s", run_dir / "run.json")
+    log_closing_block(record, run_dir, runs_root, logger=log)
 
 
 def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:

@@ -122,25 +122,6 @@ class MetricsLogger:
         self._csv.writerow({"step": step, "split": split, **values})
         self._file.flush()
 
-    def hparams(self, hparams: dict[str, Any], metrics: dict[str, float]) -> None:
-        """LEGACY, superseded by `write_run_summary` (written for every outcome, with the key
-        hyperparameters shown first). Kept only while trainer.fit still calls it: remove this
-        method together with that call when run.py calls write_run_summary."""
-        from torch.utils.tensorboard.summary import hparams as hparams_summary
-
-        clean = {
-            k: v if isinstance(v, (int, float, str, bool)) else str(v) for k, v in hparams.items()
-        }
-        metric_tags = {
-            f"hparam/{k}": float(v) for k, v in metrics.items() if isinstance(v, (int, float))
-        }
-        exp, ssi, sei = hparams_summary(clean, metric_tags)
-        fw = self.writer._get_file_writer()
-        for summary in (exp, ssi, sei):
-            fw.add_summary(summary)
-        for tag, value in metric_tags.items():
-            self.writer.add_scalar(tag, value, 0)
-
     def close(self) -> None:
         self.writer.flush()
         self.writer.close()

@@ -25,6 +25,7 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
+from mpt_repro.logging import write_run_summary
 from mpt_repro.record import RunRecord, nonfinite_metrics
 from mpt_repro.rundir import (
     Plan,
@@ -211,6 +212,8 @@ def _run_planned(
         raise
     finally:
         if trainer is not None:
+            if trainer.writer is not None:  # HParams with the outcome, for TensorBoard
+                _safely(write_run_summary, trainer.writer, cfg, record.data)
             trainer.close()
     return record.data
 

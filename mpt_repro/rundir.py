@@ -40,7 +40,7 @@ LOCK_NAME = ".lock"
 SET_ASIDE_PREFIX = "previous-"
 # Sub-folders that belong to the run itself. Any other folder is left where it is: a run directory
 # can hold other runs' directories (a sweep names a sub-folder by its extra overrides).
-RUN_SUBDIRS = ("checkpoints", "tb", ".hydra", "figures")
+RUN_SUBDIRS = ("checkpoints", "tb", ".hydra", "figures", "samples")
 FINISHED = ("completed", "diverged")
 
 log = logging.getLogger("mpt_repro")

@@ -25,7 +25,7 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
-from mpt_repro.logging import MetricsLogger
+from mpt_repro.logging import MetricsLogger, RunProgress, comparison_group
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.schedule import LRSchedule
 
@@ -108,7 +108,10 @@ class Trainer:
         resumed = self._maybe_resume()
         if self.is_main:
             self.metrics = MetricsLogger(
-                self.run_dir, self.task.metric_names, resume_step=self.step if resumed else None
+                self.run_dir,
+                self.task.metric_names,
+                resume_step=self.step if resumed else None,
+                compare_group=comparison_group(self.cfg),
             )
             self.writer = self.metrics.writer
         self._call("on_fit_start")
@@ -141,8 +144,6 @@ class Trainer:
                 if self.batch_in_epoch >= self.steps_per_epoch:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
             self._evaluate()
-        if self.metrics is not None:
-            self.metrics.hparams(self._hparams(), self.last_eval)
         return self.final_summary()
 
     def _count(self, result: StepResult) -> None:
@@ -236,12 +237,9 @@ class Trainer:
                     self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
             for layer, scale in self.policy.layer_scales().items():  # adaptive: one per layer
                 self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
-        if progress is not None:
-            progress.n = self.step
-            progress.set_postfix(
-                loss=f"{loss:.4g}", samples_s=f"{samples_per_s:.0f}", scale=f"{row['loss_scale']:g}"
-            )
-            progress.refresh()
+        progress.update(
+            self.step, loss=loss, samples_s=round(samples_per_s), scale=row["loss_scale"]
+        )
 
     def _epoch_float(self) -> float:
         return self.step / self.steps_per_epoch
@@ -263,19 +261,6 @@ class Trainer:
             "train_time_s": train_time,
             **peak_memory(self.task.device),
             "diagnostics": dict(policy.get("diagnostics", {})),
-        }
-
-    def _hparams(self) -> dict[str, Any]:
-        c = self.cfg
-        return {
-            "experiment": c.experiment_name,
-            "precision": c.precision.name,
-            "budget": c.budget.name,
-            "seed": c.seed,
-            "model": c.model.name,
-            "optimizer": c.optim.name,
-            "lr": c.optim.lr,
-            "batch_size": c.data.batch_size,
         }
 
     # -- checkpoints -----------------------------------------------------------------------------
@@ -378,25 +363,15 @@ class Trainer:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
-    @contextlib.contextmanager
-    def _progress_bar(self) -> Iterator[Any]:
-        if not (self.cfg.trainer.progress and self.is_main):
-            yield None
-            return
-        from tqdm.auto import tqdm
-
-        bar = tqdm(
-            total=self.total_steps,
+    def _progress_bar(self) -> RunProgress:
+        """A bar on a terminal with the log going through it; plain periodic lines elsewhere."""
+        return RunProgress(
+            self.total_steps,
             initial=self.step,
             desc=f"{self.cfg.experiment_name}/{self.cfg.precision.name}",
-            unit="step",
-            dynamic_ncols=True,
-            mininterval=1.0,
+            enabled=self.cfg.trainer.progress,
+            silent=not self.is_main,
         )
-        try:
-            yield bar
-        finally:
-            bar.close()
 
 
 class Clock:

@@ -77,7 +77,7 @@ def test_tensorboard_events_read_back(tmp_path: Path) -> None:
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     run_cli("experiment=demo", "budget=smoke", "precision=amp", run_dir=tmp_path)
-    events = EventAccumulator(str(tmp_path / "tb"))
+    events = EventAccumulator(str(tmp_path))  # the events sit in the run directory itself
     events.Reload()
     tags = set(events.Tags()["scalars"])
     assert {

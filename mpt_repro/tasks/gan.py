@@ -256,8 +256,8 @@ class GAN(Task):
 
         grid = self.sample_grid()
         writer.add_image("samples/fixed_noise", grid, step)
-        # The trainer's SummaryWriter writes to <run dir>/tb, so its parent is the run directory.
-        out = Path(writer.log_dir).parent / "samples"
+        # The trainer's SummaryWriter writes into the run directory itself.
+        out = Path(writer.log_dir) / "samples"
         out.mkdir(parents=True, exist_ok=True)
         save_image(grid, out / f"step_{step:06d}.png")
 
