@@ -287,7 +287,10 @@ def test_closing_block_diverged_failed_interrupted_and_nan():
     failed = real_record("failed")
     text, warn = closing_block(failed, real_runs()["failed"])
     assert warn and "reason         DataError: data.root=/nonexistent/imagenet" in text
-    assert "traceback      in " in text
+    # bad input (a UserError) carries a hint, not a traceback; an unexpected error the opposite
+    assert ("next           " in text) == bool(failed.get("hint"))
+    assert ("traceback      in " in text) == (not failed.get("hint") and "traceback" in failed)
+    assert failed.get("hint") or "traceback" in failed
     text, warn = closing_block(interrupted_v1(real_record("completed"), 4), Path("/x"))
     assert warn and ": interrupted" in text.splitlines()[0]
     assert "next           the same command with resume=true continues it" in text
