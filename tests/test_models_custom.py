@@ -64,6 +64,7 @@ def test_custom_model_trains_through_mpt_run(tmp_path):
     from conftest import ROOT
 
     run_dir = tmp_path / "run"
+    path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
     run_cli(
         "experiment=demo",
         "budget=smoke",
@@ -72,7 +73,7 @@ def test_custom_model_trains_through_mpt_run(tmp_path):
         f"model.target={TARGET}",
         "+model.kwargs.in_channels=1",
         run_dir=run_dir,
-        env={"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])},
+        env={"PYTHONPATH": path},
     )
     record = read_run(run_dir)
     assert record["status"] == "completed" and record["steps"] == 6
