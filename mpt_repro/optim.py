@@ -268,13 +268,14 @@ class RMSpropTF(torch.optim.Optimizer):
                     p.sub_(mom)
                     continue
                 # Skip on the device: a zero gradient and unit factors leave ms, mom and p as
-                # they are (the gradient is zeroed first: inf * 0 would be NaN).
-                keep = (found_inf == 0).reshape(())
-                g = torch.where(keep, g, torch.zeros((), dtype=g.dtype, device=g.device))
-                ms.lerp_(g * g, keep * (1.0 - decay))
-                mom.mul_(torch.where(keep, momentum, 1.0)).add_(
-                    g / (ms + group["eps"]).sqrt(), alpha=lr
-                )
+                # they are (the gradient is zeroed first: inf * 0 would be NaN). When the step is
+                # kept, these are the plain path's operations on the same values: same rounding.
+                keep = (found_inf == 0).reshape(()).to(p.device)
+                one = torch.ones((), dtype=p.dtype, device=p.device)
+                g = torch.where(keep, g, torch.zeros_like(one))
+                ms.mul_(torch.where(keep, one * decay, one)).addcmul_(g, g, value=1.0 - decay)
+                mom.mul_(torch.where(keep, one * momentum, one))
+                mom.add_(g / (ms + group["eps"]).sqrt(), alpha=lr)
                 p.sub_(mom * keep)
         return loss
 

@@ -202,3 +202,32 @@ def test_factory_builds_rmsprop_tf_from_the_config():
     opt = optimizer_factory(o)(Zoo().named_parameters())
     assert isinstance(opt, RMSpropTF)
     assert (opt.defaults["decay"], opt.defaults["eps"], opt.defaults["momentum"]) == (0.9, 1.0, 0.9)
+
+
+def test_fused_none_follows_optim_fused():
+    named = list(Zoo().named_parameters())
+    assert optimizer_factory(optim_cfg(fused="false"))(named).defaults["fused"] in (None, False)
+    assert optimizer_factory(optim_cfg(fused="auto"))(named).defaults["fused"] is True  # CPU SGD
+    assert optimizer_factory(optim_cfg(name="rmsprop_tf", fused="auto"))(named).defaults["fused"]
+    assert optimizer_factory(optim_cfg()).takes_named_params is True
+
+
+def test_rmsprop_tf_skips_on_the_device_when_found_inf():
+    """The amp protocol of fused optimizers: found_inf != 0 leaves parameters and state alone
+    (even with non-finite gradients); found_inf == 0 is the ordinary step."""
+    p = nn.Parameter(torch.tensor([1.0, -2.0], dtype=torch.float64))
+    opt = RMSpropTF([p], lr=0.1, decay=0.9, momentum=0.9, eps=1.0, weight_decay=0.1, fused=True)
+    ref_p = nn.Parameter(p.detach().clone())
+    ref = RMSpropTF([ref_p], lr=0.1, decay=0.9, momentum=0.9, eps=1.0, weight_decay=0.1)
+    for grad in ([2.0, 3.0], [float("inf"), float("nan")], [1.0, -1.0]):
+        g = torch.tensor(grad, dtype=torch.float64)
+        overflow = not torch.isfinite(g).all()
+        p.grad = g.clone()
+        opt.found_inf = torch.tensor([1.0 if overflow else 0.0])
+        opt.step()
+        if not overflow:
+            ref_p.grad = g.clone()
+            ref.step()
+        assert torch.equal(p, ref_p)
+        assert torch.equal(opt.state[p]["ms"], ref.state[ref_p]["ms"])
+        assert torch.equal(opt.state[p]["mom"], ref.state[ref_p]["mom"])
