@@ -231,3 +231,51 @@ def test_rmsprop_tf_skips_on_the_device_when_found_inf():
         assert torch.equal(p, ref_p)
         assert torch.equal(opt.state[p]["ms"], ref.state[ref_p]["ms"])
         assert torch.equal(opt.state[p]["mom"], ref.state[ref_p]["mom"])
+
+
+def test_rmsprop_tf_under_mixed_precision_steps_without_reading_the_device():
+    """Through the precision policy (FP16 weights, FP32 masters, dynamic scale): a clean and an
+    overflowing step read nothing on the host, and the overflow leaves the masters alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from mpt_repro.precision import PrecisionConfig, PrecisionPolicy
+    from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
+
+    class HostReads(TorchDispatchMode):  # counts device-to-host reads (.item(), bool(t))
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func._schema.name in ("aten::_local_scalar_dense", "aten::item"):
+                self.count += 1
+            return func(*args, **(kwargs or {}))
+
+    mixed = PrecisionConfig(
+        name="mixed",
+        compute_dtype=Dtype.float16,
+        weights=WeightStorage.low_precision,
+        master_weights=True,
+        loss_scaling=LossScaling.dynamic,
+        init_scale=2.0**10,
+    )
+    pol = PrecisionPolicy(mixed, "cpu")
+    torch.manual_seed(0)
+    model = pol.prepare_model(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
+    o = optim_cfg(name="rmsprop_tf", lr=0.01, alpha=0.9, momentum=0.9, eps=1.0)
+    opt = pol.build_optimizer(model, optimizer_factory(o))
+    assert opt.fused and opt.sync_free
+    x, y = torch.randn(5, 4), torch.tensor([0, 1, 2, 0, 1])
+
+    def step(inputs):
+        opt.zero_grad()
+        with pol.autocast():
+            loss = nn.functional.cross_entropy(model(pol.cast_inputs(inputs)), y)
+        opt.backward(loss)
+        return opt.step()
+
+    with HostReads() as reads:
+        step(x)
+        after_clean = [p.detach().clone() for p in opt.params]
+        step(x * float("inf"))
+    assert reads.count == 0
+    assert all(torch.equal(a, p) for a, p in zip(after_clean, opt.params))
+    assert opt.skipped == 1
