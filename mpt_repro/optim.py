@@ -52,9 +52,10 @@ def param_kinds(named: NamedParams) -> dict[str, str]:
 
 
 def param_groups(o: Any, named: NamedParams, lr: float) -> list[dict]:
-    """torch parameter groups: one per (lr multiplier, weight-decay multiplier) pair in use, in
-    the order the parameters come; each group lists its parameters' names under "param_names"
-    (torch's own key, kept in the optimizer's state_dict)."""
+    """torch parameter groups: one per (lr multiplier, weight-decay multiplier) pair in use, the
+    unmultiplied group first (group 0's LR is the one the trainer logs), the others in the order
+    their parameters come; each group lists its parameters' names under "param_names" (torch's
+    own key, kept in the optimizer's state_dict)."""
     named = list(named)
     kinds = param_kinds(named)
     mults = {
@@ -76,7 +77,8 @@ def param_groups(o: Any, named: NamedParams, lr: float) -> list[dict]:
         )
         group["params"].append(p)
         group["param_names"].append(name)
-    return list(groups.values())
+    order = sorted(groups, key=lambda mults: mults != (1.0, 1.0))  # stable: first come first
+    return [groups[mults] for mults in order]
 
 
 def names_matching(pattern: str | None, names: Iterable[str]) -> list[str]:

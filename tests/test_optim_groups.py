@@ -279,3 +279,11 @@ def test_rmsprop_tf_under_mixed_precision_steps_without_reading_the_device():
     assert reads.count == 0
     assert all(torch.equal(a, p) for a, p in zip(after_clean, opt.params))
     assert opt.skipped == 1
+
+
+def test_the_unmultiplied_group_comes_first_for_the_logged_lr():
+    """A model whose first parameter is a bias (a norm layer first) still logs the base LR."""
+    model = nn.Sequential(nn.BatchNorm1d(3), nn.Linear(3, 2))
+    o = optim_cfg(lr=0.1, norm_lr_mult=3.0, bias_lr_mult=2.0)
+    lrs = [g["lr"] for g in optimizer_factory(o)(model.named_parameters()).param_groups]
+    assert lrs == pytest.approx([0.1, 0.3, 0.2])
