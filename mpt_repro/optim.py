@@ -54,8 +54,9 @@ def param_kinds(named: NamedParams) -> dict[str, str]:
 def param_groups(o: Any, named: NamedParams, lr: float) -> list[dict]:
     """torch parameter groups: one per (lr multiplier, weight-decay multiplier) pair in use, the
     unmultiplied group first (group 0's LR is the one the trainer logs), the others in the order
-    their parameters come; each group lists its parameters' names under "param_names" (torch's
-    own key, kept in the optimizer's state_dict)."""
+    their parameters come; each group lists its parameters' names under "names" (kept in the
+    optimizer's state_dict). Not torch's own "param_names": torch then refuses groups added
+    later without names (add_param_group), which callers may add."""
     named = list(named)
     kinds = param_kinds(named)
     mults = {
@@ -70,13 +71,13 @@ def param_groups(o: Any, named: NamedParams, lr: float) -> list[dict]:
             (lr_mult, decay_mult),
             {
                 "params": [],
-                "param_names": [],
+                "names": [],
                 "lr": lr * lr_mult,
                 "weight_decay": o.weight_decay * decay_mult,
             },
         )
         group["params"].append(p)
-        group["param_names"].append(name)
+        group["names"].append(name)
     order = sorted(groups, key=lambda mults: mults != (1.0, 1.0))  # stable: first come first
     return [groups[mults] for mults in order]
 

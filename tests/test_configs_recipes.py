@@ -28,7 +28,7 @@ def built(experiment: str, *overrides: str):
 
 
 def settings(opt) -> dict[str, tuple[float, float]]:
-    return {n: (g["lr"], g["weight_decay"]) for g in opt.param_groups for n in g["param_names"]}
+    return {n: (g["lr"], g["weight_decay"]) for g in opt.param_groups for n in g["names"]}
 
 
 @pytest.mark.parametrize("experiment,wd", [("alexnet", 5e-4), ("googlenet", 2e-4)])

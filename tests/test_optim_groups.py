@@ -61,7 +61,7 @@ def test_fp32_master_copies_under_the_models_names_get_the_same_kinds():
 
 
 def groups_by_name(opt: torch.optim.Optimizer) -> dict[str, tuple[float, float]]:
-    return {n: (g["lr"], g["weight_decay"]) for g in opt.param_groups for n in g["param_names"]}
+    return {n: (g["lr"], g["weight_decay"]) for g in opt.param_groups for n in g["names"]}
 
 
 def test_caffe_bias_rule_and_no_decay_on_norm_reach_the_groups():
@@ -287,3 +287,9 @@ def test_the_unmultiplied_group_comes_first_for_the_logged_lr():
     o = optim_cfg(lr=0.1, norm_lr_mult=3.0, bias_lr_mult=2.0)
     lrs = [g["lr"] for g in optimizer_factory(o)(model.named_parameters()).param_groups]
     assert lrs == pytest.approx([0.1, 0.3, 0.2])
+
+
+def test_groups_added_later_without_names_are_accepted():
+    opt = optimizer_factory(optim_cfg(bias_lr_mult=2.0))(Zoo().named_parameters())
+    opt.add_param_group({"params": [nn.Parameter(torch.zeros(2))], "lr": 0.5})
+    assert opt.param_groups[-1]["lr"] == 0.5
