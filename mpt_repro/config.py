@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -127,11 +128,11 @@ class OptimConfig:
     nesterov: bool = False
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1.0e-8  # rmsprop: added to sqrt(v); rmsprop_tf: added to v inside the sqrt (TF)
+    eps: float = 1e-8  # rmsprop: added to sqrt(v); rmsprop_tf: added to v inside the sqrt (TF)
     alpha: float = 0.99  # rmsprop, rmsprop_tf: decay of the mean square (TF calls it decay)
     initial_accumulator_value: float = 0.0  # adagrad
     # Per-parameter-group multipliers of lr and weight_decay (Caffe's lr_mult / decay_mult), by
-    # kind (mpt_repro/optim.py param_kind): "bias" = biases of layers with a weight matrix
+    # kind (mpt_repro/optim.py param_kinds): "bias" = biases of layers with a weight matrix
     # (conv, linear, LSTM); "norm" = the other 1-d parameters (batch/layer-norm scale and shift).
     bias_lr_mult: float = 1.0
     bias_decay_mult: float = 1.0
@@ -151,8 +152,9 @@ class OptimConfig:
     # which parameters the clip norm covers and clips: a regex searched in parameter names
     # (f-lm: "lstm\." clips the LSTM's gradients only); null: every parameter
     grad_clip_params: str | None = None
-    # fused optimizer kernels (sgd/adam/adamw): they skip an overflowing step on the device, so a
-    # step needs no host sync. auto: wherever torch has the kernel | true | false (foreach)
+    # fused optimizer kernels (sgd/adam/adamw; rmsprop_tf's own device-side skip): they skip an
+    # overflowing step on the device, so a step needs no host sync. auto: wherever the kernel
+    # exists | true | false (foreach)
     fused: str = "auto"
     # objective (the trainer/tasks apply these)
     label_smoothing: float = 0.0  # classification: TF's softmax_cross_entropy label_smoothing
@@ -420,8 +422,6 @@ NOISES = ("uniform", "normal")
 
 
 def _is_regex(pattern: str | None) -> bool:
-    import re
-
     try:
         return pattern is None or re.compile(pattern) is not None
     except re.error:
