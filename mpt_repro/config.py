@@ -553,13 +553,29 @@ def _unknown_key_message(key: str) -> str:
 # without updating this table) is never refused anything.
 READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     # models
-    "model.variant": ("model.name", ("resnet50", "small_grad_mlp")),
+    "model.variant": (
+        "model.name",
+        (
+            "alexnet",
+            "googlenet",
+            "inception_v2",
+            "inception_v3",
+            "resnet50",
+            "small_grad_mlp",
+            "vgg16",
+        ),
+    ),
     "model.width": ("model.name", ("digits_cnn", "small_grad_mlp")),
     "model.dropout": (
         "model.name",
         ("alexnet", "digits_cnn", "googlenet", "inception_v2", "inception_v3", "lstm_lm", "vgg16"),
     ),
-    "model.aux_logits": ("model.name", ("googlenet", "inception_v3")),
+    "model.aux_logits": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_weight": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_dropout": ("model.name", ("googlenet",)),
+    "model.forget_bias": ("model.name", ("lstm_lm",)),
+    "model.noise": ("model.name", ("dcgan",)),
+    "model.target": ("model.name", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
     "model.embed_dim": ("model.name", ("lstm_lm",)),
     "model.hidden_size": ("model.name", ("lstm_lm",)),
@@ -584,10 +600,14 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "data.min_freq": ("data.name", ("corpus",)),
     "data.max_vocab": ("data.name", ("corpus",)),
     # optimizers and LR schedules
-    "optim.momentum": ("optim.name", ("rmsprop", "sgd")),
+    "optim.momentum": ("optim.name", ("rmsprop", "rmsprop_tf", "sgd")),
+    "optim.alpha": ("optim.name", ("rmsprop", "rmsprop_tf")),
     "optim.nesterov": ("optim.name", ("sgd",)),
     "optim.betas": ("optim.name", ("adam", "adamw")),
-    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop")),
+    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop", "rmsprop_tf")),
+    "optim.label_smoothing": ("task", ("classification",)),
+    "optim.lm_loss_times_steps": ("task", ("language_model",)),
+    "optim.embedding_grad_scale": ("task", ("language_model",)),
     "optim.initial_accumulator_value": ("optim.name", ("adagrad",)),
     "optim.step_size": ("optim.schedule", ("step",)),
     "optim.milestones": ("optim.schedule", ("multistep",)),
@@ -656,6 +676,7 @@ SELECTOR_TEXT = {
 KINDS: dict[str, tuple[str, ...]] = {
     "model.name": (
         "alexnet",
+        "custom",
         "dcgan",
         "digits_cnn",
         "googlenet",
