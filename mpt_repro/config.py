@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,10 +89,14 @@ class ModelConfig:
     """One schema for every architecture; a model ignores the fields it does not use."""
 
     name: str = "digits_cnn"
-    variant: str = ""  # e.g. resnet50: torchvision | preact
+    # alexnet, googlenet: caffe (the paper's, default) | torchvision; resnet50: preact | torchvision
+    variant: str = ""
     width: int = 32
     dropout: float = 0.0
+    # auxiliary classifiers (googlenet, inception_v2, inception_v3), trained only
     aux_logits: bool = False
+    aux_weight: float = 0.3  # each auxiliary loss's weight (Caffe prototxts 0.3, TF-slim v3 0.4)
+    aux_dropout: float = 0.7  # googlenet's auxiliary heads (BVLC prototxt: 0.7)
     channels_last: bool = (
         False  # NHWC memory format on CUDA (faster convolutions with tensor cores)
     )
@@ -101,24 +106,38 @@ class ModelConfig:
     proj_size: int = 0  # 0: no projection
     num_layers: int = 2
     num_sampled: int = 0  # sampled-softmax negatives; 0: full softmax
+    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: PyTorch's initialisation
+    forget_bias: float | None = None
     # GAN
     latent_dim: int = 100
     gen_features: int = 64
     disc_features: int = 64
+    noise: str = "uniform"  # uniform U(-1, 1) (Radford et al.) | normal N(0, 1) (pytorch/examples)
     # detection: a VGG-16 weights file (torchvision state dict or a vgg16 run's checkpoint)
     backbone_weights: str | None = None
+    # model=custom: factory "package.module:factory" called as factory(num_classes=..., **kwargs)
+    target: str = ""
+    kwargs: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class OptimConfig:
-    name: str = "sgd"  # sgd | adam | adamw | adagrad | rmsprop
+    name: str = "sgd"  # sgd | adam | adamw | adagrad | rmsprop | rmsprop_tf
     lr: float = 0.1
     momentum: float = 0.9
     nesterov: bool = False
     weight_decay: float = 0.0
     betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8
+    eps: float = 1e-8  # rmsprop: added to sqrt(v); rmsprop_tf: added to v inside the sqrt (TF)
+    alpha: float = 0.99  # rmsprop, rmsprop_tf: decay of the mean square (TF calls it decay)
     initial_accumulator_value: float = 0.0  # adagrad
+    # Per-parameter-group multipliers of lr and weight_decay (Caffe's lr_mult / decay_mult), by
+    # kind (mpt_repro/optim.py param_kinds): "bias" = biases of layers with a weight matrix
+    # (conv, linear, LSTM); "norm" = the other 1-d parameters (batch/layer-norm scale and shift).
+    bias_lr_mult: float = 1.0
+    bias_decay_mult: float = 1.0
+    norm_lr_mult: float = 1.0
+    norm_decay_mult: float = 1.0
     # LR schedule, in epochs (fractions allowed); stepped every iteration
     schedule: str = "constant"  # constant | step | multistep | poly | cosine | exponential
     step_size: float = 30.0
@@ -130,12 +149,24 @@ class OptimConfig:
     lr_scaling: str = "none"  # none | linear
     base_batch_size: int = 256
     grad_clip: float | None = None  # max global grad norm, applied to unscaled gradients
-    # fused optimizer kernels (sgd/adam/adamw): they skip an overflowing step on the device, so a
-    # step needs no host sync. auto: wherever torch has the kernel | true | false (foreach)
+    # which parameters the clip norm covers and clips: a regex searched in parameter names
+    # (f-lm: "lstm\." clips the LSTM's gradients only); null: every parameter
+    grad_clip_params: str | None = None
+    # fused optimizer kernels (sgd/adam/adamw; rmsprop_tf's own device-side skip): they skip an
+    # overflowing step on the device, so a step needs no host sync. auto: wherever the kernel
+    # exists | true | false (foreach)
     fused: str = "auto"
+    # objective (the trainer/tasks apply these)
+    label_smoothing: float = 0.0  # classification: TF's softmax_cross_entropy label_smoothing
+    lm_loss_times_steps: bool = False  # LM: backpropagate mean token loss x seq_len (f-lm)
+    embedding_grad_scale: float = 1.0  # LM: embedding gradients x this before clipping (f-lm)
     # evaluate an exponential moving average of the parameters (FP32) with this decay; null: the
     # raw weights. Inception v3 (TF-slim) 0.9999, the big LSTM (f-lm) 0.999
     ema_decay: float | None = None
+    ema_warmup: bool = False  # TF's num_updates: decay_t = min(decay, (1 + t) / (10 + t))
+    # which tensors are averaged: a regex searched in parameter names (f-lm: "lstm\."); null:
+    # every parameter and floating-point buffer (BN statistics), as TF's inception_train.py
+    ema_params: str | None = None
 
 
 @dataclass
@@ -219,7 +250,7 @@ def _check(ok: bool, key: str, value: Any, must: str) -> None:
         )
 
 
-OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
 SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
 AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip")
 
@@ -293,6 +324,7 @@ def validate(cfg: DictConfig) -> None:
         list(o.betas),
         "must be two numbers in [0, 1)",
     )
+    validate_model_optim(cfg)
     _check(t.epochs > 0, "trainer.epochs", t.epochs, "must be positive")
     _check(
         t.max_steps is None or t.max_steps > 0,
@@ -359,6 +391,41 @@ def validate(cfg: DictConfig) -> None:
 
     validate_precision(cfg.precision, cfg.paper_loss_scale)
     validate_telemetry(cfg.telemetry)
+
+
+def validate_model_optim(cfg: DictConfig) -> None:
+    """The recipe fields of model.* and optim.* (issue 12): multipliers, objective, EMA, regexes."""
+    m, o = cfg.model, cfg.optim
+    for key in ("bias_lr_mult", "bias_decay_mult", "norm_lr_mult", "norm_decay_mult"):
+        _check(o[key] >= 0, f"optim.{key}", o[key], "must be >= 0")
+    _check(0 <= o.alpha < 1, "optim.alpha", o.alpha, "must be in [0, 1)")
+    _check(
+        0 <= o.label_smoothing < 1, "optim.label_smoothing", o.label_smoothing, "must be in [0, 1)"
+    )
+    _check(
+        o.embedding_grad_scale > 0,
+        "optim.embedding_grad_scale",
+        o.embedding_grad_scale,
+        "must be > 0",
+    )
+    for key in ("grad_clip_params", "ema_params"):
+        _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
+    _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
+    _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
+    _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
+    if m.name == "custom":
+        target = None if OmegaConf.is_missing(m, "target") else m.target
+        _check(bool(target), "model.target", target, "must name a factory (package.module:fn)")
+
+
+NOISES = ("uniform", "normal")
+
+
+def _is_regex(pattern: str | None) -> bool:
+    try:
+        return pattern is None or re.compile(pattern) is not None
+    except re.error:
+        return False
 
 
 def to_plain(cfg: DictConfig) -> dict:
@@ -486,14 +553,30 @@ def _unknown_key_message(key: str) -> str:
 # without updating this table) is never refused anything.
 READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     # models
-    "model.variant": ("model.name", ("resnet50", "small_grad_mlp")),
+    "model.variant": (
+        "model.name",
+        (
+            "alexnet",
+            "googlenet",
+            "inception_v2",
+            "inception_v3",
+            "resnet50",
+            "small_grad_mlp",
+            "vgg16",
+        ),
+    ),
     "model.width": ("model.name", ("digits_cnn", "faster_rcnn_vgg16", "small_grad_mlp", "ssd300")),
     "model.backbone_weights": ("model.name", ("faster_rcnn_vgg16", "ssd300")),
     "model.dropout": (
         "model.name",
         ("alexnet", "digits_cnn", "googlenet", "inception_v2", "inception_v3", "lstm_lm", "vgg16"),
     ),
-    "model.aux_logits": ("model.name", ("googlenet", "inception_v3")),
+    "model.aux_logits": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_weight": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_dropout": ("model.name", ("googlenet",)),
+    "model.forget_bias": ("model.name", ("lstm_lm",)),
+    "model.noise": ("model.name", ("dcgan",)),
+    "model.target": ("model.name", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
     "model.embed_dim": ("model.name", ("lstm_lm",)),
     "model.hidden_size": ("model.name", ("lstm_lm",)),
@@ -525,10 +608,14 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "trainer.compile": ("task", ("classification",)),
     "trainer.recalibrate_bn": ("task", ("classification",)),
     # optimizers and LR schedules
-    "optim.momentum": ("optim.name", ("rmsprop", "sgd")),
+    "optim.momentum": ("optim.name", ("rmsprop", "rmsprop_tf", "sgd")),
+    "optim.alpha": ("optim.name", ("rmsprop", "rmsprop_tf")),
     "optim.nesterov": ("optim.name", ("sgd",)),
     "optim.betas": ("optim.name", ("adam", "adamw")),
-    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop")),
+    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop", "rmsprop_tf")),
+    "optim.label_smoothing": ("task", ("classification",)),
+    "optim.lm_loss_times_steps": ("task", ("language_model",)),
+    "optim.embedding_grad_scale": ("task", ("language_model",)),
     "optim.initial_accumulator_value": ("optim.name", ("adagrad",)),
     "optim.step_size": ("optim.schedule", ("step",)),
     "optim.milestones": ("optim.schedule", ("multistep",)),
@@ -597,6 +684,7 @@ SELECTOR_TEXT = {
 KINDS: dict[str, tuple[str, ...]] = {
     "model.name": (
         "alexnet",
+        "custom",
         "dcgan",
         "digits_cnn",
         "googlenet",

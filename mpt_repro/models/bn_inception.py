@@ -1,30 +1,40 @@
-"""BN-Inception, the paper's "Inception v2" row (Ioffe & Szegedy 2015, "Batch Normalization",
-appendix Table: the Inception network with batch norm). torchvision has no such model.
+"""BN-Inception, the paper's "Inception v2" row (Ioffe & Szegedy 2015, "Batch Normalization"),
+as the public Caffe model defines it: BVLC/caffe branch `intel`,
+`models/default_googlenet_v2/train_val.prototxt` (with its `solver.prototxt`, the recipe we
+follow). torchvision has no such model.
 
 What distinguishes it from GoogLeNet (Inception v1):
-- every convolution is followed by batch norm (conv has no bias), then ReLU;
+- every convolution and hidden fully connected layer is followed by batch norm (no bias), then
+  ReLU;
 - the 5x5 branch is replaced by two stacked 3x3 convolutions ("double 3x3");
-- grids shrink inside modules 3c and 4e (stride-2 3x3 branches beside a max-pool that passes its
-  input through unprojected), not by separate pooling layers between stages;
-- pooling branches use average pooling, except the last module (5b), which uses max pooling;
-- no auxiliary heads in the model, no dropout before the classifier (the BN paper removed it).
+- grids shrink inside modules 3c and 4e (stride-2 3x3 branches beside a 3x3/2 max-pool that
+  passes its input through unprojected), not by separate pooling layers between stages;
+- pooling branches average (3x3/1, padding counted, as Caffe's AVE), except module 5b's, which
+  takes the maximum;
+- two auxiliary classifiers, after 3c and after 4e: AVE 5/3 -> 1x1 conv 128 -> BN -> ReLU ->
+  fc 1024 -> BN -> ReLU -> fc (classes), loss weight 0.3 each (`model.aux_weight`); no dropout
+  anywhere (the BN paper removed it).
 
-Widths below are the appendix table's (the same numbers appear in the public Caffe
-`default_googlenet_v2/train_val.prototxt`). About 11.3 M parameters at 1000 classes.
+Widths are the prototxt's; they match the BN paper's appendix table except the pool
+projections of 4c and 4d, 96 in the prototxt. Stem and grid-reducing max-pools have no padding
+and round up, as Caffe's; with 224 px: 112 -> 56 -> 28 -> 14 (3c) -> 7 (4e).
 
-Max-pools use padding 1 instead of Caffe's ceil rounding: the output size is the same for even
-inputs (224 px: 112 -> 56 -> 28 -> 14 -> 7), and at odd sizes it stays equal to the stride-2
-convolutions' output, which lets the small smoke sizes concatenate branches.
+Parameters at 1000 classes, counted from the prototxt's layer shapes (BN scale and shift
+counted, running statistics not): 11,194,984 without the auxiliary heads, 4,880,848 in the two
+heads, 16,075,832 in all.
+
+Initialisation is the prototxt's: Caffe's "xavier" (U(+-sqrt(3 / fan_in))) for every weight,
+classifier biases 0, BN scale 1 and shift 0.
+
+Outputs: logits; in training mode with `aux_logits`, the tuple (main, aux1 (3c), aux2 (4e)).
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 from torch import nn
 
-from mpt_repro.models import he_init_, register_model
+from mpt_repro.models.caffe import AuxPool, conv_out, max_pool, pool_out, xavier_
 
 
 def conv_bn(cin: int, cout: int, k: int, stride: int = 1) -> nn.Sequential:
@@ -60,11 +70,12 @@ class InceptionBN(nn.Module):
         self.branch_d3 = nn.Sequential(
             conv_bn(cin, d3r, 1), conv_bn(d3r, d3, 3), conv_bn(d3, d3, 3, stride)
         )
-        pooling = (
-            nn.AvgPool2d(3, stride, padding=1, count_include_pad=True)
-            if pool == "avg"
-            else nn.MaxPool2d(3, stride, padding=1)
-        )
+        if stride == 2:
+            pooling: nn.Module = max_pool(3, 2)
+        elif pool == "avg":
+            pooling = nn.AvgPool2d(3, 1, padding=1, count_include_pad=True)
+        else:
+            pooling = nn.MaxPool2d(3, 1, padding=1)
         self.branch_pool = (
             nn.Sequential(pooling, conv_bn(cin, pool_proj, 1)) if pool_proj else pooling
         )
@@ -84,44 +95,87 @@ MODULES = [
     ("3c", 0, 128, 160, 64, 96, "max", 0, 2),
     ("4a", 224, 64, 96, 96, 128, "avg", 128, 1),
     ("4b", 192, 96, 128, 96, 128, "avg", 128, 1),
-    ("4c", 160, 128, 160, 128, 160, "avg", 128, 1),
-    ("4d", 96, 128, 192, 160, 192, "avg", 128, 1),
+    ("4c", 160, 128, 160, 128, 160, "avg", 96, 1),
+    ("4d", 96, 128, 192, 160, 192, "avg", 96, 1),
     ("4e", 0, 128, 192, 192, 256, "max", 0, 2),
     ("5a", 352, 192, 320, 160, 224, "avg", 128, 1),
     ("5b", 352, 192, 320, 192, 224, "max", 128, 1),
 ]
 
 
+class AuxHeadBN(nn.Module):
+    """loss1 / loss2 of the prototxt, up to the logits."""
+
+    def __init__(self, cin: int, grid: int, num_classes: int):
+        super().__init__()
+        self.pool = AuxPool(grid)
+        self.conv = conv_bn(cin, 128, 1)
+        self.fc = nn.Sequential(
+            nn.Flatten(),
+            nn.Linear(128 * grid * grid, 1024, bias=False),
+            nn.BatchNorm1d(1024),
+            nn.ReLU(inplace=True),
+        )
+        self.classifier = nn.Linear(1024, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(self.fc(self.conv(self.pool(x))))
+
+
 class BNInception(nn.Module):
-    def __init__(self, num_classes: int = 1000, dropout: float = 0.0):
+    def __init__(self, num_classes: int = 1000, dropout: float = 0.0, aux_logits: bool = False):
         super().__init__()
         self.stem = nn.Sequential(
             conv_bn(3, 64, 7, stride=2),  # 224 -> 112
-            nn.MaxPool2d(3, 2, padding=1),  # -> 56
+            max_pool(3, 2),  # -> 56
             conv_bn(64, 64, 1),
             conv_bn(64, 192, 3),
-            nn.MaxPool2d(3, 2, padding=1),  # -> 28
+            max_pool(3, 2),  # -> 28
         )
-        modules, cin = [], 192
-        for _name, *spec in MODULES:
-            m = InceptionBN(cin, *spec)
-            modules.append(m)
-            cin = m.out_channels
-        self.inception = nn.Sequential(*modules)  # 28 -> 14 (3c) -> 7 (4e), 1024 channels
+        modules, cin = {}, 192
+        for name, *spec in MODULES:
+            modules[name] = InceptionBN(cin, *spec)
+            cin = modules[name].out_channels
+        names = list(modules)
+        # Three stages split where the auxiliary heads read: after 3c (14x14) and 4e (7x7).
+        self.stage3 = nn.Sequential(*(modules[n] for n in names[:3]))
+        self.stage4 = nn.Sequential(*(modules[n] for n in names[3:8]))
+        self.stage5 = nn.Sequential(*(modules[n] for n in names[8:]))
+        self.aux1 = AuxHeadBN(modules["3c"].out_channels, 4, num_classes) if aux_logits else None
+        self.aux2 = AuxHeadBN(modules["4e"].out_channels, 2, num_classes) if aux_logits else None
+        # pool5/7x7_s1 averages the 7x7 grid of a 224 px input: a global average pool.
         self.pool = nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Dropout(dropout))
         self.fc = nn.Linear(cin, num_classes)
-        he_init_(self)
+        for m in self.modules():
+            if isinstance(m, (nn.Conv2d, nn.Linear)):
+                xavier_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc(self.pool(self.inception(self.stem(x))))
+    @property
+    def inception(self) -> list[nn.Module]:
+        """The ten modules in order (3a ... 5b)."""
+        return [*self.stage3, *self.stage4, *self.stage5]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
+        x = self.stage3(self.stem(x))
+        aux1 = self.aux1(x) if self.aux1 is not None and self.training else None
+        x = self.stage4(x)
+        aux2 = self.aux2(x) if self.aux2 is not None and self.training else None
+        logits = self.fc(self.pool(self.stage5(x)))
+        if aux1 is None:
+            return logits
+        return logits, aux1, aux2
 
 
-@register_model("inception_v2")
-def inception_v2(
-    cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
-) -> nn.Module:
-    from mpt_repro.models.vision import check_input
-
-    # Five 2x reductions (stem conv, two stem pools, 3c, 4e): 32 px leaves a 1x1 grid.
-    check_input("inception_v2", channels, image_size, min_size=32)
-    return BNInception(num_classes, dropout=cfg.dropout)
+def grid_problem(image_size: int) -> str | None:
+    """Why `image_size` cannot pass through the network, or None. Modules 3c and 4e concatenate a
+    3x3/2 convolution (floor rounding) with a 3x3/2 max-pool (Caffe's ceil rounding): their
+    outputs agree only on an even grid, as at 224 px (28 and 14)."""
+    grid = pool_out(conv_out(image_size, 7, 2, 3))  # conv1 + pool1
+    grid = pool_out(grid)  # pool2
+    for name in ("3c", "4e"):
+        if grid < 2 or conv_out(grid, 3, 2, 1) != pool_out(grid):
+            return f"its {name} module sees a {grid}x{grid} grid (needs an even side >= 2)"
+        grid = conv_out(grid, 3, 2, 1)
+    return None

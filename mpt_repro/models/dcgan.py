@@ -114,12 +114,28 @@ class Discriminator(nn.Module):
         return self.net(x).squeeze(1)
 
 
+NOISE = ("uniform", "normal")
+
+
+def sample_noise(
+    n: int, cfg: Any, device: torch.device | str, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """n latent vectors of cfg.latent_dim, drawn per cfg.noise:
+    - "uniform": U(-1, 1), Radford et al. 2016 (their Fig. 1 and code draw z uniformly);
+    - "normal": N(0, 1), as pytorch/examples dcgan/main.py.
+    `generator` (on `device`) makes the draws reproducible."""
+    shape = (n, cfg.latent_dim)
+    if cfg.noise == "uniform":
+        return torch.rand(shape, generator=generator, device=device).mul_(2.0).sub_(1.0)
+    if cfg.noise == "normal":
+        return torch.randn(shape, generator=generator, device=device)
+    raise ValueError(f"model.noise={cfg.noise!r} must be one of {NOISE}")
+
+
 @register_model("dcgan")
 def dcgan(cfg: Any, channels: int, image_size: int, **_: Any) -> nn.Module:
-    """Both networks in one container, so the registry can build them; the GAN task uses .generator
-    and
-    .discriminator.
-    """
+    """Both networks in one container, so the registry can build them; the GAN task uses
+    .generator and .discriminator, and draws the generator's input with sample_noise."""
     pair = nn.Module()
     pair.generator = Generator(cfg.latent_dim, channels, image_size, cfg.gen_features)
     pair.discriminator = Discriminator(channels, image_size, cfg.disc_features)

@@ -86,6 +86,7 @@ class LSTMLanguageModel(nn.Module):
         num_layers: int,
         proj_size: int = 0,
         dropout: float = 0.0,
+        forget_bias: float | None = None,
     ):
         super().__init__()
         self.vocab_size, self.num_layers, self.hidden_size = vocab_size, num_layers, hidden_size
@@ -105,6 +106,21 @@ class LSTMLanguageModel(nn.Module):
         nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
         nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
         nn.init.zeros_(self.decoder.bias)
+        if forget_bias is not None:
+            self.set_forget_bias(forget_bias)
+
+    @torch.no_grad()
+    def set_forget_bias(self, value: float) -> None:
+        """Start every layer's forget gate at bias `value`. TensorFlow's LSTMCell (f-lm's BIGLSTM)
+        adds a constant forget_bias=1.0 to the forget gate's pre-activation, with a trainable bias
+        that starts at 0; a trainable bias that starts at 1.0 is the same function and receives
+        the same gradient (the LM trains without weight decay). nn.LSTM has two biases per layer
+        (gates i, f, g, o): the forget slice of bias_ih is set to `value`, that of bias_hh to 0,
+        so their sum is `value`; the other gates keep PyTorch's initialisation."""
+        h = self.hidden_size
+        for layer in range(self.num_layers):
+            getattr(self.lstm, f"bias_ih_l{layer}")[h : 2 * h].fill_(value)
+            getattr(self.lstm, f"bias_hh_l{layer}")[h : 2 * h].zero_()
 
     def init_hidden(self, batch_size: int, device: torch.device) -> Hidden:
         h = torch.zeros(self.num_layers, batch_size, self.out_dim, device=device)
@@ -164,5 +180,11 @@ class LSTMLanguageModel(nn.Module):
 @register_model("lstm_lm")
 def lstm_lm(cfg: Any, vocab_size: int, **_: Any) -> nn.Module:
     return LSTMLanguageModel(
-        vocab_size, cfg.embed_dim, cfg.hidden_size, cfg.num_layers, cfg.proj_size, cfg.dropout
+        vocab_size,
+        cfg.embed_dim,
+        cfg.hidden_size,
+        cfg.num_layers,
+        cfg.proj_size,
+        cfg.dropout,
+        forget_bias=cfg.forget_bias,
     )
