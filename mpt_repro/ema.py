@@ -1,16 +1,23 @@
 """An exponential moving average of the parameters, evaluated instead of the raw weights.
 
-Inception v3 (Szegedy et al. 2016, TF-slim's train_image_classifier: moving_average_decay) and
-the big LSTM language model (f-lm: 0.999) report the average, not the last weights. The average
+Inception v3 (Szegedy et al. 2016; TF's inception_train.py: decay 0.9999 with num_updates, over
+the trainable variables and the batch-norm moving statistics) and the big LSTM language model
+(f-lm: 0.999 over the LSTM's variables) report the average, not the last weights. The average
 is kept in FP32 under every preset: with an FP16 average, (1 - decay) * change would round away
 for most updates, the same loss the paper's FP32 master copy exists to avoid (§3.1). It follows
 the optimizer's own parameters (the FP32 masters when there are masters), skips the steps the
 optimizer skipped (on the device: no sync), and is part of the checkpoint.
+
+    optim.ema_decay    the decay (null: no average)
+    optim.ema_warmup   TF's num_updates: decay_t = min(decay, (1 + t) / (10 + t)), t = updates
+    optim.ema_params   a regex over parameter names (f-lm: "lstm\\."); null: every parameter and
+                       every floating-point buffer (BN statistics), as TF's Inception v3
 """
 
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
@@ -20,35 +27,64 @@ from mpt_repro.precision.optimizer import PrecisionOptimizer
 
 
 class ParameterEMA:
-    def __init__(self, model: nn.Module, optimizer: PrecisionOptimizer, decay: float):
-        self.decay = decay
-        self.sources = optimizer.params  # what the optimizer updates (FP32 masters if any)
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: PrecisionOptimizer,
+        decay: float,
+        warmup: bool = False,
+        params: str | None = None,
+    ):
+        self.decay, self.warmup = decay, warmup
         by_name = dict(model.named_parameters())
-        self.targets = [by_name[n] for n in optimizer.names]  # the model's own tensors
+        chosen = [
+            i for i, n in enumerate(optimizer.names) if params is None or re.search(params, n)
+        ]
+        # averaged from what the optimizer updates (FP32 masters if any), into the model's own
+        self.sources = [optimizer.params[i] for i in chosen]
+        self.targets = [by_name[optimizer.names[i]] for i in chosen]
+        if params is None:  # and the running statistics, from the model itself
+            buffers = [b for b in model.buffers() if b.is_floating_point()]
+            self.sources += buffers
+            self.targets += buffers
         self.shadow = [p.detach().float().clone() for p in self.sources]
+        device = self.shadow[0].device if self.shadow else torch.device("cpu")
+        self.updates = torch.zeros((), dtype=torch.int64, device=device)
 
     @torch.no_grad()
     def update(self, stepped: Tensor) -> None:
-        """shadow += (1 - decay) * (param - shadow), only when the optimizer stepped."""
-        weight = (1.0 - self.decay) * stepped.to(self.shadow[0].device, torch.float32)
+        """shadow += (1 - decay_t) * (value - shadow), only when the optimizer stepped."""
+        if not self.shadow:
+            return
+        stepped = stepped.to(self.updates.device)
+        decay = torch.tensor(self.decay, device=self.updates.device)
+        if self.warmup:
+            t = self.updates.float()
+            decay = torch.minimum(decay, (1 + t) / (10 + t))
+        weight = (1.0 - decay) * stepped.float()
         sources = [p if p.dtype == torch.float32 else p.float() for p in self.sources]
         torch._foreach_lerp_(self.shadow, sources, weight)
+        self.updates += stepped.to(torch.int64)
 
     @contextlib.contextmanager
     @torch.no_grad()
     def applied(self) -> Iterator[None]:
-        """The model holds the averaged weights inside the block (rounded to its storage dtype),
-        its own weights again after it."""
+        """The model holds the averages inside the block (rounded to its storage dtype), its
+        own values again after it."""
         saved = [p.detach().clone() for p in self.targets]
-        torch._foreach_copy_(self.targets, self.shadow)
+        if self.targets:
+            torch._foreach_copy_(self.targets, self.shadow)
         try:
             yield
         finally:
-            torch._foreach_copy_(self.targets, saved)
+            if self.targets:
+                torch._foreach_copy_(self.targets, saved)
 
-    def state_dict(self) -> list[Tensor]:
-        return [s.clone() for s in self.shadow]
+    def state_dict(self) -> dict:
+        return {"shadow": [s.clone() for s in self.shadow], "updates": int(self.updates)}
 
     @torch.no_grad()
-    def load_state_dict(self, shadow: list[Tensor]) -> None:
-        torch._foreach_copy_(self.shadow, [s.to(self.shadow[0].device) for s in shadow])
+    def load_state_dict(self, sd: dict) -> None:
+        if self.shadow:
+            torch._foreach_copy_(self.shadow, [s.to(self.shadow[0].device) for s in sd["shadow"]])
+        self.updates.fill_(int(sd["updates"]))

@@ -101,7 +101,11 @@ class Trainer:
                 f"optim.ema_decay: this task's models {sorted(models)} do not each have one "
                 f"optimizer ({sorted(opts)}); use optim.ema_decay=null"
             )
-        return {name: ParameterEMA(models[name], opts[name], decay) for name in models}
+        o = self.cfg.optim
+        return {
+            name: ParameterEMA(models[name], opts[name], decay, o.ema_warmup, o.ema_params)
+            for name in models
+        }
 
     # -- the loop ---------------------------------------------------------------------------------
     def fit(self) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from mpt_repro.errors import DataError
-from mpt_repro.models.dcgan import Discriminator, Generator
+from mpt_repro.models.dcgan import Discriminator, Generator, sample_noise
 
 ROOT = Path(__file__).resolve().parents[1]
 CPU = torch.device("cpu")
@@ -131,7 +131,8 @@ def test_discriminator_step_sees_only_its_own_gradients():
     rng = task.noise_rng.get_state()
     Dc, Gc = copy.deepcopy(D), copy.deepcopy(G)
     real = task._real(batch[0])  # the iteration's one micro-batch
-    fake = Gc(torch.randn(real.shape[0], task.latent_dim, generator=task.noise_rng)).detach()
+    z = sample_noise(real.shape[0], task.cfg.model, "cpu", generator=task.noise_rng)
+    fake = Gc(z).detach()
     d_loss = task._bce(Dc(real), True) + task._bce(Dc(fake), False)
     expected = torch.autograd.grad(d_loss, list(Dc.parameters()))
     task.noise_rng.set_state(rng)

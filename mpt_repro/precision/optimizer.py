@@ -20,6 +20,8 @@ is ``sync_free`` False, and the LR schedule then counts steps on the host.
 
 from __future__ import annotations
 
+import re
+
 import torch
 from torch import Tensor
 
@@ -100,8 +102,17 @@ class PrecisionOptimizer:
         (self.scaler.scale_loss(loss) if self.scaler is not None else loss).backward(**kwargs)
 
     # -- the step ------------------------------------------------------------------------------
-    def step(self, clip_grad_norm: float | None = None) -> Tensor:
-        """Returns a 0-d bool tensor on the device: False when the update was skipped."""
+    def step(
+        self,
+        clip_grad_norm: float | None = None,
+        clip_only: str | None = None,
+        grad_multipliers: dict[str, float] | None = None,
+    ) -> Tensor:
+        """Returns a 0-d bool tensor on the device: False when the update was skipped.
+
+        clip_only: a regex; the norm is clipped over the parameters whose names match it (f-lm
+        clips only the LSTM). grad_multipliers: {regex: factor}, applied to the unscaled
+        gradients before clipping (f-lm scales the embedding's gradients)."""
         self.steps += 1
         if self.master is not None:
             self.master.grads_to_masters()
@@ -114,8 +125,15 @@ class PrecisionOptimizer:
             # every rank must skip or step together, or the replicas drift apart (no-op alone)
             all_reduce_(found_inf, "max")
             self._diagnose(present, grads)
+        for pattern, factor in (grad_multipliers or {}).items():
+            chosen = [self.params[i].grad for i in present if re.search(pattern, self.names[i])]
+            if chosen and factor != 1.0:
+                torch._foreach_mul_(chosen, factor)
         if clip_grad_norm is not None and grads:
-            torch.nn.utils.clip_grad_norm_([self.params[i] for i in present], clip_grad_norm)
+            chosen = [
+                i for i in present if clip_only is None or re.search(clip_only, self.names[i])
+            ]
+            torch.nn.utils.clip_grad_norm_([self.params[i] for i in chosen], clip_grad_norm)
         if self.scaler is None:
             self.optimizer.step()
         elif self.fused:

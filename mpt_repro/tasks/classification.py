@@ -15,6 +15,7 @@ from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
+from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
 from mpt_repro.tasks.base import (
@@ -25,10 +26,6 @@ from mpt_repro.tasks.base import (
     recalibrate_bn,
     register_task,
 )
-
-# Weight of the auxiliary classifiers' losses (GoogLeNet, Inception v3) during training, as in
-# Szegedy et al. 2015 (0.3); evaluation uses the main head only.
-AUX_LOSS_WEIGHT = 0.3
 
 
 def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
@@ -117,13 +114,15 @@ class Classification(Task):
         stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
         return StepResult(loss=total, stepped=stepped, samples=samples)
 
-    @staticmethod
-    def _loss(out: Any, y: torch.Tensor) -> torch.Tensor:
-        if isinstance(out, torch.Tensor):
-            return F.cross_entropy(out, y)
-        # torchvision GoogLeNet / Inception v3 in training mode: (logits, aux logits...)
-        main, *aux = [o for o in out if o is not None]
-        return F.cross_entropy(main, y) + AUX_LOSS_WEIGHT * sum(F.cross_entropy(a, y) for a in aux)
+    def _loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        # the auxiliary heads in training mode (GoogLeNet, BN-Inception, Inception v3) weighted by
+        # model.aux_weight; label smoothing per optim.label_smoothing (Inception v3: 0.1)
+        return classification_loss(
+            out,
+            y,
+            label_smoothing=self.cfg.optim.label_smoothing,
+            aux_weights=self.cfg.model.aux_weight,
+        )
 
     def recalibrate_bn(self, batches: int) -> None:
         # the first training examples in a fixed order (each rank its own shard), so the

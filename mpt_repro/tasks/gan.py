@@ -31,6 +31,7 @@ from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
+from mpt_repro.models.dcgan import sample_noise
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
 
@@ -95,12 +96,8 @@ class GAN(Task):
         )
         # Fixed and evaluation noise are the same on every rank (evaluation noise is per example).
         fixed = torch.Generator(device=device).manual_seed(cfg.seed + 2)
-        self.fixed_noise = torch.randn(
-            GRID_SAMPLES, self.latent_dim, generator=fixed, device=device
-        )
-        self.eval_noise = torch.randn(
-            len(self.data.eval), self.latent_dim, generator=fixed, device=device
-        )
+        self.fixed_noise = sample_noise(GRID_SAMPLES, cfg.model, device, generator=fixed)
+        self.eval_noise = sample_noise(len(self.data.eval), cfg.model, device, generator=fixed)
         loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
         self.sampler, self.train_loader, self.eval_loader = (
             loaders.sampler,
@@ -130,7 +127,8 @@ class GAN(Task):
 
     def _noise(self, n: int) -> torch.Tensor:
         return self.policy.cast_inputs(
-            torch.randn(n, self.latent_dim, generator=self.noise_rng, device=self.device)
+            # model.noise: uniform U(-1, 1) as Radford et al., or normal
+            sample_noise(n, self.cfg.model, self.device, generator=self.noise_rng)
         )
 
     @staticmethod

@@ -128,7 +128,10 @@ class LanguageModel(Task):
         self.optimizer.zero_grad()
         # With trainer.accumulate=N the window's streams are N micro-batches of columns, each
         # carrying its own slice of the hidden state: N x data.batch_size streams per step.
-        n = self.cfg.trainer.accumulate
+        n, o = self.cfg.trainer.accumulate, self.cfg.optim
+        # f-lm backpropagates the token-mean loss times the BPTT length (optim.lm_loss_times_steps):
+        # the gradient magnitudes that the paper's "loss scale 128" rests on
+        grad_factor = x.shape[0] if o.lm_loss_times_steps else 1
         columns = list(zip(x.tensor_split(n, dim=1), y.tensor_split(n, dim=1)))
         hidden_parts = list(zip(*(h.tensor_split(n, dim=1) for h in self.hidden)))
         total, new_hidden = 0.0, []
@@ -138,11 +141,15 @@ class LanguageModel(Task):
                 # DDP's gradient average is the gradient of the global mean.
                 loss, hidden = self.train_model(xi, yi, hi, self.generator)
                 loss = loss / n
-            self.optimizer.backward(loss)
+            self.optimizer.backward(loss * grad_factor if grad_factor != 1 else loss)
             new_hidden.append(tuple(h.detach() for h in hidden))
             total = total + loss.detach().float()
         self.hidden = tuple(torch.cat(parts, dim=1) for parts in zip(*new_hidden))
-        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
+        stepped = self.optimizer.step(
+            clip_grad_norm=o.grad_clip,
+            clip_only=o.grad_clip_params,  # f-lm clips the LSTM's gradients only
+            grad_multipliers={r"^embedding\.": o.embedding_grad_scale},  # f-lm: x batch size
+        )
         # samples = tokens, so samples/s is words per second, the usual LM throughput figure
         return StepResult(loss=total, stepped=stepped, samples=y.numel())
 
