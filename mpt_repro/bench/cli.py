@@ -1,0 +1,171 @@
+"""`mpt-bench`: compose once per preset (refusing bad overrides before anything runs), run every
+(repeat, preset) in a fresh worker process, interleaved, then print the table and write the JSON.
+
+    mpt-bench experiment=resnet50 data=synthetic bench.presets=[fp32,amp,mixed]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from mpt_repro.bench.config import BenchConfig, compose, help_text, parse_bench, split_args
+from mpt_repro.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(a in ("-h", "--help") for a in argv):
+        print(help_text())
+        return 0
+    try:
+        overrides, bench_args = split_args(argv)
+        bench = parse_bench(bench_args)
+        # every preset composes and validates here, before any process starts
+        configs = {p: compose(overrides, p) for p in bench.presets}
+    except UserError as e:
+        print(f"mpt-bench: error: {e}", file=sys.stderr)
+        return 2
+    measured, failed = run_workers(overrides, bench)
+    if measured is None:
+        return 2
+    doc = document(argv, overrides, bench, configs, measured)
+    from mpt_repro.bench.results import describe_run, format_table
+
+    print()
+    print(format_table(doc))
+    print()
+    print(describe_run(doc))
+    if bench.write and doc["results"]:
+        path = write(doc, bench.out_dir)
+        print(f"written: {path}")
+    return 1 if failed else 0
+
+
+def run_workers(overrides: list[str], bench: BenchConfig) -> tuple[dict | None, bool]:
+    """{preset: [measurement per repeat]}; repeats interleave the presets, each round starting
+    one preset later, so neither order nor drift favours one. None when a worker refused the
+    configuration (the same refusal would hit every preset)."""
+    measured: dict[str, list[dict]] = {p: [] for p in bench.presets}
+    failed = False
+    n = len(bench.presets)
+    with tempfile.TemporaryDirectory(prefix="mpt-bench-") as tmp:
+        for repeat in range(bench.repeats):
+            for k in range(n):
+                preset = bench.presets[(k + repeat) % n]
+                out = Path(tmp) / f"{preset}-{repeat}.json"
+                spec = Path(tmp) / f"{preset}-{repeat}.spec.json"
+                spec.write_text(
+                    json.dumps(
+                        {
+                            "overrides": overrides,
+                            "preset": preset,
+                            "repeat": repeat,
+                            "bench": asdict(bench),
+                            "out": str(out),
+                        }
+                    )
+                )
+                code, error = _run_one(spec, bench.timeout_s)
+                if code == 2:
+                    return None, True
+                if code == 0 and out.exists():
+                    measured[preset].append(json.loads(out.read_text()))
+                    continue
+                failed = True
+                if out.exists():  # the worker said why (out of memory)
+                    error = json.loads(out.read_text()).get("error", error)
+                measured[preset].append({"repeat": repeat, "error": error})
+                print(f"mpt-bench: {preset} (repeat {repeat + 1}): {error}", file=sys.stderr)
+    return measured, failed
+
+
+def _run_one(spec: Path, timeout_s: int) -> tuple[int, str]:
+    cmd = [sys.executable, "-m", "mpt_repro.bench.worker", str(spec)]
+    try:
+        # stderr passes through: the worker's progress lines and, on a crash, its traceback
+        code = subprocess.run(cmd, timeout=timeout_s).returncode
+    except subprocess.TimeoutExpired:
+        return 124, f"took longer than bench.timeout_s={timeout_s} s"
+    return code, f"the worker process failed (exit status {code}; its messages are above)"
+
+
+def document(
+    argv: list[str],
+    overrides: list[str],
+    bench: BenchConfig,
+    configs: dict[str, Any],
+    measured: dict[str, list[dict]],
+) -> dict[str, Any]:
+    from mpt_repro.bench.results import SCHEMA_VERSION, aggregate
+    from mpt_repro.config import to_plain
+
+    first = next((r for runs in measured.values() for r in runs if "error" not in r), None)
+    suite = to_plain(configs[bench.presets[0]])
+    suite.pop("precision", None)
+    device = dict(first["device"]) if first else {"type": "unknown", "name": "unknown"}
+    device["gpu_model"] = first.get("gpu_model") if first else None
+    commit, dirty = git_commit()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "device": device,
+        "versions": first["versions"] if first else {},
+        "commit": commit,
+        "commit_dirty": dirty,
+        "command": "mpt-bench " + " ".join(argv),
+        "batch": first["batch"] if first else None,
+        "config": {
+            "overrides": overrides,
+            "suite": suite,
+            "presets": {p: to_plain(c.precision) for p, c in configs.items()},
+            "bench": asdict(bench),
+        },
+        "results": aggregate(measured, bench.presets),
+    }
+
+
+def git_commit() -> tuple[str | None, bool | None]:
+    """The checkout's commit and whether it had local changes (None outside a git checkout)."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True
+        )
+        if head.returncode != 0:
+            return None, None
+        status = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+        )
+        return head.stdout.strip(), bool(status.stdout.strip())
+    except OSError:
+        return None, None
+
+
+def write(doc: dict, out_dir: str) -> Path:
+    d = doc["device"]
+    device = "cpu" if d["type"] == "cpu" else _slug(d["name"])
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    experiment = doc["config"]["suite"]["experiment_name"]
+    path = Path(out_dir) / f"{experiment}-{device}-{stamp}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "device"
+
+
+if __name__ == "__main__":
+    sys.exit(main())

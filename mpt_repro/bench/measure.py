@@ -1,0 +1,241 @@
+"""What one worker measures around a training step: time, saved-for-backward bytes, host syncs,
+FLOPs, memory and energy. Each function takes the step as a callable, so the bench never knows
+how the suite's step is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+import traceback
+import warnings
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+Step = Callable[[], Any]
+
+
+# -- time ------------------------------------------------------------------------------------------
+def time_steps(step: Step, n: int, device: torch.device) -> float:
+    """Seconds for n steps back to back. On a GPU: CUDA events around the n launches, so the
+    figure is the device's time for the work, host stalls between launches included (they
+    starve the GPU just the same); on a CPU: perf_counter."""
+    if device.type == "cuda":
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        torch.cuda.synchronize(device)
+        start.record()
+        for _ in range(n):
+            step()
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end) / 1000.0
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return time.perf_counter() - t0
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+# -- saved for backward, host syncs, FLOPs: one instrumented step ---------------------------------
+class SavedBytes:
+    """Bytes autograd keeps for backward: every tensor handed to a saved_tensors_hooks pack hook,
+    counted once per storage (views and repeated saves of one tensor share it), by the storage's
+    full size."""
+
+    def __init__(self) -> None:
+        self.storages: dict[tuple[str, int], int] = {}
+
+    def _pack(self, t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        self.storages[(str(t.device), s.data_ptr())] = s.nbytes()
+        return t
+
+    def hooks(self) -> Any:
+        self.storages.clear()
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
+
+    @property
+    def total(self) -> int:
+        return sum(self.storages.values())
+
+
+# ATen ops that make the host wait for the device: reading a value (item(), float(), bool(),
+# `if tensor:`), and ops whose output size depends on the data.
+SYNC_OPS = {
+    "_local_scalar_dense",
+    "nonzero",
+    "masked_select",
+    "unique_dim",
+    "_unique",
+    "_unique2",
+    "unique_consecutive",
+    "equal",
+    "repeat_interleave",
+}
+
+
+class SyncCounter(TorchDispatchMode):
+    """Counts the ops that stop the host until the device has caught up: the SYNC_OPS and copies
+    from a GPU to the host. On a CPU nothing waits, but the same ops would on a GPU: the count is
+    the GPU's, measured anywhere. For each op it keeps where in mpt_repro it was first made."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: Counter[str] = Counter()
+        self.where: dict[str, str] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func._schema.name.split("::")[-1]
+        if name in SYNC_OPS or _device_to_host(name, args, out):
+            self.ops[name] += 1
+            self.where.setdefault(name, _caller())
+        return out
+
+
+def _device_to_host(name: str, args: tuple, out: Any) -> bool:
+    if name not in ("_to_copy", "copy_"):
+        return False
+    src = args[1] if name == "copy_" else args[0]
+    dst = args[0] if name == "copy_" else out
+    return (
+        torch.is_tensor(src)
+        and torch.is_tensor(dst)
+        and src.device.type != "cpu"
+        and dst.device.type == "cpu"
+    )
+
+
+def _caller() -> str:
+    """The innermost frame in mpt_repro outside the bench: where a sync comes from."""
+    bench = Path(__file__).resolve().parent
+    package = bench.parent
+    for frame in reversed(traceback.extract_stack()):
+        path = Path(frame.filename).resolve()
+        if package in path.parents and bench not in path.parents:
+            where = f"{path.relative_to(package.parent)}:{frame.lineno}"
+            return f"{where} {frame.line or ''}".strip()
+    return "outside mpt_repro"
+
+
+@contextlib.contextmanager
+def _cuda_sync_warnings(device: torch.device) -> Iterator[list]:
+    """torch.cuda.set_sync_debug_mode("warn") for the block: it also sees syncs made in kernels'
+    host code, which no dispatch-level count can."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if device.type == "cuda":
+            torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield caught
+        finally:
+            if device.type == "cuda":
+                torch.cuda.set_sync_debug_mode("default")
+
+
+def instrument(step_on: Callable[[int], Any], batch: int, device: torch.device) -> dict[str, Any]:
+    """One step under all three meters, plus one on half the batch:
+
+    - bytes saved for backward per sample, as the slope between the full and the half batch:
+      whatever does not grow with the batch (weights a convolution saves, autocast's FP16 copies
+      of FP32 weights) cancels, so the figure is the activations' own (with a batch of 1, the
+      total is all there is);
+    - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings);
+    - model FLOPs of the full step, forward and backward (torch.utils.flop_counter: matmuls and
+      convolutions, 2 per multiply-accumulate; the optimizer and elementwise ops not counted,
+      the usual MFU convention)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    saved, syncs, flops = SavedBytes(), SyncCounter(), FlopCounterMode(display=False)
+    with _cuda_sync_warnings(device) as caught, flops, syncs, saved.hooks():
+        step_on(batch)
+    synchronize(device)
+    full = saved.total
+    out: dict[str, Any] = {
+        "host_syncs_per_step": sum(syncs.ops.values()),
+        "host_sync_ops": dict(syncs.ops),
+        "host_sync_where": syncs.where,
+        "cuda_sync_debug_warnings": (
+            sum("synchroniz" in str(w.message).lower() for w in caught)
+            if device.type == "cuda"
+            else None
+        ),
+        "flops_per_step": int(flops.get_total_flops()),
+        "saved_bytes_batch": full,
+    }
+    if batch < 2:
+        out.update(saved_bytes_per_sample=float(full), saved_method="total of a batch of 1")
+        return out
+    half = batch // 2
+    with saved.hooks():
+        step_on(half)
+    per_sample = (full - saved.total) / (batch - half)
+    out.update(
+        saved_bytes_per_sample=per_sample,
+        saved_bytes_half_batch=saved.total,
+        saved_bytes_fixed=full - per_sample * batch,  # weights and weight-sized copies
+        saved_method=f"slope between batch {batch} and {half}",
+    )
+    return out
+
+
+# -- memory ----------------------------------------------------------------------------------------
+def peak_memory(device: torch.device) -> dict[str, int | None]:
+    """The allocator's peaks since the process started (each preset has its own process)."""
+    if device.type != "cuda":
+        import resource
+
+        return {
+            "peak_allocated_bytes": None,
+            "peak_reserved_bytes": None,
+            "peak_host_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        }
+    return {
+        "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
+    }
+
+
+# -- energy ----------------------------------------------------------------------------------------
+class EnergyMeter:
+    """The GPU's total-energy counter (NVML, millijoules since the driver loaded; Volta and
+    later), through nvidia-ml-py when it is installed. `read()` is None where it cannot be read."""
+
+    def __init__(self, device: torch.device):
+        self.handle, self.nvml, self.why = None, None, None
+        if device.type != "cuda":
+            self.why = "no GPU"
+            return
+        try:
+            import pynvml  # nvidia-ml-py
+
+            pynvml.nvmlInit()
+            self.nvml = pynvml
+            self.handle = self._handle(pynvml, device)
+            pynvml.nvmlDeviceGetTotalEnergyConsumption(self.handle)
+        except Exception as e:  # not installed, no driver access, a GPU without the counter
+            self.handle = None
+            self.why = f"NVML energy counter unavailable ({type(e).__name__})"
+
+    @staticmethod
+    def _handle(pynvml: Any, device: torch.device) -> Any:
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
+        if uuid is not None:  # CUDA_VISIBLE_DEVICES may renumber: the UUID names the card
+            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+        return pynvml.nvmlDeviceGetHandleByIndex(index)
+
+    def read(self) -> float | None:
+        """Joules so far (None when unavailable)."""
+        if self.handle is None:
+            return None
+        return self.nvml.nvmlDeviceGetTotalEnergyConsumption(self.handle) / 1000.0

@@ -1,0 +1,211 @@
+"""The step the bench measures: the suite's own, built the way `mpt-run` builds it.
+
+`build_step` is the one place that knows how the suite makes a training step (PrecisionPolicy,
+build_task, the task's train_step with its PrecisionOptimizer); when that API changes, only this
+file follows. `BareLoop` is the reference for the trainer's overhead: the same math written as a
+textbook torch.amp loop, and `TrainerWindows` runs the real Trainer loop over the same batch.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import tempfile
+from collections.abc import Callable
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+@dataclass
+class BenchStep:
+    step: Callable[[], Any]  # one training step of the suite on the resident batch
+    # the same step on the first n samples (saved-bytes slope); None where a batch cannot be cut
+    step_on: Callable[[int], Any] | None
+    batch: Any  # on the device
+    samples: int  # examples per step
+    task: Any
+    policy: Any
+
+
+def build_step(cfg: Any, device: torch.device) -> BenchStep:
+    """The task's train_step on one batch that stays on the device: the first batch of the
+    task's own loader (so the data's shapes and dtypes are the run's), moved there once."""
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.tasks.base import build_task
+
+    policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+    task = build_task(cfg, device, policy)
+    batch = to_device(next(iter(task.train_batches(0))), device)
+    # the first warm-up step: it settles lazily built state (optimizer buffers, autotuning) and
+    # says how many samples a step takes
+    first = task.train_step(batch)
+    step_on = None
+    if _enum_name(cfg.task) in ("classification", "gan"):  # batch-first (images, labels)
+
+        def step_on(n: int) -> Any:
+            return task.train_step(_first(batch, n))
+
+    return BenchStep(
+        step=lambda: task.train_step(batch),
+        step_on=step_on,
+        batch=batch,
+        samples=int(first.samples),
+        task=task,
+        policy=policy,
+    )
+
+
+def _enum_name(v: Any) -> str:
+    """An enum member's name or a plain string (OmegaConf gives enums for typed fields)."""
+    return str(getattr(v, "name", v))
+
+
+def to_device(batch: Any, device: torch.device) -> Any:
+    if torch.is_tensor(batch):
+        return batch.to(device)
+    if isinstance(batch, (list, tuple)):
+        return type(batch)(to_device(b, device) for b in batch)
+    return batch
+
+
+def _first(batch: Any, n: int) -> Any:
+    if torch.is_tensor(batch):
+        return batch[:n]
+    return type(batch)(_first(b, n) for b in batch)
+
+
+def skipped_steps(policy: Any) -> int:
+    """Updates skipped for overflow so far (a host read)."""
+    return int(policy.summary()["skipped_steps"])
+
+
+# -- the trainer's own loop --------------------------------------------------------------------
+class TrainerWindows:
+    """The suite's Trainer.fit over the resident batch, a window of n steps at a time, on the
+    Trainer's own clock (evaluation and checkpoints paused, as in a run). Nothing is written:
+    the Trainer runs as a non-main process would, and evaluation is one batch at each window's
+    end (outside the clock)."""
+
+    def __init__(self, cfg: Any, bs: BenchStep, total_steps: int):
+        from mpt_repro.trainer import Trainer
+
+        t = cfg.trainer
+        t.max_steps, t.epochs = total_steps, max(t.epochs, total_steps)
+        t.eval_every = t.checkpoint_every = 10**9
+        t.progress = False
+        self._dir = tempfile.TemporaryDirectory(prefix="mpt-bench-")
+        task = bs.task
+        spe = task.steps_per_epoch()
+        # the loader replaced by the resident batch: the data path is not the trainer's overhead
+        task.train_batches = lambda epoch, skip=0: itertools.repeat(bs.batch, spe - skip)
+        self.trainer = Trainer(cfg, task, bs.policy, Path(self._dir.name), is_main=False)
+
+    def run(self, n: int) -> float:
+        """Samples per second over n more steps of Trainer.fit."""
+        tr = self.trainer
+        clock0, samples0 = tr.clock.total, tr.samples
+        tr.total_steps = tr.step + n
+        tr.fit()
+        return (tr.samples - samples0) / max(tr.clock.total - clock0, 1e-12)
+
+    def close(self) -> None:
+        self.trainer.close()
+        self._dir.cleanup()
+
+
+# -- the same math without the suite --------------------------------------------------------------
+class BareLoop:
+    """A textbook loop doing the suite's math for one preset, on a copy of the suite's model:
+    torch.autocast, torch.amp.GradScaler (dynamic, or with a growth interval no run reaches for a
+    static scale), the suite's own optimizer kind (fused where the suite's is), and for FP16
+    weights with a master copy, FP32 masters kept by hand (grads copied in, weights copied out).
+    Classification only (one model, cross-entropy); `why_not` says when it cannot be built."""
+
+    def __init__(self, cfg: Any, bs: BenchStep, device: torch.device):
+        from mpt_repro import distributed
+        from mpt_repro.optim import optimizer_factory
+
+        self.why_not: str | None = None
+        if _enum_name(cfg.task) != "classification":
+            self.why_not = "the bare loop is written for classification (one model)"
+            return
+        task, policy = bs.task, bs.policy
+        self.model = copy.deepcopy(task.model)  # the suite's storage dtypes and memory format
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
+        self.masters = (
+            [p.detach().float().clone() for p in self.params] if policy.master_weights else None
+        )
+        opt_params = self.masters or self.params
+        if self.masters:
+            for m in self.masters:
+                m.grad = torch.zeros_like(m)
+        _, global_batch = distributed.batch_sizes(cfg)
+        self.opt = optimizer_factory(cfg.optim, global_batch)(
+            [(n, p) for (n, _), p in zip(named, opt_params)]
+        )
+        _zero_momentum(self.opt)  # fused SGD: defined buffers even if the first step skips
+        fused = bool(self.opt.defaults.get("fused"))
+        self.scaler = None
+        if policy.scaling_kind != "none":
+            low_grads = not self.masters and policy.storage_dtype != torch.float32
+            if low_grads and not fused:
+                self.why_not = "GradScaler cannot unscale FP16 grads without a fused optimizer"
+                return
+            dynamic = policy.scaling_kind == "dynamic"
+            self.scaler = torch.amp.GradScaler(
+                device.type,
+                init_scale=policy.loss_scale(),  # where the suite's scale settled in warm-up
+                growth_interval=int(cfg.precision.growth_interval) if dynamic else 2**30,
+            )
+        self.autocast = (
+            torch.autocast(device.type, dtype=policy.compute_dtype)
+            if policy.compute_dtype != torch.float32
+            else nullcontext()
+        )
+        x, self.y = bs.batch[0], bs.batch[1]
+        if getattr(task, "channels_last", False):
+            x = x.contiguous(memory_format=torch.channels_last)
+        self.x = x.to(policy.storage_dtype) if x.is_floating_point() else x
+        self.loss_fn = type(task)._loss
+        self.clip = cfg.optim.grad_clip
+        self.samples = bs.samples
+
+    def step(self) -> torch.Tensor:
+        self.opt.zero_grad(set_to_none=self.masters is None)
+        if self.masters:
+            for p in self.params:
+                p.grad = None
+        with self.autocast:
+            loss = self.loss_fn(self.model(self.x), self.y)
+        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        if self.masters:
+            torch._foreach_copy_([m.grad for m in self.masters], [p.grad for p in self.params])
+        opt_params = self.masters or self.params
+        if self.scaler is not None:
+            if self.clip is not None:
+                self.scaler.unscale_(self.opt)
+                torch.nn.utils.clip_grad_norm_(opt_params, self.clip)
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            if self.clip is not None:
+                torch.nn.utils.clip_grad_norm_(opt_params, self.clip)
+            self.opt.step()
+        if self.masters:
+            with torch.no_grad():
+                torch._foreach_copy_(self.params, self.masters)
+        return loss
+
+
+def _zero_momentum(opt: torch.optim.Optimizer) -> None:
+    if not isinstance(opt, torch.optim.SGD):
+        return
+    for group in opt.param_groups:
+        if group["momentum"]:
+            for p in group["params"]:
+                opt.state[p].setdefault("momentum_buffer", torch.zeros_like(p))

@@ -1,0 +1,181 @@
+"""One preset, one repeat, in a process of its own (so its peak memory is its own):
+
+    python -m mpt_repro.bench.worker SPEC.json      (run by mpt-bench; SPEC names the output)
+
+Order: build the suite's step, warm up (untimed), time `steps` steps, read the memory peaks; then,
+in repeat 0 only, the instrumented steps (saved bytes, host syncs, FLOPs) and the trainer-vs-bare
+windows, which run after the peaks were read so they cannot change them.
+Exit status: 0 measured, 2 a configuration or data problem (message on stderr), 3 out of memory.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from mpt_repro.bench.config import BenchConfig, compose
+from mpt_repro.errors import UserError
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    spec = json.loads(Path(argv[0]).read_text())
+    try:
+        result = measure(spec)
+    except UserError as e:
+        print(f"mpt-bench: error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:
+        if type(e).__name__ == "OutOfMemoryError":
+            print(f"mpt-bench: {spec['preset']}: out of memory ({_short(e)})", file=sys.stderr)
+            Path(spec["out"]).write_text(json.dumps({"error": f"out of memory: {_short(e)}"}))
+            return 3
+        raise
+    Path(spec["out"]).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def _short(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+
+
+def measure(spec: dict[str, Any]) -> dict[str, Any]:
+    import torch
+
+    from mpt_repro.bench import measure as m
+    from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
+    from mpt_repro.bench.step import build_step, skipped_steps
+    from mpt_repro.run import describe_device, pick_device
+
+    b = BenchConfig(**spec["bench"])
+    preset, repeat = spec["preset"], spec["repeat"]
+    cfg = compose(spec["overrides"], preset)
+    device = pick_device(cfg.trainer.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
+    # each trainer window ends with an evaluation (outside its clock): one batch of it suffices
+    cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
+    tag = f"{preset} (repeat {repeat + 1}/{b.repeats})"
+
+    def say(msg: str) -> None:
+        print(f"[mpt-bench] {tag}: {msg}", file=sys.stderr, flush=True)
+
+    say(f"building {cfg.experiment_name} on {device}")
+    bs = build_step(cfg, device)
+    energy = m.EnergyMeter(device)
+    # build_step ran one step already (it is the first warm-up step)
+    if b.warmup > 1:
+        say(f"warm-up, {b.warmup - 1} more steps")
+        warm = m.time_steps(bs.step, b.warmup - 1, device) / (b.warmup - 1)
+        say(f"{warm:.3g} s/step; timing {b.steps} steps (~{warm * b.steps:.0f} s)")
+    skipped0, joules0 = skipped_steps(bs.policy), energy.read()
+    seconds = m.time_steps(bs.step, b.steps, device)
+    joules1 = energy.read()
+    samples = bs.samples * b.steps
+    kind = math_kind(
+        getattr(cfg.precision.compute_dtype, "name", cfg.precision.compute_dtype),
+        bool(cfg.precision.allow_tf32) and device.type == "cuda",
+    )
+    dev = describe_device(device)
+    out: dict[str, Any] = {
+        "preset": preset,
+        "repeat": repeat,
+        "device": dev,
+        "versions": versions(),
+        "describe": bs.policy.describe(),
+        "batch": bs.samples,
+        "steps": b.steps,
+        "seconds": seconds,
+        "samples_per_s": samples / seconds,
+        "skipped_in_timed": skipped_steps(bs.policy) - skipped0,
+        "math_kind": kind,
+        "gpu_model": gpu_model(dev["name"]) if device.type == "cuda" else None,
+        "peak_tflops": peak_tflops(dev["name"], kind) if device.type == "cuda" else None,
+        "joules_per_sample": (
+            (joules1 - joules0) / samples if joules0 is not None and joules1 is not None else None
+        ),
+        "energy_note": energy.why,
+        **m.peak_memory(device),
+    }
+    say(f"{out['samples_per_s']:.4g} samples/s")
+    if repeat == 0 and b.instrument:
+        if bs.step_on is None:
+            out["instrument_note"] = "the batch cannot be cut in half: saved bytes are per step"
+            step_on = lambda n: bs.step()  # noqa: E731
+            n = bs.samples
+        else:
+            step_on, n = bs.step_on, bs.samples
+        say("instrumented steps: saved-for-backward bytes, host syncs, FLOPs")
+        out.update(m.instrument(step_on, n, device))
+        out["flops_per_sample"] = out["flops_per_step"] / bs.samples
+    if repeat == 0 and b.overhead_steps:
+        out.update(overhead(cfg, bs, b, device, say))
+    return out
+
+
+def overhead(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[str, Any]:
+    """The Trainer's loop against a bare loop doing the same math, alternating windows in this
+    process (so both see the same machine state): 1 - trainer/bare samples per second."""
+    from mpt_repro.bench.measure import synchronize, time_steps
+    from mpt_repro.bench.step import BareLoop, TrainerWindows
+
+    bare = BareLoop(cfg, bs, device)
+    if bare.why_not:
+        return {"trainer_overhead": None, "overhead_note": bare.why_not}
+    say(f"trainer vs bare loop, {b.overhead_windows} x {b.overhead_steps} steps each")
+    windows = TrainerWindows(cfg, bs, total_steps=(b.overhead_windows + 1) * b.overhead_steps)
+    try:
+        windows.run(1)  # the trainer's first fit: its own one-time set-up stays out
+        time_steps(bare.step, 1, device)
+        trainer_sps, bare_sps = [], []
+        for _ in range(b.overhead_windows):
+            trainer_sps.append(windows.run(b.overhead_steps))
+            synchronize(device)
+            # the bare loop on the trainer's clock's terms: wall time, synchronised at the end
+            t0 = time.perf_counter()
+            for _ in range(b.overhead_steps):
+                bare.step()
+            synchronize(device)
+            bare_sps.append(bare.samples * b.overhead_steps / (time.perf_counter() - t0))
+    finally:
+        windows.close()
+    t, r = statistics.median(trainer_sps), statistics.median(bare_sps)
+    return {
+        "trainer_overhead": 1.0 - t / r,
+        "trainer_samples_per_s": trainer_sps,
+        "bare_samples_per_s": bare_sps,
+    }
+
+
+def versions() -> dict[str, Any]:
+    import torch
+    import torchvision
+
+    cuda = torch.version.cuda
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "torchvision": torchvision.__version__,
+        "cuda": cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.cuda.is_available() else None,
+        "mpt_repro": _package_version(),
+    }
+
+
+def _package_version() -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mpt-repro")
+    except PackageNotFoundError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
