@@ -56,7 +56,7 @@ def known_tasks() -> list[str]:
 
 @dataclass
 class DataConfig:
-    name: str = "digits"  # digits | synthetic | imagenet | corpus | images
+    name: str = "digits"  # digits | synthetic | imagenet | imagefolder | corpus | images
     root: str | None = None  # data folder (imagenet: holds train/ and val/)
     num_classes: int = 10
     channels: int = 1
@@ -72,6 +72,11 @@ class DataConfig:
     # synthetic data: random tensors of the configured shape, for speed measurements
     synthetic_train_size: int = 2048
     synthetic_eval_size: int = 256
+    synthetic_pool: int = 256  # distinct images, generated once on the training device
+    # ImageNet / imagefolder
+    decode: str = "cpu"  # cpu: loader workers decode JPEGs | gpu: nvJPEG on the CUDA device
+    on_corrupt: str = "fail"  # fail: stop, naming the file | skip: warn, use the next image
+    holdout_every: int = 10  # imagefolder with no val/ folder: every N-th image is held out
     # word-level corpora (train.txt / valid.txt / test.txt)
     seq_len: int = 35  # truncated back-propagation through time
     min_freq: int = 1  # words seen fewer times become <unk>
@@ -286,6 +291,12 @@ def validate(cfg: DictConfig) -> None:
         d.augmentation,
         f"must be one of {AUGMENTATIONS}",
     )
+    _check(d.decode in ("cpu", "gpu"), "data.decode", d.decode, "must be cpu or gpu")
+    _check(
+        d.on_corrupt in ("fail", "skip"), "data.on_corrupt", d.on_corrupt, "must be fail or skip"
+    )
+    _check(d.holdout_every >= 2, "data.holdout_every", d.holdout_every, "must be >= 2")
+    _check(d.synthetic_pool > 0, "data.synthetic_pool", d.synthetic_pool, "must be positive")
     _check(o.name in OPTIMIZERS, "optim.name", o.name, f"must be one of {OPTIMIZERS}")
     _check(o.schedule in SCHEDULES, "optim.schedule", o.schedule, f"must be one of {SCHEDULES}")
     _check(o.lr > 0, "optim.lr", o.lr, "must be > 0")

@@ -59,19 +59,48 @@ def tree(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("augmentation", ["caffe", "torchvision", "inception", "none"])
-def test_shapes_labels_and_normalisation(tree, augmentation):
+def test_shapes_labels_and_uint8_samples(tree, augmentation):
     data = build_image_data(data_cfg(tree, augmentation=augmentation))
     assert (len(data.train), len(data.eval), data.num_classes, data.channels) == (12, 6, 3, 3)
     for ds in (data.train, data.eval):
         for i in range(len(ds)):
             x, y = ds[i]
-            assert x.shape == (3, 32, 32) and x.dtype == torch.float32
+            # workers hand out uint8 crops: normalisation happens on the device
+            assert x.shape == (3, 32, 32) and x.dtype == torch.uint8
             # The label is the class folder the file sits in.
             assert CLASSES[y] in ds.samples[i][0]
-    x, _ = data.eval[0]
-    assert x.min() < 0  # mean/std normalised, not [0, 1]
     batch_x, batch_y = next(iter(DataLoader(data.train, batch_size=4)))
     assert batch_x.shape == (4, 3, 32, 32) and batch_y.dtype == torch.int64
+
+
+def test_task_loaders_hand_out_normalised_device_batches(tree):
+    """Through build_epoch_loaders (what the tasks use) the uint8 batches arrive normalised with
+    ImageNet's mean and std, in the dtype and memory format asked for."""
+    from mpt_repro.data.imagenet import IMAGENET_MEAN, IMAGENET_STD
+    from mpt_repro.data.sampling import build_epoch_loaders
+
+    d = data_cfg(tree, augmentation="none")
+    data = build_image_data(d)
+    loaders = build_epoch_loaders(data.train, data.eval, d, 4, 0, torch.device("cpu"))
+    loaders.sampler.set_epoch(0)
+    x, y = next(iter(loaders.train))
+    assert x.dtype == torch.float32 and x.shape == (4, 3, 32, 32) and y.dtype == torch.int64
+    raw = torch.stack([data.train[i][0] for i in list(loaders.sampler)[:4]])
+    mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
+    expect = (raw.float() / 255 - mean[:, None, None]) / std[:, None, None]
+    torch.testing.assert_close(x, expect, rtol=0, atol=1e-5)
+    half = build_epoch_loaders(
+        data.train,
+        data.eval,
+        d,
+        4,
+        0,
+        torch.device("cpu"),
+        input_dtype=torch.float16,
+        memory_format=torch.channels_last,
+    )
+    xe, _ = next(iter(half.eval))
+    assert xe.dtype == torch.float16 and xe.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_classes_are_interleaved_so_limits_cover_every_class(tree):
@@ -86,9 +115,7 @@ def test_validation_crop_follows_the_recipe(tmp_path):
     root = make_tree(tmp_path / "wide", n_train=1, n_val=1)  # index 0 of each class: the wide JPEG
 
     def red_fraction(aug: str) -> float:
-        x, _ = build_image_data(data_cfg(root, augmentation=aug)).eval[0]
-        std, mean = torch.tensor([0.229, 0.224, 0.225]), torch.tensor([0.485, 0.456, 0.406])
-        rgb = x * std[:, None, None] + mean[:, None, None]
+        rgb, _ = build_image_data(data_cfg(root, augmentation=aug)).eval[0]
         return float((rgb[0] > rgb[1]).float().mean())
 
     assert red_fraction("torchvision") > 0.95

@@ -12,7 +12,7 @@ from typing import Any
 
 from torch.utils.data import Dataset, Subset
 
-from mpt_repro.errors import ConfigError
+from mpt_repro.errors import ConfigError, DataError
 
 DATASETS: dict[str, Callable[..., ImageData]] = {}
 
@@ -23,8 +23,20 @@ class ImageData:
     eval: Dataset
     num_classes: int
     channels: int
-    # on_device: the data set yields whole batches already on the device (synthetic data)
     description: str = ""
+
+    def check_logits(self, logits: Any) -> None:
+        """Refuse a model whose output does not have one logit per class of the data: the
+        classes come from the data (e.g. an ImageFolder's folders), and a model built for
+        another count fails later with an unreadable index error, or trains on wrong labels."""
+        width = logits.shape[-1]
+        if width != self.num_classes:
+            raise DataError(
+                f"the model outputs {width} logits per example but the data has "
+                f"{self.num_classes} classes ({self.description}); build the model for "
+                f"{self.num_classes} classes (a model=custom factory gets num_classes=...) or "
+                "point data.root at the data the model is for"
+            )
 
 
 def register_dataset(name: str) -> Callable:

@@ -93,12 +93,58 @@ def build_vocab(
 
 
 def _token_lines(path: Path) -> Iterator[list[str]]:
-    """The non-blank lines of a file, split on whitespace."""
-    with open(path, encoding="utf-8") as f:
-        for line in f:
-            tokens = line.split()
-            if tokens:
-                yield tokens
+    """The non-blank lines of a file, split on whitespace. A file that is not UTF-8 is refused
+    with the place of its first bad byte (a UnicodeDecodeError alone names neither)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                tokens = line.split()
+                if tokens:
+                    yield tokens
+    except UnicodeDecodeError as e:
+        raise DataError(_not_utf8(path, e)) from None
+
+
+def _not_utf8(path: Path, error: UnicodeDecodeError) -> str:
+    """Where the first byte that is not UTF-8 sits (byte offset, line, column), and what to do."""
+    bad = _first_bad_utf8(path)
+    if bad is None:  # decodable after all (the file changed?): report what Python saw
+        return f"{path} is not UTF-8 text ({error}); convert it to UTF-8"
+    line, column, byte = 1, 1, b""
+    with open(path, "rb") as f:
+        remaining = bad
+        while remaining > 0:
+            chunk = f.read(min(1 << 20, remaining))
+            remaining -= len(chunk)
+            last = chunk.rfind(b"\n")
+            line += chunk.count(b"\n")
+            column = len(chunk) - last if last >= 0 else column + len(chunk)
+        byte = f.read(1)
+    return (
+        f"{path} is not UTF-8 text: byte 0x{byte.hex()} at byte offset {bad} (line {line}, "
+        f"column {column}) is not valid UTF-8 ({error.reason}). Corpus files must be UTF-8: "
+        f"convert the file from its real encoding, e.g. `iconv -f latin1 -t utf-8 {path} > "
+        f"{path.name}.utf8`, and put the result in its place"
+    )
+
+
+def _first_bad_utf8(path: Path) -> int | None:
+    """Byte offset of the first invalid UTF-8 sequence, reading in chunks (a corpus can be GBs)."""
+    import codecs
+
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    fed = 0  # bytes given to the decoder before this chunk
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(1 << 20)
+            held = len(decoder.getstate()[0])  # an unfinished character from the last chunk
+            try:
+                decoder.decode(chunk, final=not chunk)
+            except UnicodeDecodeError as e:  # e.start counts from the held bytes
+                return fed - held + e.start
+            if not chunk:
+                return None
+            fed += len(chunk)
 
 
 class Corpus:

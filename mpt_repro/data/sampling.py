@@ -4,12 +4,15 @@ ranks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset
+
+from mpt_repro.data.device import DeviceBatches
+from mpt_repro.data.synthetic import SyntheticImages
 
 
 class EpochSampler(Sampler[int]):
@@ -61,16 +64,31 @@ class EpochSampler(Sampler[int]):
 @dataclass
 class EpochLoaders:
     sampler: EpochSampler  # set_epoch(epoch, skip) before iterating `train`
-    train: DataLoader
-    eval: DataLoader
+    train: Any  # iterable of batches (on the device for synthetic and uint8 image data)
+    eval: Any
     eval_shard: Sampler[int]  # the eval examples this rank evaluates (evaluate() sums over ranks)
 
 
 def build_epoch_loaders(
-    train: Dataset, eval: Dataset, d: Any, batch: int, seed: int, device: torch.device
+    train: Dataset,
+    eval: Dataset,
+    d: Any,
+    batch: int,
+    seed: int,
+    device: torch.device,
+    input_dtype: torch.dtype | None = None,
+    memory_format: torch.memory_format | None = None,
 ) -> EpochLoaders:
     """The loaders of an image task: training in the (seed, epoch) order of an EpochSampler,
-    sharded over ranks; evaluation on this rank's slice. Neither draws from the global RNG."""
+    sharded over ranks; evaluation on this rank's slice. Neither draws from the global RNG.
+
+    What comes out depends on the data set:
+    - synthetic data: batches gathered from its pool on the device (no loader, no workers);
+    - uint8 image data (ImageNet, imagefolder): worker batches moved to the device and normalised
+      there, in `input_dtype` (default float32) and `memory_format` (default contiguous): pass
+      the model's storage dtype and torch.channels_last to get the input in one pass;
+    - anything else: the DataLoader's batches as they are.
+    Errors from loader workers arrive as one-line DataErrors naming the file."""
     from mpt_repro import distributed
 
     sampler = EpochSampler(
@@ -80,28 +98,99 @@ def build_epoch_loaders(
         rank=distributed.rank(),
         world_size=distributed.world_size(),
     )
+    shard = distributed.ShardSampler(len(eval))
+    eval_batch = d.eval_batch_size or batch
+    fmt = dict(dtype=input_dtype or torch.float32, memory_format=memory_format)
+    if isinstance(_base(train)[0], SyntheticImages):
+        return EpochLoaders(
+            sampler=sampler,
+            train=PoolBatches(train, sampler, batch, device, drop_last=True, **fmt),
+            eval=PoolBatches(eval, shard, eval_batch, device, drop_last=False, **fmt),
+            eval_shard=shard,
+        )
     args = dict(
         num_workers=d.num_workers,
         pin_memory=d.pin_memory and device.type == "cuda",
         persistent_workers=d.num_workers > 0,
     )
-    shard = distributed.ShardSampler(len(eval))
+    collate = _attr(train, "collate_fn")
+    if collate is not None:  # raw JPEG bytes (data.decode=gpu): lists, not stacked tensors
+        args["collate_fn"] = collate
+    train_loader = DataLoader(
+        train,
+        batch_size=batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=sampler.loader_generator,
+        **args,
+    )
+    eval_loader = DataLoader(
+        eval,
+        batch_size=eval_batch,
+        sampler=shard,
+        generator=torch.Generator().manual_seed(0),
+        **args,
+    )
     return EpochLoaders(
         sampler=sampler,
-        train=DataLoader(
-            train,
-            batch_size=batch,
-            sampler=sampler,
-            drop_last=True,
-            generator=sampler.loader_generator,
-            **args,
-        ),
-        eval=DataLoader(
-            eval,
-            batch_size=d.eval_batch_size or batch,
-            sampler=shard,
-            generator=torch.Generator().manual_seed(0),
-            **args,
-        ),
+        train=DeviceBatches(train_loader, _prepare(train, device, **fmt)),
+        eval=DeviceBatches(eval_loader, _prepare(eval, device, **fmt)),
         eval_shard=shard,
     )
+
+
+def _prepare(
+    ds: Dataset, device: torch.device, dtype: torch.dtype, memory_format: Any
+) -> Callable[[Any], Any] | None:
+    """What turns a loader batch of `ds` into model input on the device (None: nothing to do)."""
+    make = _attr(ds, "device_prepare")  # uint8 image data: normalise (and decode) on the device
+    if make is None:
+        return None
+    return make(device, dtype, memory_format or torch.contiguous_format)
+
+
+def _base(ds: Dataset) -> tuple[Dataset, list[int] | None]:
+    """The data set under any Subsets (budgets' train_limit), and the indices into it."""
+    index: list[int] | None = None
+    while isinstance(ds, Subset):
+        index = list(ds.indices) if index is None else [ds.indices[i] for i in index]
+        ds = ds.dataset
+    return ds, index
+
+
+def _attr(ds: Dataset, name: str) -> Any:
+    return getattr(_base(ds)[0], name, None)
+
+
+class PoolBatches:
+    """Batches of a SyntheticImages data set in a sampler's order, gathered on the device: the
+    order goes to the device once per epoch, then each batch is one index_select from the pool."""
+
+    def __init__(
+        self,
+        ds: Dataset,
+        sampler: Sampler[int],
+        batch: int,
+        device: torch.device,
+        drop_last: bool,
+        dtype: torch.dtype = torch.float32,
+        memory_format: Any = None,
+    ):
+        base, index = _base(ds)
+        base.place(device)
+        self.base, self.sampler, self.batch, self.drop_last = base, sampler, batch, drop_last
+        self.device, self.dtype = device, dtype
+        self.memory_format = memory_format or torch.contiguous_format
+        self.index = None if index is None else torch.tensor(index, device=device)
+
+    def __len__(self) -> int:
+        n = len(self.sampler)
+        return n // self.batch if self.drop_last else -(-n // self.batch)
+
+    def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        order = torch.tensor(list(self.sampler), dtype=torch.long).to(self.device)
+        if self.index is not None:
+            order = self.index[order]
+        stop = len(order) - len(order) % self.batch if self.drop_last else len(order)
+        for start in range(0, stop, self.batch):
+            yield self.base.batch(order[start : start + self.batch], self.dtype, self.memory_format)

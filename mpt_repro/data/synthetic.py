@@ -1,4 +1,12 @@
-"""Synthetic images: random tensors of the experiment's input shape, for speed measurements."""
+"""Synthetic images for speed measurements: generated once, on the training device.
+
+A pool of `data.synthetic_pool` random uint8 images lives on the device; sample i is pool image
+i mod pool with its own random label. A training batch is one gather from the pool and one
+normalisation kernel, both on the device: no per-step host work, no host-to-device copy, so a
+benchmark on data=synthetic measures the model's step and nothing of an input pipeline. Pixels
+are uniform over 0..255 and normalised to [-1, 1] (the range a tanh generator produces too).
+Labels are uniform over the classes. Accuracy on it means nothing.
+"""
 
 from __future__ import annotations
 
@@ -8,38 +16,74 @@ import torch
 from torch.utils.data import Dataset
 
 from mpt_repro.data import ImageData, register_dataset
+from mpt_repro.data.device import normalize_on_device
+
+MEAN = STD = (0.5, 0.5, 0.5)
 
 
-class RandomImages(Dataset):
-    """Deterministic random images and labels (index-seeded), made on the fly: no memory cost."""
+class SyntheticImages(Dataset):
+    """`size` samples over a pool of `pool` images. place(device) makes the pool there, once;
+    until then (or for a CPU DataLoader) it lives on the CPU."""
 
-    def __init__(self, size: int, channels: int, image_size: int, num_classes: int, seed: int):
-        self.size, self.shape, self.num_classes, self.seed = (
-            size,
-            (channels, image_size, image_size),
-            num_classes,
-            seed,
+    def __init__(
+        self, size: int, channels: int, image_size: int, num_classes: int, pool: int, seed: int
+    ):
+        self.size, self.seed = size, seed
+        self.shape = (min(pool, size), channels, image_size, image_size)
+        self.labels = torch.randint(
+            num_classes, (size,), generator=torch.Generator().manual_seed(seed)
         )
+        self.pool: torch.Tensor | None = None
+        self.device: torch.device | None = None
+
+    def place(self, device: torch.device) -> None:
+        """Generate the pool on `device` (deterministic for a seed and a device type)."""
+        device = torch.device(device)
+        if self.pool is not None and self.pool.device == device:
+            return
+        g = torch.Generator(device=device).manual_seed(self.seed)
+        self.pool = torch.randint(0, 256, self.shape, dtype=torch.uint8, generator=g, device=device)
+        self.labels = self.labels.to(device)
+        self.device = device
 
     def __len__(self) -> int:
         return self.size
 
-    def __getitem__(self, i: int):
-        g = torch.Generator().manual_seed(self.seed * 1_000_003 + i)
-        return torch.randn(self.shape, generator=g), int(
-            torch.randint(self.num_classes, (1,), generator=g)
-        )
+    def batch(
+        self,
+        indices: torch.Tensor,
+        dtype: torch.dtype = torch.float32,
+        memory_format: torch.memory_format = torch.contiguous_format,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The samples `indices` (a tensor on the pool's device) as a model-ready batch."""
+        if self.pool is None:
+            self.place(indices.device)
+        images = self.pool.index_select(0, indices.remainder(self.shape[0]))
+        return normalize_on_device(images, MEAN, STD, dtype, memory_format), self.labels[indices]
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        if self.pool is None:
+            self.place(torch.device("cpu"))
+        index = torch.tensor([i], device=self.pool.device)
+        x, y = self.batch(index)
+        return x[0], int(y[0])
 
 
 @register_dataset("synthetic")
 def synthetic(cfg: Any) -> ImageData:
-    make = lambda n, seed: RandomImages(n, cfg.channels, cfg.image_size, cfg.num_classes, seed)  # noqa: E731
+    def make(n: int, seed: int) -> SyntheticImages:
+        return SyntheticImages(
+            n, cfg.channels, cfg.image_size, cfg.num_classes, cfg.synthetic_pool, seed
+        )
+
     return ImageData(
         train=make(cfg.synthetic_train_size, 1),
         eval=make(cfg.synthetic_eval_size, 2),
         num_classes=cfg.num_classes,
         channels=cfg.channels,
         description=(
-            f"synthetic {cfg.channels}x{cfg.image_size}x{cfg.image_size}, {cfg.num_classes} classes"
+            f"synthetic {cfg.channels}x{cfg.image_size}x{cfg.image_size}, {cfg.num_classes} "
+            f"classes, a pool of {min(cfg.synthetic_pool, cfg.synthetic_train_size)} images on "
+            "the training device"
         ),
     )

@@ -1,0 +1,180 @@
+"""Bad data ends in one readable line: corrupt images (fail or skip), errors inside loader worker
+processes, and corpus files that are not UTF-8. The tests write the bad files themselves."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+
+from mpt_repro.config import DataConfig
+from mpt_repro.data import build_image_data
+from mpt_repro.data.device import worker_error
+from mpt_repro.data.sampling import build_epoch_loaders
+from mpt_repro.errors import DataError
+
+CLASSES = ["cats", "dogs"]
+
+
+def tree(root: Path, n: int = 4) -> Path:
+    for split in ("train", "val"):
+        for k, c in enumerate(CLASSES):
+            for i in range(n):
+                path = root / split / c / f"{c}_{i}.jpg"
+                path.parent.mkdir(parents=True, exist_ok=True)
+                Image.new("RGB", (40, 30), (60 * k, 100, 20 * i)).save(path, "JPEG")
+    return root
+
+
+def cfg(root: Path, **kw):
+    base = dict(
+        name="imagenet",
+        root=str(root),
+        num_classes=2,
+        channels=3,
+        image_size=16,
+        resize_size=20,
+        augmentation="none",
+    )
+    base.update(kw)
+    return OmegaConf.structured(DataConfig(**base))
+
+
+def corrupt(path: Path) -> None:
+    path.write_bytes(b"\xff\xd8\xff\xe0 not a JPEG at all")
+
+
+def index_of(ds, path: Path) -> int:
+    return [p for p, _ in ds.samples].index(str(path))
+
+
+def test_corrupt_image_fails_by_default_naming_the_file_and_the_knob(tmp_path):
+    root = tree(tmp_path / "d")
+    bad = root / "train" / "dogs" / "dogs_2.jpg"
+    corrupt(bad)
+    data = build_image_data(cfg(root))
+    with pytest.raises(DataError, match="dogs_2.jpg") as err:
+        data.train[index_of(data.train, bad)]
+    assert "data.on_corrupt=skip" in str(err.value)
+
+
+def test_on_corrupt_skip_uses_the_next_image_and_warns_once(tmp_path, caplog):
+    root = tree(tmp_path / "d")
+    bad = root / "train" / "dogs" / "dogs_2.jpg"
+    corrupt(bad)
+    data = build_image_data(cfg(root, on_corrupt="skip"))
+    i = index_of(data.train, bad)
+    with caplog.at_level(logging.WARNING, logger="mpt_repro"):
+        x, y = data.train[i]
+        data.train[i]
+    # the next sample in the (class-interleaved) order takes the bad file's place
+    x_next, y_next = data.train[(i + 1) % len(data.train)]
+    assert torch.equal(x, x_next) and y == y_next
+    warned = [r for r in caplog.records if "dogs_2.jpg" in r.getMessage()]
+    assert len(warned) == 1 and "skipping" in warned[0].getMessage()
+
+
+def test_many_corrupt_images_in_a_row_still_fail(tmp_path):
+    root = tree(tmp_path / "d")
+    for p in (root / "train").rglob("*.jpg"):
+        corrupt(p)
+    data = build_image_data(cfg(root, on_corrupt="skip"))
+    with pytest.raises(DataError, match="corrupt images in a row"):
+        data.train[0]
+
+
+def test_a_worker_error_arrives_as_one_line_naming_the_file(tmp_path):
+    root = tree(tmp_path / "d")
+    bad = root / "train" / "cats" / "cats_1.jpg"
+    corrupt(bad)
+    d = cfg(root, num_workers=1, train_limit=None)
+    data = build_image_data(d)
+    loaders = build_epoch_loaders(data.train, data.eval, d, 8, 0, torch.device("cpu"))
+    loaders.sampler.set_epoch(0)
+    with pytest.raises(DataError) as err:
+        next(iter(loaders.train))
+    message = str(err.value)
+    assert "cats_1.jpg" in message and "worker" in message
+    assert "Traceback" not in message and "\n" not in message
+    # the worker's full traceback is kept as the cause (for the run's log and record)
+    assert "Traceback" in str(err.value.__cause__)
+
+
+class Exploding(torch.utils.data.Dataset):
+    """A data set whose transform fails in a way no one planned for."""
+
+    def __len__(self) -> int:
+        return 4
+
+    def __getitem__(self, i: int):
+        raise ValueError(f"could not parse annotation of sample {i}")
+
+
+def test_an_unexpected_worker_error_says_what_and_how_to_see_more():
+    loader = torch.utils.data.DataLoader(Exploding(), batch_size=2, num_workers=1)
+    with pytest.raises(ValueError) as raised:
+        next(iter(loader))
+    clean = worker_error(raised.value)
+    assert isinstance(clean, DataError)
+    text = str(clean)
+    assert text.startswith("ValueError: could not parse annotation of sample 0")
+    assert "data.num_workers=0" in text and "\n" not in text
+
+
+def test_a_killed_worker_is_explained():
+    e = RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. ")
+    assert "data.num_workers" in str(worker_error(e))
+    assert worker_error(RuntimeError("something else")) is None
+
+
+def test_a_file_error_inside_the_pipeline_names_the_file(tmp_path, monkeypatch):
+    root = tree(tmp_path / "d")
+    data = build_image_data(cfg(root))
+
+    def broken(img):
+        raise ZeroDivisionError("division by zero")
+
+    monkeypatch.setattr(data.train, "transform", broken)
+    with pytest.raises(DataError, match=r"cats_0\.jpg: ZeroDivisionError"):
+        data.train[0]
+
+
+# -- corpora ------------------------------------------------------------------------------------
+def write_corpus(root: Path, train: bytes) -> Path:
+    root.mkdir(parents=True)
+    (root / "train.txt").write_bytes(train)
+    (root / "valid.txt").write_text("a b c\n")
+    (root / "test.txt").write_text("a b\n")
+    return root
+
+
+def test_non_utf8_corpus_names_file_offset_line_and_fix(tmp_path):
+    from mpt_repro.data.corpus import Corpus
+
+    text = "in the beginning\nwas the w\xf6rd\n".encode("latin-1")  # ö as one latin-1 byte
+    root = write_corpus(tmp_path / "c", text)
+    with pytest.raises(DataError) as err:
+        Corpus(str(root))
+    message = str(err.value)
+    offset = text.index(b"\xf6")
+    assert str(root / "train.txt") in message
+    assert f"byte 0xf6 at byte offset {offset} (line 2, column 10)" in message
+    assert "iconv" in message
+
+
+def test_non_utf8_offset_past_the_first_chunk(tmp_path):
+    """The offset is the file's, not a read buffer's (the decoder reads 1 MiB at a time)."""
+    from mpt_repro.data.corpus import _first_bad_utf8
+
+    head = ("é" * 600_000).encode()  # 1.2 MB of two-byte characters, straddling the chunk edge
+    path = tmp_path / "big.txt"
+    path.write_bytes(head + b"\xff tail\n")
+    assert _first_bad_utf8(path) == len(head)
+    path.write_bytes(head + "é".encode()[:1])  # a character cut off at the very end
+    assert _first_bad_utf8(path) == len(head)
+    path.write_bytes(head)
+    assert _first_bad_utf8(path) is None
