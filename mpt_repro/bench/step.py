@@ -73,8 +73,10 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 
 def _first(batch: Any, n: int) -> Any:
+    """The first n samples, copied: a view would keep the whole batch's storage alive, and the
+    saved-bytes count (per storage) would see the full input at every batch size."""
     if torch.is_tensor(batch):
-        return batch[:n]
+        return batch[:n].clone()
     return type(batch)(_first(b, n) for b in batch)
 
 
