@@ -169,12 +169,15 @@ def compose(overrides: list[str], preset: str) -> DictConfig:
     """The configuration `mpt-run <overrides> precision=<preset>` would run, validated."""
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
     from mpt_repro.config import register_configs, validate
 
     register_configs()
+    # a composition of its own: whatever Hydra state the caller holds (a test session's) is reset
+    GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
             cfg = hydra_compose("config", overrides=[*overrides, f"precision={preset}"])

@@ -1,0 +1,315 @@
+"""mpt-bench: its options, its meters (each checked on a step whose answer is known by hand), the
+bare loop's "same math", the result rows and the table, and one worker run of the suite's step."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from conftest import ROOT
+
+from mpt_repro.bench import measure
+from mpt_repro.bench.config import BenchConfig, parse_bench, split_args
+from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
+from mpt_repro.bench.results import aggregate, format_table
+from mpt_repro.errors import ConfigError
+
+CPU = torch.device("cpu")
+
+
+# -- options ------------------------------------------------------------------------------------
+def test_bench_options_are_typed_and_typos_refused():
+    suite, bench = split_args(
+        ["experiment=resnet50", "data=synthetic", "bench.presets=[fp32,amp]", "bench.steps=7"]
+    )
+    assert suite == ["experiment=resnet50", "data=synthetic"]
+    b = parse_bench(bench)
+    assert (b.presets, b.steps, b.repeats) == (["fp32", "amp"], 7, BenchConfig().repeats)
+    with pytest.raises(ConfigError, match="stepz.*known: bench.presets"):
+        parse_bench(["stepz=3"])
+    with pytest.raises(ConfigError, match="steps"):
+        parse_bench(["steps=many"])
+    with pytest.raises(ConfigError, match="bench.repeats must be >= 1"):
+        parse_bench(["repeats=0"])
+    with pytest.raises(ConfigError, match="twice"):
+        parse_bench(["presets=[amp,amp]"])
+
+
+@pytest.mark.parametrize("arg", ["precision=amp", "precision.init_scale=8", "-m", "--cfg"])
+def test_what_the_bench_does_itself_is_refused_with_the_way(arg):
+    with pytest.raises(ConfigError, match="bench.presets|--help"):
+        split_args(["experiment=demo", arg])
+
+
+def test_help_is_fast_and_needs_no_torch():
+    code = (
+        "import sys; from mpt_repro.bench.cli import main; rc = main(['--help']); "
+        "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout
+    assert "usage: mpt-bench" in out and "bench.presets=[fp32,tf32,amp,mixed,bf16]" in out
+    assert "experiment: " in out and "resnet50" in out and "docs/performance.md" in out
+
+
+def test_a_bad_suite_override_exits_2_before_any_worker(capsys):
+    from mpt_repro.bench.cli import main
+
+    assert main(["experiment=demo", "data.batchsize=3", "bench.presets=[fp32]"]) == 2
+    err = capsys.readouterr().err
+    assert "data.batchsize" in err and "DataConfig" in err and "+data" not in err
+
+
+# -- peaks --------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("name", "model"),
+    [
+        ("NVIDIA H100 80GB HBM3", "H100 SXM"),
+        ("NVIDIA H100 PCIe", "H100 PCIe"),
+        ("NVIDIA H100 NVL", None),
+        ("NVIDIA H200", "H200 SXM"),
+        ("NVIDIA A100-SXM4-80GB", "A100"),
+        ("NVIDIA A100 80GB PCIe", "A100"),
+        ("Tesla V100-SXM2-16GB", "V100 SXM2"),
+        ("Tesla V100-PCIE-32GB", "V100 PCIe"),
+        ("NVIDIA GeForce RTX 4090", None),
+    ],
+)
+def test_gpu_names_map_to_their_datasheet_rows(name, model):
+    assert gpu_model(name) == model
+
+
+def test_each_preset_is_held_to_the_peak_of_its_math():
+    assert math_kind("float16", False) == "fp16" and math_kind("bfloat16", True) == "bf16"
+    assert math_kind("float32", False) == "fp32" and math_kind("float32", True) == "tf32"
+    # H100 SXM5 dense peaks (NVIDIA datasheet, sparsity halved)
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp16") == 989.4
+    assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 66.9
+    assert peak_tflops("Tesla V100-SXM2-16GB", "bf16") is None  # no BF16 on Volta
+    assert peak_tflops("some CPU", "fp32") is None
+
+
+# -- meters, on steps whose answers are known by hand ---------------------------------------------
+def linear_step(x: torch.Tensor, lin: torch.nn.Linear):
+    def step_on(n: int):
+        torch.relu(lin(x[:n].clone())).sum().backward()
+
+    return step_on
+
+
+def test_saved_bytes_per_sample_is_the_activations_slope():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(8, 4, requires_grad=True)
+    out = measure.instrument(linear_step(x, lin), 8, CPU)
+    # addmm keeps its input (4 floats a sample, for the weight's gradient) and its weight (12
+    # floats, for the input's), relu its output (3 floats a sample): 28 bytes a sample; the
+    # weight does not grow with the batch and falls out of the slope
+    assert out["saved_bytes_per_sample"] == 28
+    assert out["saved_bytes_batch"] == 8 * 28 + 48 and out["saved_bytes_fixed"] == 48
+    # FLOPs a sample: forward 2*4*3, and as many for each of the two gradients
+    assert out["flops_per_step"] == 8 * 3 * 24
+    assert out["host_syncs_per_step"] == 0 and out["host_sync_ops"] == {}
+
+
+def test_host_syncs_are_counted_by_op():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(8, 4)
+
+    def step_on(n: int):
+        loss = torch.relu(lin(x[:n])).sum()
+        loss.backward()
+        if loss > 0:  # a host read (bool of a tensor)
+            float(loss)  # and another
+        torch.nonzero(x)  # a data-dependent output size
+
+    out = measure.instrument(step_on, 8, CPU)
+    assert out["host_sync_ops"] == {"_local_scalar_dense": 2, "nonzero": 1}
+    assert out["host_syncs_per_step"] == 3
+    assert out["host_sync_where"]["nonzero"] == "outside mpt_repro"
+
+
+def test_the_suites_step_shows_where_its_syncs_are(one_thread):
+    """SyncCounter names the mpt_repro line a sync comes from (here: a host read of the step's
+    'stepped' flag, which the suite itself leaves on the device)."""
+    from conftest import build_task
+
+    task, _ = build_task("experiment=demo", "budget=smoke", "precision=amp")
+    batch = next(iter(task.train_batches(0)))
+    counter = measure.SyncCounter()
+    with counter:
+        bool(task.train_step(batch).stepped)
+    assert counter.ops == {"_local_scalar_dense": 1}  # the bool() above, nothing in the step
+    assert counter.where["_local_scalar_dense"] == "outside mpt_repro"
+
+
+def test_time_steps_on_the_cpu_times_the_calls():
+    calls = []
+    seconds = measure.time_steps(lambda: calls.append(1), 5, CPU)
+    assert len(calls) == 5 and seconds >= 0
+
+
+def test_memory_and_energy_say_when_they_cannot_be_read():
+    mem = measure.peak_memory(CPU)
+    assert mem["peak_allocated_bytes"] is None and mem["peak_host_rss_bytes"] > 0
+    energy = measure.EnergyMeter(CPU)
+    assert energy.read() is None and energy.why == "no GPU"
+
+
+# -- the suite's step, the bare loop, the trainer ------------------------------------------------
+def compose_cpu(preset: str, *extra: str):
+    from mpt_repro.bench.config import compose
+
+    base = ["experiment=demo", "budget=smoke", "trainer.device=cpu", "optim.momentum=0"]
+    return compose([*base, *extra], preset)
+
+
+@pytest.mark.parametrize("preset", ["fp32", "mixed"])
+def test_the_bare_loop_does_the_suites_math(preset, one_thread):
+    """From the same weights and batch, the bare loop and the suite's step end at the same
+    weights: exactly in FP32, to FP16 rounding with FP16 weights and FP32 masters."""
+    from mpt_repro.bench.step import BareLoop, build_step
+
+    cfg = compose_cpu(preset, "data.batch_size=16")
+    bs = build_step(cfg, CPU)
+    bare = BareLoop(cfg, bs, CPU)
+    assert bare.why_not is None
+    for _ in range(3):
+        bs.step()
+        bare.step()
+    for (name, a), b in zip(bs.task.model.named_parameters(), bare.model.parameters()):
+        assert a.dtype == b.dtype, name
+        if preset == "fp32":
+            assert torch.equal(a, b), name
+        else:
+            torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_trainer_windows_run_the_real_fit_on_the_resident_batch(one_thread):
+    from mpt_repro.bench.step import TrainerWindows, build_step
+
+    cfg = compose_cpu("amp", "data.batch_size=16")
+    bs = build_step(cfg, CPU)
+    windows = TrainerWindows(cfg, bs, total_steps=10)
+    try:
+        sps = [windows.run(3), windows.run(4)]
+        assert windows.trainer.step == 7 and all(s > 0 for s in sps)
+        assert windows.trainer.samples == 7 * 16
+    finally:
+        windows.close()
+
+
+def test_a_worker_measures_the_suites_step(tmp_path, one_thread):
+    from mpt_repro.bench.worker import measure as run_worker
+
+    spec = {
+        "overrides": ["experiment=demo", "budget=smoke", "trainer.device=cpu"],
+        "preset": "mixed",
+        "repeat": 0,
+        "bench": {**BenchConfig().__dict__, "warmup": 2, "steps": 3, "overhead_steps": 2},
+        "out": str(tmp_path / "r.json"),
+    }
+    r = run_worker(spec)
+    assert r["preset"] == "mixed" and r["device"]["type"] == "cpu" and r["batch"] == 8
+    assert r["samples_per_s"] > 0 and r["steps"] == 3 and r["math_kind"] == "fp16"
+    assert r["host_syncs_per_step"] == 0  # the suite's mixed step never waits for the device
+    assert r["saved_bytes_per_sample"] > 0 and r["flops_per_sample"] > 0
+    assert r["saved_method"] == "slope between batch 8 and 4"
+    assert len(r["trainer_samples_per_s"]) == 2 and r["trainer_overhead"] is not None
+    assert "FP32 master weights" in r["describe"]
+    json.dumps(r)  # what the parent reads back
+
+
+# -- rows and table ------------------------------------------------------------------------------
+def record(preset, repeat, sps, device="cuda", **kw):
+    base = {
+        "preset": preset,
+        "repeat": repeat,
+        "device": {"type": device, "name": "NVIDIA H100 80GB HBM3", "count": 1},
+        "versions": {"torch": "x"},
+        "samples_per_s": sps,
+        "skipped_in_timed": 0,
+        "peak_tflops": 989.4,
+        "joules_per_sample": 0.5,
+        "peak_allocated_bytes": 10 * 2**30,
+        "peak_reserved_bytes": 11 * 2**30,
+        "saved_bytes_per_sample": 80e6,
+        "host_syncs_per_step": 0,
+        "flops_per_sample": 24.3e9,
+        "trainer_overhead": 0.02,
+    }
+    base.update(kw)
+    return base
+
+
+def test_rows_take_medians_ratios_and_say_what_is_meaningful():
+    measured = {
+        "fp32": [record("fp32", 0, 1000.0), record("fp32", 1, 1200.0), record("fp32", 2, 1100.0)],
+        "amp": [
+            record("amp", 0, 3000.0, peak_allocated_bytes=5 * 2**30, saved_bytes_per_sample=40e6)
+        ],
+        "mixed": [{"repeat": 0, "error": "out of memory: tried to allocate"}],
+    }
+    rows = {r["preset"]: r for r in aggregate(measured, ["fp32", "amp", "mixed"])}
+    fp32, amp, mixed = rows["fp32"], rows["amp"], rows["mixed"]
+    assert (fp32["samples_per_s"], fp32["samples_per_s_min"], fp32["samples_per_s_max"]) == (
+        1100.0,
+        1000.0,
+        1200.0,
+    )
+    assert amp["ratio_fp32"] == pytest.approx(3000 / 1100) and amp["ratio_amp"] == 1.0
+    assert amp["mem_ratio_fp32"] == 0.5 and amp["saved_ratio_fp32"] == 0.5
+    assert amp["tflops"] == pytest.approx(24.3e9 * 3000 / 1e12)
+    assert amp["mfu"] == pytest.approx(amp["tflops"] / 989.4)
+    assert all(amp["meaningful"].values())
+    assert mixed["repeats"] == 0 and "out of memory" in mixed["error"]
+    table = format_table({"results": list(rows.values())})
+    assert "| mixed | failed: out of memory" in table and "(proxy)" not in table
+
+
+def test_cpu_rows_mark_speed_and_memory_as_proxies():
+    measured = {"fp32": [record("fp32", 0, 2.0, device="cpu", peak_tflops=None)]}
+    (row,) = aggregate(measured, ["fp32"])
+    assert row["meaningful"]["samples_per_s"] is False and row["mfu"] is None
+    assert row["meaningful"]["saved_bytes_per_sample"] is True
+    assert row["meaningful"]["host_syncs_per_step"] is True
+    line = format_table({"results": [row]}).splitlines()[2]
+    assert "2 [2-2] (proxy)" in line and "| 80 |" in line and "| 0 |" in line
+
+
+@pytest.mark.slow
+def test_mpt_bench_end_to_end_writes_the_json(tmp_path):
+    """The console entry: fresh worker processes, interleaved repeats, table and JSON."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "mpt_repro.bench.cli",
+        "experiment=demo",
+        "budget=smoke",
+        "trainer.device=cpu",
+        "bench.presets=[fp32,amp]",
+        "bench.warmup=1",
+        "bench.steps=2",
+        "bench.repeats=2",
+        "bench.overhead_steps=1",
+        "bench.overhead_windows=1",
+        f"bench.out_dir={tmp_path}",
+    ]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    starts = [line for line in proc.stderr.splitlines() if "building" in line]
+    # interleaved: round 1 fp32, amp; round 2 starts one preset later: amp, fp32
+    assert [s.split("]")[1].split("(")[0].strip() for s in starts] == ["fp32", "amp", "amp", "fp32"]
+    (path,) = tmp_path.glob("demo-cpu-*.json")
+    doc = json.loads(path.read_text())
+    assert doc["schema_version"] == 1 and doc["device"]["type"] == "cpu"
+    assert doc["config"]["bench"]["presets"] == ["fp32", "amp"] and doc["commit"]
+    assert [r["preset"] for r in doc["results"]] == ["fp32", "amp"]
+    assert all(r["repeats"] == 2 for r in doc["results"])
+    assert "| fp32 |" in proc.stdout and "(proxy)" in proc.stdout
