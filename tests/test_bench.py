@@ -88,6 +88,8 @@ def test_gpu_names_map_to_their_datasheet_rows(name, model):
 def test_each_preset_is_held_to_the_peak_of_its_math():
     assert math_kind("float16", False) == "fp16" and math_kind("bfloat16", True) == "bf16"
     assert math_kind("float32", False) == "fp32" and math_kind("float32", True) == "tf32"
+    assert math_kind("bfloat16", False, "torchao") == "fp8"
+    assert math_kind("float32", False, "emulated") == "fp32"  # emulation computes in FP32
     # H100 SXM5 dense peaks (NVIDIA datasheet, sparsity halved)
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp16") == 989.4
     assert peak_tflops("NVIDIA H100 80GB HBM3", "fp32") == 66.9

@@ -10,10 +10,7 @@ import torch
 from PIL import Image
 
 from mpt_repro.data.imagenet import (
-    IMAGENET_MEAN,
-    IMAGENET_STD,
     DeviceDecode,
-    build_transforms,
     collate_raw,
     geometric_transforms,
     open_split,
@@ -37,9 +34,11 @@ def tree(root: Path) -> Path:
 
 def decoded(root: Path, on_corrupt: str = "fail"):
     _, val = geometric_transforms("none", 16, 20)
-    folder = open_split(str(root), None, val, on_corrupt=on_corrupt, raw=True)
-    batch = collate_raw([folder[i] for i in range(len(folder))])
-    return folder, DeviceDecode(folder, CPU, torch.float32, torch.contiguous_format)(batch)
+    folder = open_split(str(root), None, val, on_corrupt=on_corrupt)
+    batch = collate_raw([folder.load_raw(i) for i in range(len(folder))])
+    decode = folder.device_decode(CPU, torch.float32, torch.contiguous_format)
+    assert isinstance(decode, DeviceDecode)
+    return folder, decode(batch)
 
 
 def test_device_decode_matches_the_worker_path(tmp_path):
@@ -47,12 +46,9 @@ def test_device_decode_matches_the_worker_path(tmp_path):
     folder, (x, y) = decoded(root)
     assert x.shape == (len(folder), 3, 16, 16) and x.dtype == torch.float32
     assert y.tolist() == [t for _, t in folder.samples]
-    _, val = build_transforms("none", 16, 20)
-    cpu = open_split(str(root), None, val)
-    mean = torch.tensor(IMAGENET_MEAN)[:, None, None]
-    std = torch.tensor(IMAGENET_STD)[:, None, None]
-    for i in range(len(cpu)):
-        ref = (cpu[i][0].float() / 255 - mean) / std
+    # the worker path: PIL decode and crop, normalised (ds[i])
+    for i in range(len(folder)):
+        ref = folder[i][0]
         # the same JPEG decoder; tensor and PIL resizing differ by a few grey levels at most
         assert (x[i] - ref).abs().mean() < 0.05, folder.samples[i][0]
 

@@ -138,7 +138,7 @@ def test_a_file_error_inside_the_pipeline_names_the_file(tmp_path, monkeypatch):
     def broken(img):
         raise ZeroDivisionError("division by zero")
 
-    monkeypatch.setattr(data.train, "transform", broken)
+    monkeypatch.setattr(data.train, "geometric", broken)
     with pytest.raises(DataError, match=r"cats_0\.jpg: ZeroDivisionError"):
         data.train[0]
 

@@ -59,16 +59,21 @@ def tree(tmp_path) -> Path:
 
 
 @pytest.mark.parametrize("augmentation", ["caffe", "torchvision", "inception", "none"])
-def test_shapes_labels_and_uint8_samples(tree, augmentation):
+def test_shapes_labels_and_normalisation(tree, augmentation):
     data = build_image_data(data_cfg(tree, augmentation=augmentation))
     assert (len(data.train), len(data.eval), data.num_classes, data.channels) == (12, 6, 3, 3)
     for ds in (data.train, data.eval):
         for i in range(len(ds)):
             x, y = ds[i]
-            # workers hand out uint8 crops: normalisation happens on the device
-            assert x.shape == (3, 32, 32) and x.dtype == torch.uint8
+            assert x.shape == (3, 32, 32) and x.dtype == torch.float32
             # The label is the class folder the file sits in.
             assert CLASSES[y] in ds.samples[i][0]
+            # what the task's loaders read: the same crop as uint8 (normalised on the device)
+            if augmentation in ("caffe", "none"):  # deterministic crops
+                raw, _ = ds.load_uint8(i)
+                assert raw.dtype == torch.uint8 and raw.shape == (3, 32, 32)
+    x, _ = data.eval[0]
+    assert x.min() < 0  # mean/std normalised, not [0, 1]
     batch_x, batch_y = next(iter(DataLoader(data.train, batch_size=4)))
     assert batch_x.shape == (4, 3, 32, 32) and batch_y.dtype == torch.int64
 
@@ -85,10 +90,13 @@ def test_task_loaders_hand_out_normalised_device_batches(tree):
     loaders.sampler.set_epoch(0)
     x, y = next(iter(loaders.train))
     assert x.dtype == torch.float32 and x.shape == (4, 3, 32, 32) and y.dtype == torch.int64
-    raw = torch.stack([data.train[i][0] for i in list(loaders.sampler)[:4]])
+    raw = torch.stack([data.train.load_uint8(i)[0] for i in list(loaders.sampler)[:4]])
     mean, std = torch.tensor(IMAGENET_MEAN), torch.tensor(IMAGENET_STD)
     expect = (raw.float() / 255 - mean[:, None, None]) / std[:, None, None]
     torch.testing.assert_close(x, expect, rtol=0, atol=1e-5)
+    # and what indexing the data set gives (ToTensor + Normalize) is the same
+    first = list(loaders.sampler)[0]
+    torch.testing.assert_close(data.train[first][0], expect[0], rtol=0, atol=1e-5)
     half = build_epoch_loaders(
         data.train,
         data.eval,
@@ -115,7 +123,9 @@ def test_validation_crop_follows_the_recipe(tmp_path):
     root = make_tree(tmp_path / "wide", n_train=1, n_val=1)  # index 0 of each class: the wide JPEG
 
     def red_fraction(aug: str) -> float:
-        rgb, _ = build_image_data(data_cfg(root, augmentation=aug)).eval[0]
+        x, _ = build_image_data(data_cfg(root, augmentation=aug)).eval[0]
+        std, mean = torch.tensor([0.229, 0.224, 0.225]), torch.tensor([0.485, 0.456, 0.406])
+        rgb = x * std[:, None, None] + mean[:, None, None]
         return float((rgb[0] > rgb[1]).float().mean())
 
     assert red_fraction("torchvision") > 0.95

@@ -50,9 +50,13 @@ def gpu_model(device_name: str) -> str | None:
     return None
 
 
-def math_kind(compute_dtype: str, allow_tf32: bool) -> str:
+def math_kind(compute_dtype: str, allow_tf32: bool, fp8_mode: str = "none") -> str:
     """Which peak a preset's convolutions and matmuls can reach: its compute dtype, with FP32
-    reaching the TF32 tensor-core rate only when TF32 is allowed."""
+    reaching the TF32 tensor-core rate only when TF32 is allowed. precision.fp8.mode=torchao
+    runs its linear layers' GEMMs in FP8: held to the FP8 peak (an upper bound when some layers,
+    e.g. convolutions, stay in the compute dtype); emulated FP8 computes in the compute dtype."""
+    if str(fp8_mode).lower() == "torchao":
+        return "fp8"
     d = str(compute_dtype).lower()
     if "float8" in d or "fp8" in d:
         return "fp8"

@@ -23,17 +23,20 @@ import torch
 @dataclass
 class BenchStep:
     step: Callable[[], Any]  # one training step of the suite on the resident batch
-    # the same step on the first n samples (saved-bytes slope); None where a batch cannot be cut
+    # the step on the first n samples of the first micro-batch (the instrumented steps: saved
+    # bytes, syncs, FLOPs); None where a batch cannot be cut
     step_on: Callable[[int], Any] | None
-    batch: Any  # on the device
+    batch: Any  # one step's input (the task's micro-batches), on the device
     samples: int  # examples per step
+    micro_batch: int  # examples per micro-batch (the size step_on cuts)
     task: Any
     policy: Any
 
 
 def build_step(cfg: Any, device: torch.device) -> BenchStep:
-    """The task's train_step on one batch that stays on the device: the first batch of the
-    task's own loader (so the data's shapes and dtypes are the run's), moved there once."""
+    """The task's train_step on one step's input that stays on the device: the first item of
+    the task's own train_batches (its micro-batches: the data's shapes and dtypes are the run's),
+    moved there once."""
     from mpt_repro.precision import PrecisionPolicy
     from mpt_repro.tasks.base import build_task
 
@@ -43,17 +46,21 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     # the first warm-up step: it settles lazily built state (optimizer buffers, autotuning) and
     # says how many samples a step takes
     first = task.train_step(batch)
+    samples = int(first.samples)
+    micro = samples // max(len(batch), 1) if isinstance(batch, list) else samples
     step_on = None
     if _enum_name(cfg.task) in ("classification", "gan"):  # batch-first (images, labels)
 
         def step_on(n: int) -> Any:
-            return task.train_step(_first(batch, n))
+            # one micro-batch (saved tensors live from its forward to its backward only), cut
+            return task.train_step([_first(batch[0], n)])
 
     return BenchStep(
         step=lambda: task.train_step(batch),
         step_on=step_on,
         batch=batch,
-        samples=int(first.samples),
+        samples=samples,
+        micro_batch=micro,
         task=task,
         policy=policy,
     )
@@ -104,6 +111,7 @@ class TrainerWindows:
         spe = task.steps_per_epoch()
         # the loader replaced by the resident batch: the data path is not the trainer's overhead
         task.train_batches = lambda epoch, skip=0: itertools.repeat(bs.batch, spe - skip)
+        t.recalibrate_bn = 0  # the evaluations that end the windows: as cheap as can be
         self.trainer = Trainer(cfg, task, bs.policy, Path(self._dir.name), is_main=False)
 
     def run(self, n: int) -> float:
@@ -169,22 +177,27 @@ class BareLoop:
             if policy.compute_dtype != torch.float32
             else nullcontext()
         )
-        x, self.y = bs.batch[0], bs.batch[1]
-        if getattr(task, "channels_last", False):
-            x = x.contiguous(memory_format=torch.channels_last)
-        self.x = x.to(policy.storage_dtype) if x.is_floating_point() else x
+        self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
         self.loss_fn = type(task)._loss
         self.clip = cfg.optim.grad_clip
         self.samples = bs.samples
+
+    @staticmethod
+    def _input(batch: Any, task: Any, policy: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = batch[0], batch[1]
+        if getattr(task, "channels_last", False):
+            x = x.contiguous(memory_format=torch.channels_last)
+        return (x.to(policy.storage_dtype) if x.is_floating_point() else x), y
 
     def step(self) -> torch.Tensor:
         self.opt.zero_grad(set_to_none=self.masters is None)
         if self.masters:
             for p in self.params:
                 p.grad = None
-        with self.autocast:
-            loss = self.loss_fn(self.model(self.x), self.y)
-        (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
+        for x, y in self.micro:  # gradient accumulation: the mean over the micro-batches
+            with self.autocast:
+                loss = self.loss_fn(self.model(x), y) / len(self.micro)
+            (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.masters:
             torch._foreach_copy_([m.grad for m in self.masters], [p.grad for p in self.params])
         opt_params = self.masters or self.params

@@ -78,9 +78,11 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     seconds = m.time_steps(bs.step, b.steps, device)
     joules1 = energy.read()
     samples = bs.samples * b.steps
+    fp8 = cfg.precision.get("fp8")  # absent before the FP8 presets
     kind = math_kind(
         getattr(cfg.precision.compute_dtype, "name", cfg.precision.compute_dtype),
         bool(cfg.precision.allow_tf32) and device.type == "cuda",
+        getattr(fp8.mode, "name", fp8.mode) if fp8 is not None else "none",
     )
     dev = describe_device(device)
     out: dict[str, Any] = {
@@ -110,10 +112,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
             step_on = lambda n: bs.step()  # noqa: E731
             n = bs.samples
         else:
-            step_on, n = bs.step_on, bs.samples
+            step_on, n = bs.step_on, bs.micro_batch
         say("instrumented steps: saved-for-backward bytes, host syncs, FLOPs")
         out.update(m.instrument(step_on, n, device))
-        out["flops_per_sample"] = out["flops_per_step"] / bs.samples
+        out["flops_per_sample"] = out["flops_per_step"] / n
     if repeat == 0 and b.overhead_steps:
         out.update(overhead(cfg, bs, b, device, say))
     return out

@@ -105,14 +105,6 @@ def geometric_transforms(
     )
 
 
-def build_transforms(
-    augmentation: str, image_size: int, resize_size: int | None
-) -> tuple[Callable, Callable]:
-    """(train, validation) transforms of the loader workers: PIL image -> uint8 (C, H, W)."""
-    train, val = geometric_transforms(augmentation, image_size, resize_size)
-    return T.Compose([train, T.PILToTensor()]), T.Compose([val, T.PILToTensor()])
-
-
 class CorruptImage(DataError):
     """An image file that cannot be decoded (data.on_corrupt decides what happens)."""
 
@@ -147,11 +139,15 @@ def collate_raw(samples: list) -> tuple[list[torch.Tensor], torch.Tensor, list[i
 
 class ImageNetFolder(ImageFolder):
     """An ImageFolder split: class-interleaved order, errors that name the file, the corrupt-file
-    policy, and uint8 output normalised later on the device. With raw=True, samples are the
-    files' bytes, decoded on the device (data.decode=gpu)."""
+    policy. Three ways to read sample i:
+    - ``load_uint8(i)``: the crop as uint8 (C, H, W), what the task's loaders use (the batch is
+      normalised on the device, see device_prepare);
+    - ``load_raw(i)``: the file's bytes, for data.decode=gpu (device_decode decodes and crops);
+    - ``ds[i]``: the crop as normalised float32, as ToTensor + Normalize give it, for code that
+      indexes the data set directly (BN recalibration, tests, notebooks)."""
 
-    def __init__(self, root: str, transform: Callable, on_corrupt: str = "fail", raw: bool = False):
-        super().__init__(root, transform=transform, loader=load_rgb)
+    def __init__(self, root: str, geometric: Callable, on_corrupt: str = "fail"):
+        super().__init__(root, loader=load_rgb)
         by_class: list[list[tuple[str, int]]] = [[] for _ in self.classes]
         for path, target in self.samples:
             by_class[target].append((path, target))
@@ -159,18 +155,18 @@ class ImageNetFolder(ImageFolder):
         self.samples = [c[i] for i in range(longest) for c in by_class if i < len(c)]
         self.imgs = self.samples
         self.targets = [t for _, t in self.samples]
-        self.on_corrupt, self.raw = on_corrupt, raw
-        self.collate_fn = collate_raw if raw else None
+        self.geometric, self.on_corrupt = geometric, on_corrupt
         self._warned: set[str] = set()
 
-    def __getitem__(self, index: int) -> tuple:
-        if self.raw:
-            path, target = self.samples[index]
-            return read_bytes(path), target, index
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        x, target = self.load_uint8(index)
+        return normalize_on_device(x[None], IMAGENET_MEAN, IMAGENET_STD)[0], target
+
+    def load_uint8(self, index: int) -> tuple[torch.Tensor, int]:
         for k in range(MAX_SKIPPED_IN_A_ROW + 1):
             path, target = self.samples[(index + k) % len(self.samples)]
             try:
-                return self.transform(self.loader(path)), target
+                return T.functional.pil_to_tensor(self.geometric(self.loader(path))), target
             except CorruptImage as e:
                 if self.on_corrupt != "skip":
                     raise
@@ -184,6 +180,10 @@ class ImageNetFolder(ImageFolder):
             f"{self.samples[index][0]}: more than a few bad files; check the copy of the data set"
         )
 
+    def load_raw(self, index: int) -> tuple[torch.Tensor, int, int]:
+        path, target = self.samples[index]
+        return read_bytes(path), target, index
+
     def skip_warning(self, path: str, e: BaseException) -> None:
         if path not in self._warned:  # once per file (and per loader worker)
             self._warned.add(path)
@@ -192,9 +192,7 @@ class ImageNetFolder(ImageFolder):
     def device_prepare(
         self, device: torch.device, dtype: torch.dtype, memory_format: torch.memory_format
     ) -> Callable[[Any], tuple[torch.Tensor, torch.Tensor]]:
-        """What the loader's batches need on the device (used by build_epoch_loaders)."""
-        if self.raw:
-            return DeviceDecode(self, device, dtype, memory_format)
+        """A loader batch of load_uint8 samples -> model input on the device."""
 
         def prepare(batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
             x, y = batch
@@ -203,6 +201,12 @@ class ImageNetFolder(ImageFolder):
             return x, y.to(device, non_blocking=True)
 
         return prepare
+
+    def device_decode(
+        self, device: torch.device, dtype: torch.dtype, memory_format: torch.memory_format
+    ) -> DeviceDecode:
+        """A loader batch of load_raw samples (collate_raw) -> model input on the device."""
+        return DeviceDecode(self, device, dtype, memory_format)
 
 
 class DeviceDecode:
@@ -223,7 +227,7 @@ class DeviceDecode:
             dtype,
             memory_format,
         )
-        self.crop = folder.transform  # the geometric transforms only (raw mode)
+        self.crop = folder.geometric
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
         from torchvision.io import ImageReadMode, decode_jpeg
@@ -269,9 +273,8 @@ def class_folders(split_dir: str) -> list[str]:
 def open_split(
     root: str,
     split: str | None,
-    transform: Callable,
+    geometric: Callable,
     on_corrupt: str = "fail",
-    raw: bool = False,
     layout: str = LAYOUT,
 ) -> ImageNetFolder:
     """root/split (or root itself when split is None) as an ImageNetFolder."""
@@ -281,7 +284,7 @@ def open_split(
     if not class_folders(split_dir):
         raise DataError(f"{split_dir} holds no class folders (it is empty or flat); {layout}")
     try:
-        return ImageNetFolder(split_dir, transform, on_corrupt=on_corrupt, raw=raw)
+        return ImageNetFolder(split_dir, geometric, on_corrupt=on_corrupt)
     except FileNotFoundError as e:  # torchvision: a class folder without any image file
         raise DataError(
             f"{split_dir}: {e}. Every class folder needs at least one image "
@@ -298,18 +301,14 @@ def _check_root(cfg: Any, layout: str) -> str:
     return root
 
 
-def _pipelines(cfg: Any) -> tuple[Callable, Callable, bool]:
-    """(train transform, validation transform, raw): the worker side of data.decode."""
-    if cfg.decode == "gpu":
-        if not torch.cuda.is_available():
-            raise ConfigError(
-                "data.decode=gpu decodes JPEGs on the CUDA device, and none is visible; use "
-                "data.decode=cpu"
-            )
-        train, val = geometric_transforms(cfg.augmentation, cfg.image_size, cfg.resize_size)
-        return train, val, True
-    train, val = build_transforms(cfg.augmentation, cfg.image_size, cfg.resize_size)
-    return train, val, False
+def _pipelines(cfg: Any) -> tuple[Callable, Callable]:
+    """(train, validation) crops of data.augmentation; data.decode=gpu needs a GPU."""
+    if cfg.decode == "gpu" and not torch.cuda.is_available():
+        raise ConfigError(
+            "data.decode=gpu decodes JPEGs on the CUDA device, and none is visible; use "
+            "data.decode=cpu"
+        )
+    return geometric_transforms(cfg.augmentation, cfg.image_size, cfg.resize_size)
 
 
 def _same_classes(train: ImageNetFolder, val: ImageNetFolder, root: str, layout: str) -> None:
@@ -335,9 +334,9 @@ def _describe(cfg: Any) -> str:
 @register_dataset("imagenet")
 def imagenet(cfg: Any) -> ImageData:
     root = _check_root(cfg, LAYOUT)
-    train_tf, val_tf, raw = _pipelines(cfg)
-    train = open_split(root, "train", train_tf, cfg.on_corrupt, raw)
-    val = open_split(root, "val", val_tf, cfg.on_corrupt, raw)
+    train_tf, val_tf = _pipelines(cfg)
+    train = open_split(root, "train", train_tf, cfg.on_corrupt)
+    val = open_split(root, "val", val_tf, cfg.on_corrupt)
     _same_classes(train, val, root, LAYOUT)
     num_classes = len(train.classes)
     if num_classes != cfg.num_classes:
@@ -365,21 +364,21 @@ def imagenet(cfg: Any) -> ImageData:
 def imagefolder(cfg: Any) -> ImageData:
     """Any ImageFolder data set, loaded as ImageNet is (the same recipes, checks and speed)."""
     root = _check_root(cfg, FOLDER_LAYOUT)
-    train_tf, val_tf, raw = _pipelines(cfg)
+    train_tf, val_tf = _pipelines(cfg)
     has_train = os.path.isdir(os.path.join(root, "train"))
     eval_split = next(
         (s for s in EVAL_SPLITS if has_train and os.path.isdir(os.path.join(root, s))), None
     )
     if has_train and eval_split:
-        train = open_split(root, "train", train_tf, cfg.on_corrupt, raw, FOLDER_LAYOUT)
-        val = open_split(root, eval_split, val_tf, cfg.on_corrupt, raw, FOLDER_LAYOUT)
+        train = open_split(root, "train", train_tf, cfg.on_corrupt, FOLDER_LAYOUT)
+        val = open_split(root, eval_split, val_tf, cfg.on_corrupt, FOLDER_LAYOUT)
         _same_classes(train, val, root, FOLDER_LAYOUT)
         train_set, eval_set, split = train, val, f"train/ and {eval_split}/"
     else:
         # one folder of classes (or train/ alone): every N-th image of each class held out
         split_dir = "train" if has_train else None
-        train = open_split(root, split_dir, train_tf, cfg.on_corrupt, raw, FOLDER_LAYOUT)
-        val = open_split(root, split_dir, val_tf, cfg.on_corrupt, raw, FOLDER_LAYOUT)
+        train = open_split(root, split_dir, train_tf, cfg.on_corrupt, FOLDER_LAYOUT)
+        val = open_split(root, split_dir, val_tf, cfg.on_corrupt, FOLDER_LAYOUT)
         held = _held_out(train.targets, cfg.holdout_every)
         if not held:
             raise DataError(

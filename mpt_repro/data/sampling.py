@@ -4,7 +4,7 @@ ranks.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,7 +100,10 @@ def build_epoch_loaders(
     )
     shard = distributed.ShardSampler(len(eval))
     eval_batch = d.eval_batch_size or batch
-    fmt = dict(dtype=input_dtype or torch.float32, memory_format=memory_format)
+    fmt = dict(
+        dtype=input_dtype or torch.float32,
+        memory_format=memory_format or torch.contiguous_format,
+    )
     if isinstance(_base(train)[0], SyntheticImages):
         return EpochLoaders(
             sampler=sampler,
@@ -113,9 +116,18 @@ def build_epoch_loaders(
         pin_memory=d.pin_memory and device.type == "cuda",
         persistent_workers=d.num_workers > 0,
     )
-    collate = _attr(train, "collate_fn")
-    if collate is not None:  # raw JPEG bytes (data.decode=gpu): lists, not stacked tensors
-        args["collate_fn"] = collate
+    prepare_train = prepare_eval = None
+    if hasattr(_base(train)[0], "load_uint8"):  # ImageNet, imagefolder
+        gpu = getattr(d, "decode", "cpu") == "gpu"
+        how = "device_decode" if gpu else "device_prepare"
+        prepare_train = getattr(_base(train)[0], how)(device, **fmt)
+        prepare_eval = getattr(_base(eval)[0], how)(device, **fmt)
+        method = "load_raw" if gpu else "load_uint8"
+        train, eval = Read(train, method), Read(eval, method)
+        if gpu:  # undecoded files: lists of bytes, not stacked tensors
+            from mpt_repro.data.imagenet import collate_raw
+
+            args["collate_fn"] = collate_raw
     train_loader = DataLoader(
         train,
         batch_size=batch,
@@ -133,20 +145,26 @@ def build_epoch_loaders(
     )
     return EpochLoaders(
         sampler=sampler,
-        train=DeviceBatches(train_loader, _prepare(train, device, **fmt)),
-        eval=DeviceBatches(eval_loader, _prepare(eval, device, **fmt)),
+        train=DeviceBatches(train_loader, prepare_train),
+        eval=DeviceBatches(eval_loader, prepare_eval),
         eval_shard=shard,
     )
 
 
-def _prepare(
-    ds: Dataset, device: torch.device, dtype: torch.dtype, memory_format: Any
-) -> Callable[[Any], Any] | None:
-    """What turns a loader batch of `ds` into model input on the device (None: nothing to do)."""
-    make = _attr(ds, "device_prepare")  # uint8 image data: normalise (and decode) on the device
-    if make is None:
-        return None
-    return make(device, dtype, memory_format or torch.contiguous_format)
+class Read(Dataset):
+    """A data set (through any Subsets) read with another of its methods: what the loaders of
+    uint8 or undecoded images fetch, while ds[i] stays the model-ready sample."""
+
+    def __init__(self, ds: Dataset, method: str):
+        self.base, self.index = _base(ds)
+        self.method, self.size = method, len(ds)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, i: int) -> Any:
+        j = self.index[i] if self.index is not None else i
+        return getattr(self.base, self.method)(j)
 
 
 def _base(ds: Dataset) -> tuple[Dataset, list[int] | None]:
@@ -156,10 +174,6 @@ def _base(ds: Dataset) -> tuple[Dataset, list[int] | None]:
         index = list(ds.indices) if index is None else [ds.indices[i] for i in index]
         ds = ds.dataset
     return ds, index
-
-
-def _attr(ds: Dataset, name: str) -> Any:
-    return getattr(_base(ds)[0], name, None)
 
 
 class PoolBatches:

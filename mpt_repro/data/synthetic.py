@@ -30,10 +30,11 @@ class SyntheticImages(Dataset):
     ):
         self.size, self.seed = size, seed
         self.shape = (min(pool, size), channels, image_size, image_size)
-        self.labels = torch.randint(
+        self.labels = self._cpu_labels = torch.randint(
             num_classes, (size,), generator=torch.Generator().manual_seed(seed)
         )
         self.pool: torch.Tensor | None = None
+        self._cpu_pool: torch.Tensor | None = None
         self.device: torch.device | None = None
 
     def place(self, device: torch.device) -> None:
@@ -62,11 +63,14 @@ class SyntheticImages(Dataset):
         return normalize_on_device(images, MEAN, STD, dtype, memory_format), self.labels[indices]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
+        """One sample on the CPU (for code that indexes the data set, e.g. a DataLoader with
+        workers): the same pixels as on the device."""
         if self.pool is None:
             self.place(torch.device("cpu"))
-        index = torch.tensor([i], device=self.pool.device)
-        x, y = self.batch(index)
-        return x[0], int(y[0])
+        if self._cpu_pool is None:
+            self._cpu_pool = self.pool.cpu()
+        image = self._cpu_pool[i % self.shape[0]][None]
+        return normalize_on_device(image, MEAN, STD)[0], int(self._cpu_labels[i])
 
 
 @register_dataset("synthetic")
