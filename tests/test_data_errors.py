@@ -178,3 +178,29 @@ def test_non_utf8_offset_past_the_first_chunk(tmp_path):
     assert _first_bad_utf8(path) == len(head)
     path.write_bytes(head)
     assert _first_bad_utf8(path) is None
+
+
+@pytest.mark.slow
+def test_mpt_run_with_a_corrupt_file_in_a_worker_exits_2_with_one_line(tmp_path):
+    """Through mpt-run: the run stops with the file's path, exit status 2, no traceback."""
+    from conftest import run_cli
+
+    root = tree(tmp_path / "d", n=6)
+    corrupt(root / "train" / "dogs" / "dogs_3.jpg")
+    proc = run_cli(
+        "experiment=demo",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=8",
+        "data.resize_size=8",
+        "data.batch_size=4",
+        "data.num_workers=2",
+        "trainer.device=cpu",
+        run_dir=tmp_path / "run",
+        check=False,
+        timeout=300,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mpt-run: error:")]
+    assert len(errors) == 1 and "dogs_3.jpg" in errors[0] and "worker" in errors[0]
+    assert "Traceback" not in proc.stderr

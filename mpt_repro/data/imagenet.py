@@ -45,7 +45,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from PIL import Image
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Subset
 from torchvision import transforms as T
 from torchvision.datasets import ImageFolder
@@ -116,8 +116,10 @@ def load_rgb(path: str) -> Image.Image:
             img = Image.open(f)
             return img.convert("RGB")  # convert() forces the full decode inside the try
     except (OSError, SyntaxError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
+        # PIL's own text for an unknown format names a file object, not the path
+        why = "not an image format PIL can decode" if isinstance(e, UnidentifiedImageError) else e
         raise CorruptImage(
-            f"cannot read image {path}: {e}. Replace or delete this file and run again (or "
+            f"cannot read image {path}: {why}. Replace or delete this file and run again (or "
             "data.on_corrupt=skip to skip bad files with a warning)"
         ) from None
 
