@@ -18,6 +18,7 @@ from mpt_repro.bench.results import aggregate, format_table
 from mpt_repro.errors import ConfigError
 
 CPU = torch.device("cpu")
+MiB, GiB = 2**20, 2**30
 
 
 # -- options ------------------------------------------------------------------------------------
@@ -241,7 +242,7 @@ def record(preset, repeat, sps, device="cuda", **kw):
         "joules_per_sample": 0.5,
         "peak_allocated_bytes": 10 * 2**30,
         "peak_reserved_bytes": 11 * 2**30,
-        "saved_bytes_per_sample": 80e6,
+        "saved_bytes_per_sample": 80 * MiB,
         "host_syncs_per_step": 0,
         "flops_per_sample": 24.3e9,
         "trainer_overhead": 0.02,
@@ -251,11 +252,10 @@ def record(preset, repeat, sps, device="cuda", **kw):
 
 
 def test_rows_take_medians_ratios_and_say_what_is_meaningful():
+    amp = record("amp", 0, 3000.0, peak_allocated_bytes=5 * GiB, saved_bytes_per_sample=40 * MiB)
     measured = {
         "fp32": [record("fp32", 0, 1000.0), record("fp32", 1, 1200.0), record("fp32", 2, 1100.0)],
-        "amp": [
-            record("amp", 0, 3000.0, peak_allocated_bytes=5 * 2**30, saved_bytes_per_sample=40e6)
-        ],
+        "amp": [amp],
         "mixed": [{"repeat": 0, "error": "out of memory: tried to allocate"}],
     }
     rows = {r["preset"]: r for r in aggregate(measured, ["fp32", "amp", "mixed"])}
@@ -315,3 +315,23 @@ def test_mpt_bench_end_to_end_writes_the_json(tmp_path):
     assert [r["preset"] for r in doc["results"]] == ["fp32", "amp"]
     assert all(r["repeats"] == 2 for r in doc["results"])
     assert "| fp32 |" in proc.stdout and "(proxy)" in proc.stdout
+
+
+def test_a_worker_measures_an_lm_step_whose_batch_cannot_be_cut(tmp_path, one_thread):
+    """The LM's batch is parallel streams with carried state: saved bytes are the whole step's
+    per sample, and the bare loop (classification only) says why there is no overhead figure.
+    Its syncs are named where they are made (the sampled softmax's sampler)."""
+    from mpt_repro.bench.worker import measure as run_worker
+
+    spec = {
+        "overrides": ["experiment=lstm_lm", "budget=smoke", "trainer.device=cpu"],
+        "preset": "fp32",
+        "repeat": 0,
+        "bench": {**BenchConfig().__dict__, "warmup": 1, "steps": 2, "overhead_steps": 1},
+        "out": str(tmp_path / "r.json"),
+    }
+    r = run_worker(spec)
+    assert r["saved_method"].startswith("total / samples") and r["saved_bytes_per_sample"] > 0
+    assert r["trainer_overhead"] is None and "classification" in r["overhead_note"]
+    for op, where in r["host_sync_where"].items():
+        assert where.startswith("mpt_repro/"), (op, where)

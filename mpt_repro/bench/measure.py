@@ -142,7 +142,9 @@ def _cuda_sync_warnings(device: torch.device) -> Iterator[list]:
                 torch.cuda.set_sync_debug_mode("default")
 
 
-def instrument(step_on: Callable[[int], Any], batch: int, device: torch.device) -> dict[str, Any]:
+def instrument(
+    step_on: Callable[[int], Any], batch: int, device: torch.device, slope: bool = True
+) -> dict[str, Any]:
     """One step under all three meters, plus one on half the batch:
 
     - bytes saved for backward per sample, as the slope between the full and the half batch:
@@ -172,6 +174,12 @@ def instrument(step_on: Callable[[int], Any], batch: int, device: torch.device) 
         "flops_per_step": int(flops.get_total_flops()),
         "saved_bytes_batch": full,
     }
+    if not slope:  # a batch that cannot be cut (an LM's streams): the total, weights included
+        out.update(
+            saved_bytes_per_sample=full / batch,
+            saved_method="total / samples (the batch cannot be cut: weight-sized tensors included)",
+        )
+        return out
     if batch < 2:
         out.update(saved_bytes_per_sample=float(full), saved_method="total of a batch of 1")
         return out
@@ -231,7 +239,10 @@ class EnergyMeter:
         index = device.index if device.index is not None else torch.cuda.current_device()
         uuid = getattr(torch.cuda.get_device_properties(index), "uuid", None)
         if uuid is not None:  # CUDA_VISIBLE_DEVICES may renumber: the UUID names the card
-            return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            try:
+                return pynvml.nvmlDeviceGetHandleByUUID(f"GPU-{uuid}")
+            except Exception:  # an older driver's UUID form: fall back to the index
+                pass
         return pynvml.nvmlDeviceGetHandleByIndex(index)
 
     def read(self) -> float | None:

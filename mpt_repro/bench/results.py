@@ -137,7 +137,7 @@ COLUMNS = [
     ("peak alloc GiB", "peak_allocated_bytes", "gib"),
     ("peak reserved GiB", "peak_reserved_bytes", "gib"),
     ("mem x fp32", "mem_ratio_fp32", "ratio"),
-    ("saved MB/sample", "saved_bytes_per_sample", "mb"),
+    ("saved MiB/sample", "saved_bytes_per_sample", "mib"),
     ("saved x fp32", "saved_ratio_fp32", "ratio"),
     ("host syncs/step", "host_syncs_per_step", "int"),
     ("GFLOP/sample", "flops_per_sample", "gflop"),
@@ -155,8 +155,8 @@ def _fmt(value: Any, kind: str | None) -> str:
         return f"{value:.2f}"
     if kind == "gib":
         return f"{value / 2**30:.2f}"
-    if kind == "mb":
-        return f"{value / 1e6:.3g}"
+    if kind == "mib":
+        return f"{value / 2**20:.3g}"
     if kind == "int":
         return f"{value:d}"
     if kind == "gflop":

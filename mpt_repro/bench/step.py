@@ -49,7 +49,7 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     samples = int(first.samples)
     micro = samples // max(len(batch), 1) if isinstance(batch, list) else samples
     step_on = None
-    if _enum_name(cfg.task) in ("classification", "gan"):  # batch-first (images, labels)
+    if enum_name(cfg.task) in ("classification", "gan"):  # batch-first (images, labels)
 
         def step_on(n: int) -> Any:
             # one micro-batch (saved tensors live from its forward to its backward only), cut
@@ -66,7 +66,7 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     )
 
 
-def _enum_name(v: Any) -> str:
+def enum_name(v: Any) -> str:
     """An enum member's name or a plain string (OmegaConf gives enums for typed fields)."""
     return str(getattr(v, "name", v))
 
@@ -140,7 +140,7 @@ class BareLoop:
         from mpt_repro.optim import optimizer_factory
 
         self.why_not: str | None = None
-        if _enum_name(cfg.task) != "classification":
+        if enum_name(cfg.task) != "classification":
             self.why_not = "the bare loop is written for classification (one model)"
             return
         task, policy = bs.task, bs.policy

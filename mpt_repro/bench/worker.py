@@ -49,7 +49,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
     from mpt_repro.bench import measure as m
     from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
-    from mpt_repro.bench.step import build_step, skipped_steps
+    from mpt_repro.bench.step import build_step, enum_name, skipped_steps
     from mpt_repro.run import describe_device, pick_device
 
     b = BenchConfig(**spec["bench"])
@@ -59,8 +59,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
-    # each trainer window ends with an evaluation (outside its clock): one batch of it suffices
-    cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
+    if enum_name(cfg.task) in ("classification", "gan"):
+        # each trainer window ends with an evaluation (outside its clock): one batch suffices
+        cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
     tag = f"{preset} (repeat {repeat + 1}/{b.repeats})"
 
     def say(msg: str) -> None:
@@ -107,14 +108,12 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     }
     say(f"{out['samples_per_s']:.4g} samples/s")
     if repeat == 0 and b.instrument:
-        if bs.step_on is None:
-            out["instrument_note"] = "the batch cannot be cut in half: saved bytes are per step"
-            step_on = lambda n: bs.step()  # noqa: E731
-            n = bs.samples
+        if bs.step_on is None:  # e.g. an LM's streams: one whole step, counted as it is
+            step_on, n = (lambda _: bs.step()), bs.samples
         else:
             step_on, n = bs.step_on, bs.micro_batch
         say("instrumented steps: saved-for-backward bytes, host syncs, FLOPs")
-        out.update(m.instrument(step_on, n, device))
+        out.update(m.instrument(step_on, n, device, slope=bs.step_on is not None))
         out["flops_per_sample"] = out["flops_per_step"] / n
     if repeat == 0 and b.overhead_steps:
         out.update(overhead(cfg, bs, b, device, say))
