@@ -64,7 +64,8 @@ def test_a_bad_suite_override_exits_2_before_any_worker(capsys):
 
     assert main(["experiment=demo", "data.batchsize=3", "bench.presets=[fp32]"]) == 2
     err = capsys.readouterr().err
-    assert "data.batchsize" in err and "DataConfig" in err and "+data" not in err
+    # mpt-run's own refusal, with its suggestion
+    assert "data.batchsize" in err and "data.batch_size" in err and "+data" not in err
 
 
 # -- peaks --------------------------------------------------------------------------------------

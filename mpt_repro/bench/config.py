@@ -108,9 +108,9 @@ def _groups(conf_dir: str) -> str:
 
 def config_dir() -> str:
     """The folder mpt-run composes from (one place to change if the configs move)."""
-    from mpt_repro.cli import CONF_DIR
+    from mpt_repro import config
 
-    return CONF_DIR
+    return str(config.CONF_DIR)
 
 
 def split_args(argv: list[str]) -> tuple[list[str], list[str]]:
@@ -173,9 +173,12 @@ def compose(overrides: list[str], preset: str) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
-    from mpt_repro.config import register_configs, validate
+    from mpt_repro.config import check_command_line, register_configs, validate
 
     register_configs()
+    problem = check_command_line(list(overrides))  # mpt-run's refusals: typos, stray `+key=`
+    if problem:
+        raise ConfigError(problem)
     # a composition of its own: whatever Hydra state the caller holds (a test session's) is reset
     GlobalHydra.instance().clear()
     try:

@@ -178,7 +178,7 @@ class BareLoop:
             else nullcontext()
         )
         self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
-        self.loss_fn = type(task)._loss
+        self.loss_fn = task._loss  # the task's own (label smoothing, aux heads)
         self.clip = cfg.optim.grad_clip
         self.samples = bs.samples
 
