@@ -102,9 +102,9 @@ class ModelConfig:
     aux_logits: bool = False
     aux_weight: float = 0.3  # each auxiliary loss's weight (Caffe prototxts 0.3, TF-slim v3 0.4)
     aux_dropout: float = 0.7  # googlenet's auxiliary heads (BVLC prototxt: 0.7)
-    channels_last: bool = (
-        False  # NHWC memory format on CUDA (faster convolutions with tensor cores)
-    )
+    # NHWC memory format for CNNs on CUDA (tensor-core convolutions without layout transposes);
+    # ignored on the CPU and for models that are not CNNs
+    channels_last: bool = True
     # language model (LSTM with projection, optional sampled softmax)
     embed_dim: int = 64
     hidden_size: int = 128

@@ -24,7 +24,7 @@ PRESETS = ["fp32", "mixed", "no_scaling", "amp", "bf16", "fp16", "no_master", "a
 @pytest.mark.parametrize("precision", PRESETS)
 def test_every_precision_preset_composes(experiment: str, precision: str) -> None:
     cfg = compose([f"experiment={experiment}", f"precision={precision}"])
-    assert cfg.task.name == "detection" and cfg.precision.name == precision
+    assert cfg.task == "detection" and cfg.precision.name == precision
 
 
 def test_paper_loss_scales() -> None:

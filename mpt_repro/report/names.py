@@ -135,18 +135,29 @@ def experiments() -> dict[str, Experiment]:
     out = {}
     for stem, path in _group("experiment").items():
         body = _load(path)
-        data = ""
-        for entry in body.get("defaults") or []:
-            if isinstance(entry, dict):
-                for key, value in entry.items():
-                    if key.split()[-1].strip("/") == "data":  # "override /data": imagenet
-                        data = str(value)
+        data = _data_override(path)
         name = str(body.get("experiment_name") or stem)
         data_file = conf_dir() / "data" / f"{data}.yaml"
         data_name = str(_load(data_file).get("name") or data) if data_file.exists() else data
         task = str(body.get("task") or "classification")
         out[name] = Experiment(name, task, data, stem, data_name)
     return out
+
+
+def _data_override(path: Path) -> str:
+    """The data config an experiment file selects ("override /data: imagenet"), also through
+    the parents it lists in its defaults (e.g. `_base/imagenet`, in the experiment group)."""
+    data = ""
+    for entry in _load(path).get("defaults") or []:
+        if isinstance(entry, dict):
+            for key, value in entry.items():
+                if key.split()[-1].strip("/") == "data":
+                    data = str(value)
+        elif isinstance(entry, str) and entry != "_self_":
+            parent = conf_dir() / "experiment" / f"{entry.removeprefix('/experiment/')}.yaml"
+            if parent.exists():
+                data = _data_override(parent) or data
+    return data
 
 
 def own_data(experiment: str) -> str | None:
