@@ -80,7 +80,19 @@ class Classification(Task):
         if cfg.trainer.compile:
             self.train_model = compiled(self.train_model, cfg)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
-        loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
+        # batches arrive normalised on the device in the model's dtype and memory format: one
+        # pass over the input (uint8 in the loader, one fused normalise-and-cast on the device)
+        loaders = build_epoch_loaders(
+            self.data.train,
+            self.data.eval,
+            d,
+            batch,
+            cfg.seed,
+            device,
+            input_dtype=policy.storage_dtype,
+            memory_format=torch.channels_last if self.channels_last else None,
+        )
+        self._classes_checked = False
         self.sampler, self.train_loader, self.eval_loader = (
             loaders.sampler,
             loaders.train,
@@ -115,6 +127,9 @@ class Classification(Task):
         return StepResult(loss=total, stepped=stepped, samples=samples)
 
     def _loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        if not self._classes_checked:  # a model built for another class count: say so at once
+            self.data.check_logits(out if torch.is_tensor(out) else out[0])
+            self._classes_checked = True
         # the auxiliary heads in training mode (GoogLeNet, BN-Inception, Inception v3) weighted by
         # model.aux_weight; label smoothing per optim.label_smoothing (Inception v3: 0.1)
         return classification_loss(
