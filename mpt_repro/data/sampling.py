@@ -78,6 +78,7 @@ def build_epoch_loaders(
     device: torch.device,
     input_dtype: torch.dtype | None = None,
     memory_format: torch.memory_format | None = None,
+    collate_fn: Any = None,
 ) -> EpochLoaders:
     """The loaders of an image task: training in the (seed, epoch) order of an EpochSampler,
     sharded over ranks; evaluation on this rank's slice. Neither draws from the global RNG.
@@ -87,7 +88,8 @@ def build_epoch_loaders(
     - uint8 image data (ImageNet, imagefolder): worker batches moved to the device and normalised
       there, in `input_dtype` (default float32) and `memory_format` (default contiguous): pass
       the model's storage dtype and torch.channels_last to get the input in one pass;
-    - anything else: the DataLoader's batches as they are.
+    - anything else: the DataLoader's batches as they are (collated by `collate_fn` if given,
+      e.g. detection's variable numbers of boxes).
     Errors from loader workers arrive as one-line DataErrors naming the file."""
     from mpt_repro import distributed
 
@@ -116,6 +118,8 @@ def build_epoch_loaders(
         pin_memory=d.pin_memory and device.type == "cuda",
         persistent_workers=d.num_workers > 0,
     )
+    if collate_fn is not None:
+        args["collate_fn"] = collate_fn
     prepare_train = prepare_eval = None
     if hasattr(_base(train)[0], "load_uint8"):  # ImageNet, imagefolder
         gpu = getattr(d, "decode", "cpu") == "gpu"

@@ -74,7 +74,13 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     # task was built may not), for captions; the preset's config, for the column order
     meta_cols = [
         c
-        for c in ("primary_metric", "higher_is_better", "peak_memory_kind", "precision_config")
+        for c in (
+            "primary_metric",
+            "higher_is_better",
+            "peak_memory_kind",
+            "precision_config",
+            "recipe",
+        )
         if c in runs.columns
     ]
     meta = runs.groupby(GROUP_KEYS, dropna=False)[meta_cols].first()

@@ -208,6 +208,20 @@ def _check(record, path: Path) -> Problem | None:
     return None
 
 
+def recipe_label(record: dict) -> str:
+    """The network and optimizer behind a number, as the caption states them: "alexnet (caffe),
+    sgd" (the variant only when the model has several)."""
+    model = record.get("model") or {}
+    config = record.get("config") or {}
+    optim = config.get("optim") if isinstance(config, dict) else None
+    name = str(model.get("name") or "")
+    variant = model.get("variant")
+    label = f"{name} ({variant})" if variant else name
+    if isinstance(optim, dict) and optim.get("name"):
+        label += f", {optim['name']}"
+    return label
+
+
 def _flatten(record: dict, path: Path) -> dict[str, Any]:
     """One row of the runs table: the grouping key, status, metrics (metric_<name>) and costs."""
     data = record.get("data") or {}
@@ -225,6 +239,7 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "data_description": str(data.get("description") or ""),
         "device": device_label(record.get("device")),
         "model": str(model.get("name") or ""),
+        "recipe": recipe_label(record),
         "status": normalised_status(record),
         "reason": record.get("reason"),
         "diverged_at_step": record.get("diverged_at_step"),

@@ -182,6 +182,22 @@ def _confidence(ref: pd.DataFrame) -> str:
 # ---------------------------------------------------------------- the paper's tables
 
 
+def recipe_notes(part: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
+    """Which network and optimizer produced our numbers (docs/recipes.md has every setting)."""
+    if "recipe" not in part.columns:
+        return []
+    shown = []
+    for _, paper in ref.iterrows():
+        recipes = sorted(
+            {str(r) for r in part.loc[part["experiment"] == paper["experiment"], "recipe"] if r}
+        )
+        if recipes:
+            shown.append(f"{paper['label']}: {' / '.join(recipes)}")
+    if not shown:
+        return []
+    return ["Networks and optimizers behind our numbers: " + "; ".join(shown) + "."]
+
+
 def table1(agg: pd.DataFrame) -> list[Table]:
     """Paper Table 1 (ILSVRC12 top-1): paper FP32 and mixed next to ours, one table per setting."""
     ref = table1_reference()
@@ -228,6 +244,7 @@ def table1(agg: pd.DataFrame) -> list[Table]:
                 f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
                 "difference is shown."
             )
+        notes += recipe_notes(part, ref)
         tables.append(
             Table(
                 slugify("table1", budget, data, device),

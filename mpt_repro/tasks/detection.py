@@ -95,11 +95,16 @@ class Detection(Task):
         # optimizer, the checkpoints and evaluation see.
         self.train_model = distributed.wrap_model(self.model, cfg.distributed)
         self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
-        loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
-        # Variable numbers of boxes per image: batches are collated by detection_collate. (A
-        # DataLoader reads collate_fn when it starts an epoch's iterator, so setting it here
-        # takes effect; build_epoch_loaders could take it as an argument instead.)
-        loaders.train.collate_fn = loaders.eval.collate_fn = detection_collate
+        # variable numbers of boxes per image: batches are collated by detection_collate
+        loaders = build_epoch_loaders(
+            self.data.train,
+            self.data.eval,
+            d,
+            batch,
+            cfg.seed,
+            device,
+            collate_fn=detection_collate,
+        )
         self.sampler, self.train_loader, self.eval_loader = (
             loaders.sampler,
             loaders.train,
