@@ -122,3 +122,14 @@ def test_synthetic_batches_are_born_on_the_gpu():
     x, y = next(iter(loaders.train))
     assert x.device.type == "cuda" and y.device.type == "cuda"
     assert data.train.pool.device.type == "cuda"
+
+
+def test_synthetic_images_keep_their_channel_count():
+    # a 1-channel experiment (the demo's digits shape) on synthetic data: one mean and std per
+    # channel, never broadcast to three
+    from mpt_repro.data.synthetic import SyntheticImages
+
+    ds = SyntheticImages(8, channels=1, image_size=4, num_classes=3, pool=4, seed=0)
+    x, y = ds.batch(torch.arange(4))
+    assert x.shape == (4, 1, 4, 4) and ds[0][0].shape == (1, 4, 4)
+    assert float(x.min()) >= -1.0 and float(x.max()) <= 1.0

@@ -18,7 +18,7 @@ from torch.utils.data import Dataset
 from mpt_repro.data import ImageData, register_dataset
 from mpt_repro.data.device import normalize_on_device
 
-MEAN = STD = (0.5, 0.5, 0.5)
+MEAN = STD = 0.5  # every channel: uint8 noise maps to [-1, 1]
 
 
 class SyntheticImages(Dataset):
@@ -30,6 +30,8 @@ class SyntheticImages(Dataset):
     ):
         self.size, self.seed = size, seed
         self.shape = (min(pool, size), channels, image_size, image_size)
+        # one mean and std per channel: three would broadcast a 1-channel image to RGB
+        self.mean, self.std = (MEAN,) * channels, (STD,) * channels
         self.labels = self._cpu_labels = torch.randint(
             num_classes, (size,), generator=torch.Generator().manual_seed(seed)
         )
@@ -60,7 +62,8 @@ class SyntheticImages(Dataset):
         if self.pool is None:
             self.place(indices.device)
         images = self.pool.index_select(0, indices.remainder(self.shape[0]))
-        return normalize_on_device(images, MEAN, STD, dtype, memory_format), self.labels[indices]
+        x = normalize_on_device(images, self.mean, self.std, dtype, memory_format)
+        return x, self.labels[indices]
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         """One sample on the CPU (for code that indexes the data set, e.g. a DataLoader with
@@ -70,7 +73,7 @@ class SyntheticImages(Dataset):
         if self._cpu_pool is None:
             self._cpu_pool = self.pool.cpu()
         image = self._cpu_pool[i % self.shape[0]][None]
-        return normalize_on_device(image, MEAN, STD)[0], int(self._cpu_labels[i])
+        return normalize_on_device(image, self.mean, self.std)[0], int(self._cpu_labels[i])
 
 
 @register_dataset("synthetic")
