@@ -35,6 +35,8 @@ def main() -> int:
         f"budget={args.budget}",
         f"paths.runs_dir={args.runs_dir}",
         "trainer.progress=false",
+        # train afresh on every `make demo`; an earlier demo's files move to previous-<time>/
+        "overwrite=true",
         *args.overrides,
     ]
     print("$", " ".join(command), flush=True)
