@@ -140,6 +140,27 @@ def recalibrate_bn(model: nn.Module, inputs: Iterable[Any]) -> int:
     return used
 
 
+class SampledTask(Task):
+    """A task that trains on a loader ordered by an EpochSampler (`self.sampler`,
+    `self.train_loader`), `self.accumulate` micro-batches per iteration: the image tasks."""
+
+    sampler: Any
+    train_loader: Any
+
+    def __init__(self, cfg: Any, device: torch.device, policy: Any):
+        super().__init__(cfg, device, policy)
+        self.accumulate = cfg.trainer.accumulate
+
+    def steps_per_epoch(self) -> int:
+        return self.sampler.batches_per_epoch() // self.accumulate
+
+    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
+        """Each iteration's micro-batches (trainer.accumulate of them), in the (seed, epoch)
+        order; a resumed run skips the iterations it has done."""
+        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
+        return chunked(self.train_loader, self.accumulate)
+
+
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:
     import mpt_repro.tasks  # noqa: F401  (registers the tasks)
 

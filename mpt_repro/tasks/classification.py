@@ -19,9 +19,8 @@ from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
 from mpt_repro.tasks.base import (
+    SampledTask,
     StepResult,
-    Task,
-    chunked,
     micro_batches,
     recalibrate_bn,
     register_task,
@@ -44,7 +43,7 @@ def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
 
 
 @register_task("classification")
-class Classification(Task):
+class Classification(SampledTask):
     primary_metric = "top1"
     higher_is_better = True
     metric_names = ["loss", "top1", "top5"]
@@ -56,7 +55,6 @@ class Classification(Task):
             cfg
         )  # this process's and all processes' batch
         self.data = build_image_data(d)
-        self.accumulate = cfg.trainer.accumulate
         self.micro_batch = batch
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
@@ -98,14 +96,6 @@ class Classification(Task):
             loaders.train,
             loaders.eval,
         )
-
-    def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch() // self.accumulate
-
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
-        """Each iteration's micro-batches (trainer.accumulate of them)."""
-        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
-        return chunked(self.train_loader, self.accumulate)
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.to(self.device, non_blocking=True)

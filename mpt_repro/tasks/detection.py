@@ -14,7 +14,6 @@ evaluation, for run.json ``metrics_detail``.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -27,7 +26,12 @@ from mpt_repro.errors import ConfigError
 from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
 from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
+from mpt_repro.tasks.base import (
+    SampledTask,
+    StepResult,
+    micro_batches,
+    register_task,
+)
 
 # The input geometry each detector expects from the data pipeline (see the models' docstrings).
 GEOMETRY = {"ssd300": "warp", "faster_rcnn_vgg16": "shorter_side"}
@@ -68,7 +72,7 @@ def caffe_param_groups(factory: Any, name: str) -> Any:
 
 
 @register_task("detection")
-class Detection(Task):
+class Detection(SampledTask):
     primary_metric = "map"
     higher_is_better = True
 
@@ -83,7 +87,6 @@ class Detection(Task):
         self.data = build_detection_data(d, GEOMETRY[name])
         self.metric_names = ["map", "map_area", *LOSS_PARTS[name]]  # eval metrics + train parts
         self.metrics_detail: dict[str, Any] = {}
-        self.accumulate = cfg.trainer.accumulate
         # Seed right before building the model: every precision preset starts from the same weights.
         torch.manual_seed(cfg.seed)
         model = build_model(cfg.model, num_classes=self.data.num_classes, image_size=d.image_size)
@@ -110,14 +113,6 @@ class Detection(Task):
             loaders.train,
             loaders.eval,
         )
-
-    def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch() // self.accumulate
-
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
-        """Each iteration's micro-batches (trainer.accumulate of them)."""
-        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
-        return chunked(self.train_loader, self.accumulate)
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
         images, sizes, targets = batch

@@ -33,7 +33,12 @@ from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.models.dcgan import sample_noise
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, chunked, micro_batches, register_task
+from mpt_repro.tasks.base import (
+    SampledTask,
+    StepResult,
+    micro_batches,
+    register_task,
+)
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
 NOISE_SEED_PER_RANK = (
@@ -55,7 +60,7 @@ def frozen(module: nn.Module) -> Iterator[None]:
 
 
 @register_task("gan")
-class GAN(Task):
+class GAN(SampledTask):
     # The generator's loss on fixed noise against the current discriminator. Lower means G fools
     # this D more; it is NOT a measure of image quality (see the module docstring).
     primary_metric = "g_loss"
@@ -70,7 +75,6 @@ class GAN(Task):
         )  # this process's and all processes' batch
         self.data = build_image_data(d)
         self.image_size = d.image_size
-        self.accumulate = cfg.trainer.accumulate
         # Seed right before building the models: every precision preset starts from the same
         # weights.
         torch.manual_seed(cfg.seed)
@@ -106,14 +110,6 @@ class GAN(Task):
         )
         # which evaluation noise goes with which image of this rank's slice
         self.eval_indices = torch.tensor(list(loaders.eval_shard), dtype=torch.long, device=device)
-
-    def steps_per_epoch(self) -> int:
-        return self.sampler.batches_per_epoch() // self.accumulate
-
-    def train_batches(self, epoch: int, skip: int = 0) -> Iterator[list[Any]]:
-        """Each iteration's micro-batches (trainer.accumulate of them)."""
-        self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
-        return chunked(self.train_loader, self.accumulate)
 
     def _real(self, batch: Any) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (list, tuple)) else batch  # labels, if any, are ignored
