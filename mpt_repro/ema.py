@@ -50,6 +50,8 @@ class ParameterEMA:
         self.shadow = [p.detach().float().clone() for p in self.sources]
         device = self.shadow[0].device if self.shadow else torch.device("cpu")
         self.updates = torch.zeros((), dtype=torch.int64, device=device)
+        # made once: a host-to-device copy each step could wait on the GPU
+        self._decay = torch.tensor(decay, device=device)
 
     @torch.no_grad()
     def update(self, stepped: Tensor) -> None:
@@ -57,7 +59,7 @@ class ParameterEMA:
         if not self.shadow:
             return
         stepped = stepped.to(self.updates.device)
-        decay = torch.tensor(self.decay, device=self.updates.device)
+        decay = self._decay
         if self.warmup:
             t = self.updates.float()
             decay = torch.minimum(decay, (1 + t) / (10 + t))

@@ -61,6 +61,25 @@ def run_cli(
     return proc
 
 
+# the variables of scripts/reproduce_table.sh: the tests that run it clear them from the
+# environment, so a developer's own settings cannot change what a test checks
+REPRODUCE_TABLE_SETTINGS = (
+    "BUDGET",
+    "DATA",
+    "DATA_ROOT",
+    "SEEDS",
+    "EXPERIMENTS",
+    "PRECISIONS",
+    "OTHERS",
+    "DRY_RUN",
+    "LAUNCHER",
+    "OTHER_PRECISIONS",
+    "LM_ROOT",
+    "CELEBA_ROOT",
+    "VOC_ROOT",
+)
+
+
 def read_run(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "run.json").read_text())
 

@@ -5,9 +5,6 @@ interface.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import conftest
@@ -181,22 +178,7 @@ def test_paper_config():
 
 def test_mpt_run_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("mpt-run")),
-            "experiment=dcgan",
-            "budget=smoke",
-            "precision=fp32",
-            "trainer.progress=false",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    conftest.run_cli("experiment=dcgan", "budget=smoke", "precision=fp32", run_dir=run_dir)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed"
     assert set(record["metrics"]) == {"d_loss", "g_loss", "d_real", "d_fake"}

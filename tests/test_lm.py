@@ -5,9 +5,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
@@ -270,22 +267,7 @@ def test_paper_budget_config_is_the_papers_model():
 
 def test_mpt_run_smoke(tmp_path):
     run_dir = tmp_path / "run"
-    proc = subprocess.run(
-        [
-            str(Path(sys.executable).with_name("mpt-run")),
-            "experiment=lstm_lm",
-            "budget=smoke",
-            "precision=fp32",
-            "trainer.progress=false",
-            f"hydra.run.dir={run_dir}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env={**os.environ, "PYTHONWARNINGS": "ignore"},
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    conftest.run_cli("experiment=lstm_lm", "budget=smoke", "precision=fp32", run_dir=run_dir)
     record = json.loads((run_dir / "run.json").read_text())
     assert record["status"] == "completed"
     assert record["primary_metric"] == "perplexity" and record["higher_is_better"] is False

@@ -9,29 +9,15 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import REPRODUCE_TABLE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = (
-    "BUDGET",
-    "DATA",
-    "DATA_ROOT",
-    "SEEDS",
-    "EXPERIMENTS",
-    "PRECISIONS",
-    "OTHERS",
-    "DRY_RUN",
-    "LAUNCHER",
-    "OTHER_PRECISIONS",
-    "LM_ROOT",
-    "CELEBA_ROOT",
-    "VOC_ROOT",
-)
 
 
 def reproduce(
     tmp_path: Path, command: list[str], timeout: int, **env
 ) -> subprocess.CompletedProcess:
-    clean = {k: v for k, v in os.environ.items() if k not in SETTINGS}
+    clean = {k: v for k, v in os.environ.items() if k not in REPRODUCE_TABLE_SETTINGS}
     clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
     return subprocess.run(
         command, cwd=ROOT, env=clean, capture_output=True, text=True, timeout=timeout
