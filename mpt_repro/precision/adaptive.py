@@ -15,10 +15,11 @@ How it hooks into PyTorch autograd (nothing here edits a model):
   contribution can be rescaled *before* autograd adds it to the other consumers' contributions;
 * a forward hook on L registers a pre-hook on the autograd node that produced L's output: it
   multiplies L's incoming gradient by s_L (and records its statistics when due);
-* ``scale_loss`` (called right before backward) walks the autograd graph from the loss once and
-  solves for one consistent scale per node (``_plan``): the factors of the ``_Rescale`` edges,
-  the s_L to apply, and the scale every parameter's gradient will carry. All scales are powers
-  of two, kept as integer exponents, so every rescaling is exact.
+* ``scale_loss`` (called right before backward) solves for one consistent scale per node of the
+  autograd graph below the loss (``_plan``): the factors of the ``_Rescale`` edges, the s_L to
+  apply, and the scale every parameter's gradient will carry. All scales are powers of two,
+  kept as integer exponents, so every rescaling is exact. The graph is walked once per forward
+  key and kept as a ``_Tape`` (``_tape_for``): later steps replay it without a walk.
 
 The statistics a layer's scale is computed from are those of the previous iteration's gradient
 (recorded in the backward, read when the next plan is made): the plan must be fixed before the
@@ -28,6 +29,7 @@ s_L from the current gradient; with update_interval > 1 both reuse old values an
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 import warnings
@@ -110,21 +112,25 @@ def fan_in(module: nn.Module) -> int:
 
 # -- autograd plumbing -------------------------------------------------------------------------
 class _InCell:
-    """The factor of one layer's private edge into its input (set by the plan)."""
+    """The factor of one layer's private edge into its input (set by the plan). ``seq``: its
+    place among its scaler's input edges since that scaler's last plan."""
 
-    __slots__ = ("factor",)
+    __slots__ = ("factor", "owner", "seq")
 
-    def __init__(self):
+    def __init__(self, owner: AdaptiveScaler, seq: int):
         self.factor = 1.0
+        self.owner, self.seq = owner, seq
 
 
 class _OutCell:
-    """One call of a layer: the factor for its incoming gradient, and whether to record stats."""
+    """One call of a layer: the factor for its incoming gradient, and whether to record stats.
+    ``index``: which output of the autograd node is the layer's; ``seq``: the call's place among
+    its scaler's layer calls since the last plan."""
 
-    __slots__ = ("layer", "index", "factor", "record_scale")
+    __slots__ = ("layer", "index", "seq", "factor", "record_scale")
 
-    def __init__(self, layer: _Layer, index: int):
-        self.layer, self.index = layer, index
+    def __init__(self, layer: _Layer, index: int, seq: int):
+        self.layer, self.index, self.seq = layer, index, seq
         self.factor = 1.0
         self.record_scale: float | None = None  # the planned scale of the gradient, when recording
 
@@ -254,6 +260,91 @@ class _Groups:
         return keep, target - self.base[keep]
 
 
+# -- the plan's walk of one graph structure, kept for reuse -------------------------------------
+# The roles of the graph nodes the solve acts on; every other node has one incoming gradient and
+# passes its scale on unchanged, so the tape leaves it out.
+_JOIN, _LAYER, _EDGE, _LEAF = range(4)
+_LOSS = -1  # a source: the loss itself, whose gradient starts at scale 2^0 (pinned)
+AUDIT_EVERY = 100  # a reused tape is compared with a fresh walk on its 1st, 101st, ... reuse
+
+
+@dataclasses.dataclass(eq=False)
+class _Tape:
+    """The autograd graph below one loss, reduced to what the solve needs, in solve order.
+
+    ``entries[i] = (role, ref, sources)``: ``sources`` are the tape positions (or ``_LOSS``)
+    whose scales arrive at node i; ``ref`` is, for a layer's output, the call's ``seq``; for an
+    input edge, an index into ``edges`` (owner scaler, the edge's place in its owner's list of
+    edges counted from the end); for a leaf, an index
+    into ``params``. The graph is the same from step to step for a fixed network, but its
+    nodes and cells are new objects every forward: the tape names them by forward order.
+    """
+
+    entries: list[tuple[int, int, tuple[int, ...]]]
+    edges: list[tuple[AdaptiveScaler, int]]
+    params: list[Tensor]
+    reuses: int = 0
+
+    def same_as(self, other: _Tape) -> bool:
+        return (
+            self.entries == other.entries
+            and [(id(o), s) for o, s in self.edges] == [(id(o), s) for o, s in other.edges]
+            and [id(p) for p in self.params] == [id(p) for p in other.params]
+        )
+
+
+def _walk(root, out_cells: dict[int, _OutCell]) -> _Tape:
+    """Record the solve order of the graph below ``root``: every node after all its consumers
+    (a count of consumers first, then Kahn's order with a stack)."""
+    consumers: dict[int, int] = defaultdict(int)
+    stack, seen = [root], {id(root)}
+    while stack:
+        n = stack.pop()
+        for child, _ in n.next_functions:
+            if child is None:
+                continue
+            consumers[id(child)] += 1
+            if id(child) not in seen:
+                seen.add(id(child))
+                stack.append(child)
+    tape = _Tape([], [], [])
+    arriving: dict[int, list[int]] = defaultdict(list)
+    arriving[id(root)].append(_LOSS)
+    ready = [root]
+    while ready:
+        node = ready.pop()
+        sources = arriving.pop(id(node))
+        cell = out_cells.get(id(node))
+        in_cell = getattr(node, "mpt_in_cell", None)
+        if cell is not None:
+            role, ref = _LAYER, cell.seq
+        elif isinstance(in_cell, _InCell):  # this scaler's edge or another's (a GAN's D)
+            role, ref = _EDGE, len(tape.edges)
+            # counted from the end of its owner's list: the owner's latest forward is this one's
+            # (another scaler's list is emptied at that scaler's own plans, not at this one's)
+            tape.edges.append((in_cell.owner, in_cell.seq - len(in_cell.owner._in_cells)))
+        elif hasattr(node, "variable"):  # AccumulateGrad: a parameter's gradient lands here
+            role, ref = _LEAF, len(tape.params)
+            tape.params.append(node.variable)
+        elif len(sources) > 1:
+            role, ref = _JOIN, 0
+        else:
+            role = None
+        if role is None:
+            here = sources[0]  # a pass-through node: its consumers see its producer's scale
+        else:
+            here = len(tape.entries)
+            tape.entries.append((role, ref, tuple(sources)))
+        for child, _ in node.next_functions:
+            if child is None:
+                continue
+            arriving[id(child)].append(here)
+            consumers[id(child)] -= 1
+            if consumers[id(child)] == 0:
+                ready.append(child)
+    return tape
+
+
 # -- the scaler --------------------------------------------------------------------------------
 @register_scaler("adaptive")
 class AdaptiveScaler(LossScaler):
@@ -280,15 +371,23 @@ class AdaptiveScaler(LossScaler):
         self.interval = int(a.adaptive_update_interval)
         self.layers: dict[str, _Layer] = {}
         self._pairs: list[tuple[Tensor, Tensor]] = []  # (model parameter, optimizer parameter)
-        self._nodes: dict[
-            int, tuple[object, _OutCell]
-        ] = {}  # layer-output nodes since the last plan
+        # what the forward did since the last plan: layer-output nodes by id (strong references,
+        # so an id cannot be reused), the layer calls and input edges in order, and the key
+        self._nodes: dict[int, tuple[object, _OutCell]] = {}
+        self._out_cells: list[_OutCell] = []
+        self._in_cells: list[_InCell] = []
+        self._forward: list[tuple] = []
         self._param_exp: dict[int, int] = {}  # id(model parameter) -> log2 scale of its gradient
         self.iteration = 0  # plans made
         self.updates = 0  # recomputations of the layer scales
         self.fallback_steps = 0
         self.force = False  # recompute at the next plan (after an overflow)
         self._warned = False
+        # plans reuse the walk of a graph they have seen (see _tape_for); False: walk every step
+        self.plan_cache = bool(a.adaptive_plan_cache)
+        self._tapes: dict[tuple, _Tape] = {}
+        self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
+        self.plan_reuses = 0  # plans made from a kept tape, without a walk
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -315,24 +414,32 @@ class AdaptiveScaler(LossScaler):
             or not args[0].requires_grad
         ):
             return None  # evaluation, or the network's input: no gradient to rescale
-        return (_Rescale.apply(args[0], _InCell()),) + tuple(args[1:])
+        x = args[0]
+        made_by = self._nodes.get(id(x.grad_fn))
+        # for the cache key: where the input comes from (a layer call of this forward, or an op)
+        self._forward.append((layer.name, made_by[1].seq if made_by else type(x.grad_fn)))
+        cell = _InCell(self, len(self._in_cells))
+        self._in_cells.append(cell)
+        return (_Rescale.apply(x, cell),) + tuple(args[1:])
 
     def _hook_output(self, layer: _Layer, module, args, out):
         y = out[0] if isinstance(out, (tuple, list)) else out
         if not torch.is_tensor(y) or y.grad_fn is None:
             return None
         node = y.grad_fn
-        cell = _OutCell(layer, y.output_nr)
+        cell = _OutCell(layer, y.output_nr, len(self._out_cells))
         node.register_prehook(functools.partial(_scale_incoming, cell))
-        self._nodes[id(node)] = (node, cell)  # a strong reference: the id cannot be reused
+        self._nodes[id(node)] = (node, cell)
+        self._out_cells.append(cell)
+        self._forward.append((layer.name, y.output_nr, type(node)))
         return None
 
     # -- one step: plan, backward, unscale, update -------------------------------------------
     def scale_loss(self, loss: Tensor) -> Tensor:
         loss = loss.float()
-        nodes, self._nodes = self._nodes, {}
         if loss.grad_fn is not None:
-            self._plan(loss.grad_fn, nodes)
+            self._plan(loss.grad_fn)
+        self._nodes, self._out_cells, self._in_cells, self._forward = {}, [], [], []
         self.iteration += 1
         return loss  # the gradient reaching the loss has scale 2^0; the layers scale from there
 
@@ -343,25 +450,14 @@ class AdaptiveScaler(LossScaler):
     def _due_record(self) -> bool:
         return self.iteration == 0 or self.force or (self.iteration + 1) % self.interval == 0
 
-    def _plan(self, root, out_nodes: dict[int, tuple[object, _OutCell]]) -> None:
-        """Walk the graph from the loss (every consumer before its producers) and give every node
-        one incoming scale; fill in the factors and the parameters' scales."""
-        consumers: dict[int, int] = defaultdict(int)
-        stack, seen = [root], {id(root)}
-        while stack:
-            n = stack.pop()
-            for child, _ in n.next_functions:
-                if child is None:
-                    continue
-                consumers[id(child)] += 1
-                if id(child) not in seen:
-                    seen.add(id(child))
-                    stack.append(child)
+    def _plan(self, root) -> None:
+        """Give every node of the graph below the loss one incoming scale; fill in the layers'
+        factors, the input edges' factors and the parameters' scales."""
         if self._due_recompute():
             self._recompute()
-        record = self._due_record()
+        tape = self._tape_for(root)
         try:
-            self._solve(root, consumers, out_nodes, record)
+            self._solve(tape, self._due_record())
         except _Conflict as e:
             # Should not happen on the supported networks; never sum mixed scales: fall back to
             # one uniform scale (2^0, i.e. no scaling) for this step and say so once.
@@ -373,25 +469,60 @@ class AdaptiveScaler(LossScaler):
                     stacklevel=2,
                 )
                 self._warned = True
-            for _, cell in out_nodes.values():
+            for cell in self._out_cells:
                 cell.factor, cell.record_scale = 1.0, None
+            for role, ref, _ in tape.entries:
+                if role == _EDGE:
+                    self._edge_cell(tape, ref).factor = 1.0
             self._param_exp = {}
-            self._uniform_inputs(root)
 
-    def _solve(self, root, consumers, out_nodes, record: bool) -> None:
+    def _tape_for(self, root) -> _Tape:
+        """This step's graph as a tape. Walking the autograd graph in Python costs about as much
+        as the rest of a step's Python, so a tape is kept per forward key: the layer calls in
+        order, each with the node type of its output and where its input came from. A network
+        whose graph changes between layers while its layer calls stay the same would defeat the
+        key, so a kept tape is compared with a fresh walk on its 1st and every AUDIT_EVERY-th
+        reuse; a mismatch turns the cache off for the run (with a warning)."""
+        key = (type(root), *self._forward)
+        kept = self._tapes.get(key) if self.plan_cache else None
+        if kept is not None:
+            kept.reuses += 1
+            if kept.reuses % AUDIT_EVERY != 1:
+                self.plan_reuses += 1
+                return kept
+        tape = _walk(root, {i: cell for i, (_, cell) in self._nodes.items()})
+        self.plan_walks += 1
+        if kept is not None and not kept.same_as(tape):
+            self.plan_cache = False
+            self._tapes.clear()
+            warnings.warn(
+                "adaptive loss scaling: the autograd graph changed while the layer calls stayed "
+                "the same; the plan is now made from a walk of the graph every step (slower)",
+                stacklevel=3,
+            )
+        elif kept is None and self.plan_cache:
+            if len(self._tapes) >= 32:  # a network whose calls vary (e.g. stochastic depth)
+                self._tapes.pop(next(iter(self._tapes)))
+            self._tapes[key] = tape
+        return tape
+
+    def _edge_cell(self, tape: _Tape, ref: int) -> _InCell:
+        owner, seq = tape.edges[ref]
+        return owner._in_cells[seq]
+
+    def _solve(self, tape: _Tape, record: bool) -> None:
+        """Replay the tape with this step's exponents: one union-find over power-of-two scales."""
         groups = _Groups()
-        contribs: dict[int, list[tuple[int, int]]] = defaultdict(list)
-        contribs[id(root)].append((groups.new(0, pinned=True), 0))
-        ready, edges, leaves = [root], [], []
-        cap = self.cap_exp
-        while ready:
-            node = ready.pop()
-            g, off = groups.resolve(contribs.pop(id(node)))
+        loss = (groups.new(0, pinned=True), 0)
+        at: list[tuple[int, int]] = []  # (group, offset) each tape entry passes on
+        edges, cap = [], self.cap_exp
+        param_exp: dict[int, tuple[int, int]] = {}
+        for role, ref, sources in tape.entries:
+            arriving = [loss if s == _LOSS else at[s] for s in sources]
+            g, off = groups.resolve(arriving) if len(arriving) > 1 else arriving[0]
             out = (g, off)
-            entry = out_nodes.get(id(node))
-            in_cell = getattr(node, "mpt_in_cell", None)
-            if entry is not None and entry[1].layer.owner is self:
-                cell = entry[1]
+            if role == _LAYER:
+                cell = self._out_cells[ref]
                 r, d = groups.find(g)
                 groups.pinned[r] = True  # s_L depends on the incoming scale: it is final now
                 prev = groups.base[r] + d + off
@@ -403,44 +534,20 @@ class AdaptiveScaler(LossScaler):
                 layer.min_exp = e if layer.min_exp is None else min(layer.min_exp, e)
                 layer.max_exp = e if layer.max_exp is None else max(layer.max_exp, e)
                 out = (g, off + e)
-            elif entry is not None:
-                entry[1].factor, entry[1].record_scale = (
-                    1.0,
-                    None,
-                )  # another scaler's layer: pass through
-            elif isinstance(in_cell, _InCell):
+            elif role == _EDGE:
                 # this consumer's edge: its output starts a free group, agreed at the join below
-                value = groups.value(g, off)
-                out = (groups.new(value), 0)
-                edges.append((in_cell, g, off, out[0]))
-            if hasattr(node, "variable"):  # AccumulateGrad: a parameter's gradient lands here
-                leaves.append((node.variable, g, off))
-            for child, _ in node.next_functions:
-                if child is None:
-                    continue
-                contribs[id(child)].append(out)
-                consumers[id(child)] -= 1
-                if consumers[id(child)] == 0:
-                    ready.append(child)
+                out = (groups.new(groups.value(g, off)), 0)
+                edges.append((self._edge_cell(tape, ref), g, off, out[0]))
+            elif role == _LEAF:
+                param_exp[id(tape.params[ref])] = (g, off)
+            at.append(out)
         for cell, g, off, g_out in edges:
             cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
-        self._param_exp = {id(p): groups.value(g, off) for p, g, off in leaves}
+        self._param_exp = {p: groups.value(g, off) for p, (g, off) in param_exp.items()}
         self._scale.fill_(
             2.0
             ** max([lay.accum for lay in self.layers.values() if lay.accum is not None], default=0)
         )
-
-    def _uniform_inputs(self, root) -> None:
-        stack, seen = [root], {id(root)}
-        while stack:
-            n = stack.pop()
-            cell = getattr(n, "mpt_in_cell", None)
-            if isinstance(cell, _InCell):
-                cell.factor = 1.0
-            for child, _ in n.next_functions:
-                if child is not None and id(child) not in seen:
-                    seen.add(id(child))
-                    stack.append(child)
 
     def _recompute(self) -> None:
         """Read the recorded gradient statistics and the current weights' (one host sync)."""
@@ -537,6 +644,9 @@ class AdaptiveScaler(LossScaler):
             "updates": self.updates,
             "fallback_steps": self.fallback_steps,
             "accum_cap": 2.0**self.cap_exp,
+            "plan_walks": self.plan_walks,
+            "plan_reuses": self.plan_reuses,
+            "plan_cache": "on" if self.plan_cache else "off (the graph changed under one key)",
             "layers": {
                 n: {
                     "final": 2.0 ** (lay.applied or 0),

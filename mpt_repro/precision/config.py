@@ -158,5 +158,8 @@ class PrecisionConfig:
     adaptive_accum_upper_bound: float = 1024.0
     adaptive_update_interval: int = 1
     adaptive_method: str = "approx_range"
+    # reuse the plan's walk of the autograd graph for a forward seen before (audited now and
+    # then); false: walk every step, for networks whose graph between layers changes per step
+    adaptive_plan_cache: bool = True
     # 8-bit floating point (docs/fp8.md): emulated E5M2/E4M3, or torchao float8 on Hopper
     fp8: FP8Config = field(default_factory=FP8Config)
