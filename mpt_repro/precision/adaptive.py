@@ -57,6 +57,7 @@ METHODS = ("approx_range",)
 
 
 # -- the per-layer scale formula ---------------------------------------------------------------
+@functools.cache  # one threshold per run: computed once, not per layer per step
 def erfinv_sqrt2(threshold: float) -> float:
     """sqrt(2) * erfinv(T): P(|X| < a) = T for X ~ N(0, sigma^2) at a = sigma * this."""
     return (
@@ -155,12 +156,13 @@ def _scale_incoming(cell: _OutCell, grads):
         g = grads[cell.index] if cell.index < len(grads) else None
         if g is not None:
             with torch.no_grad():
-                g32 = g.float()
-                sc = cell.record_scale
-                # statistics of the true (unscaled) gradient, no host sync: read at the next plan
-                cell.layer.g_stats = torch.stack(
-                    [g32.square().mean() / (sc * sc), g32.max() / sc, g32.min() / sc]
-                )
+                # no host sync (read at the next plan) and no FP32 copy of g: vector_norm
+                # accumulates the FP16 values in FP32 itself. Raw [|g|_2, max g, min g]: the
+                # plan squares, and divides by the scale g carries and by its size.
+                lo, hi = torch.aminmax(g)
+                norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+                cell.layer.g_stats = torch.stack([norm, hi, lo])  # promoted to FP32
+                cell.layer.g_scale = (cell.record_scale, g.numel())
     if cell.factor == 1.0:
         return None
     return tuple(None if g is None else g * cell.factor for g in grads)
@@ -175,26 +177,18 @@ class _Layer:
             p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")
         ]
         self.fan_in = fan_in(module)
+        self.weight_numel = sum(w.numel() for w in self.weights)
         # [E g^2, max g, min g, E W^2, max W, min W] of the true (unscaled) gradient and the
-        # weights at the last recomputation; s is re-derived from them at every plan
+        # weights at the last recomputation; s is re-derived from them at every plan. The
+        # weights' extremes enter the formula only through max|W| (the overflow bound's product
+        # of extremes is max|g| * max|W| in every sign combination): kept as max|W|, -max|W|.
         self.stats: list[float] | None = None
         self.applied: int | None = None  # log2 s applied in the last plan (after the caps)
         self.accum: int | None = None  # log2 of the accumulated scale below the layer, last plan
         self.min_exp: int | None = None
         self.max_exp: int | None = None
-        self.g_stats: Tensor | None = None
-
-    def w_stats(self) -> Tensor:
-        """[mean square, max, min] over all of the layer's weight matrices (LSTM: all of them)."""
-        n = sum(w.numel() for w in self.weights)
-        ms = sum(w.detach().float().square().sum() for w in self.weights) / n
-        return torch.stack(
-            [
-                ms,
-                torch.stack([w.detach().max() for w in self.weights]).max().float(),
-                torch.stack([w.detach().min() for w in self.weights]).min().float(),
-            ]
-        )
+        self.g_stats: Tensor | None = None  # raw [|g|_2, max g, min g] on the device
+        self.g_scale: tuple[float, int] = (1.0, 1)  # (the scale g carried, g's size)
 
 
 class _Conflict(Exception):
@@ -557,23 +551,37 @@ class AdaptiveScaler(LossScaler):
         from mpt_repro import distributed
 
         with torch.no_grad():
-            table = torch.stack(
-                [torch.cat([lay.g_stats.to(lay.weights[0].device), lay.w_stats()]) for lay in have]
-            )
+            device = have[0].weights[0].device
+            grads = torch.stack([lay.g_stats.to(device) for lay in have])
+            grads[:, 0] = grads[:, 0].square()  # sums of squares (one kernel for all layers)
             # Under DDP every rank must plan the same scales: DDP averages gradients that must all
             # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of
-            # the
-            # mean squares, max of the maxima, min of the minima. Weights are identical on all
-            # ranks.
-            distributed.all_reduce_columns_(table, ["mean", "max", "min", "none", "none", "none"])
-            stats = table.tolist()
+            # the sums of squares, max of the maxima, min of the minima. Weights are identical.
+            distributed.all_reduce_columns_(grads, ["mean", "max", "min"])
+            weights = [w for lay in have for w in lay.weights]
+            # two multi-tensor kernels for all the weights, and one copy to the host for all
+            values = torch.cat(
+                [
+                    grads.flatten(),
+                    torch.stack(torch._foreach_norm(weights, 2, dtype=torch.float32)),
+                    torch.stack(torch._foreach_norm(weights, math.inf)).float(),
+                ]
+            ).tolist()
         self.force = False
         self.updates += 1
-        for layer, st in zip(have, stats):
+        g_values, w_norms = values[: 3 * len(have)], values[3 * len(have) :]
+        w_absmax = w_norms[len(weights) :]
+        first = 0  # the layer's first weight tensor in w_norms
+        for k, layer in enumerate(have):
+            sumsq, g_max, g_min = g_values[3 * k : 3 * k + 3]
+            sc, numel = layer.g_scale
+            last = first + len(layer.weights)
+            ms_w = sum(n * n for n in w_norms[first:last]) / layer.weight_numel
+            w_max = max(w_absmax[first:last])
+            first = last
+            st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, -w_max]
             layer.g_stats = None
-            if all(
-                math.isfinite(v) for v in st
-            ):  # an overflowing step's statistics: keep the old ones
+            if all(math.isfinite(v) for v in st):  # an overflowing step's: keep the old ones
                 layer.stats = st
 
     def _exponent(self, layer: _Layer, prev: int, cap: int) -> int:
@@ -675,6 +683,7 @@ class AdaptiveScaler(LossScaler):
                     "min_exp": lay.min_exp,
                     "max_exp": lay.max_exp,
                     "g_stats": None if lay.g_stats is None else lay.g_stats.detach().cpu().clone(),
+                    "g_scale": list(lay.g_scale),
                 }
                 for n, lay in self.layers.items()
             },
@@ -705,6 +714,11 @@ class AdaptiveScaler(LossScaler):
                 s["max_exp"],
             )
             lay.g_stats = None if s["g_stats"] is None else s["g_stats"].to(lay.weights[0].device)
+            lay.g_scale = (1.0, 1)
+            if "g_scale" in s:
+                lay.g_scale = (float(s["g_scale"][0]), int(s["g_scale"][1]))
+            elif lay.g_stats is not None:  # written before g_scale: the finished [E g^2, max, min]
+                lay.g_stats[0] = lay.g_stats[0].sqrt()
 
 
 def describe(cfg) -> str:
