@@ -138,6 +138,31 @@ def test_host_syncs_are_counted_by_op():
     assert out["host_syncs_per_step"] == 3
     assert out["host_sync_where"]["nonzero"] == "outside mpt_repro"
 
+    def marked(n: int):  # the same reads in a block marked as host work by design
+        with torch.profiler.record_function(measure.HOST_MARK + "test"):
+            step_on(n)
+        torch.nonzero(x)  # after the block: counted again
+
+    out = measure.instrument(marked, 8, CPU)
+    assert out["host_sync_ops"] == {"nonzero": 1}
+
+
+def test_every_dispatched_op_is_counted_once():
+    lin = torch.nn.Linear(4, 3)
+    x = torch.randn(8, 4)
+
+    def step(extra: int):
+        def step_on(n: int):
+            y = lin(x[:n])
+            for _ in range(extra):
+                y = torch.neg(y)  # one ATen op, and one more (neg) in the backward
+            y.sum().backward()
+
+        return measure.instrument(step_on, 8, CPU, slope=False)["ops_per_step"]
+
+    assert step(0) > 5  # the linear layer's forward and backward ops
+    assert step(3) - step(0) == 6
+
 
 def test_the_suites_step_shows_where_its_syncs_are(one_thread):
     """SyncCounter names the mpt_repro line a sync comes from (here: a host read of the step's
@@ -320,8 +345,7 @@ def test_mpt_bench_end_to_end_writes_the_json(tmp_path):
 
 def test_a_worker_measures_an_lm_step_whose_batch_cannot_be_cut(tmp_path, one_thread):
     """The LM's batch is parallel streams with carried state: saved bytes are the whole step's
-    per sample, and the bare loop (classification only) says why there is no overhead figure.
-    Its syncs are named where they are made (the sampled softmax's sampler)."""
+    per sample, and the bare loop (classification only) says why there is no overhead figure."""
     from mpt_repro.bench.worker import measure as run_worker
 
     spec = {
@@ -334,5 +358,6 @@ def test_a_worker_measures_an_lm_step_whose_batch_cannot_be_cut(tmp_path, one_th
     r = run_worker(spec)
     assert r["saved_method"].startswith("total / samples") and r["saved_bytes_per_sample"] > 0
     assert r["trainer_overhead"] is None and "classification" in r["overhead_note"]
-    for op, where in r["host_sync_where"].items():
-        assert where.startswith("mpt_repro/"), (op, where)
+    # the sampled softmax's sampler runs on the host by design (a record_function "host:" block):
+    # its data-dependent draws are no device syncs; before, they made 16 a step
+    assert r["host_syncs_per_step"] == 0, r["host_sync_where"]

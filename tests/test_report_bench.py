@@ -22,12 +22,21 @@ MiB = 2**20
 FIELDS = (
     "samples_per_s samples_per_s_min samples_per_s_max ratio_fp32 ratio_amp peak_allocated_bytes "
     "peak_reserved_bytes mem_ratio_fp32 saved_bytes_per_sample saved_ratio_fp32 "
-    "host_syncs_per_step flops_per_sample tflops mfu joules_per_sample trainer_overhead"
+    "host_syncs_per_step ops_per_step flops_per_sample tflops mfu joules_per_sample "
+    "trainer_overhead"
 ).split()
 # mpt-bench on a CPU: only the counts (saved bytes, syncs, FLOPs) mean something there
 CPU_MEANINGFUL = {
     **{k: False for k in FIELDS},
-    **{k: True for k in ("saved_bytes_per_sample", "saved_ratio_fp32", "host_syncs_per_step")},
+    **{
+        k: True
+        for k in (
+            "saved_bytes_per_sample",
+            "saved_ratio_fp32",
+            "host_syncs_per_step",
+            "ops_per_step",
+        )
+    },
     "flops_per_sample": True,
 }
 

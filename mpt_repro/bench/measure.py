@@ -83,23 +83,61 @@ SYNC_OPS = {
 }
 
 
+# record_function names that mark work done on the host by design (e.g. the LM's candidate
+# sampler, on CPU tensors on every device): their ops are not syncs, even on a CPU run
+HOST_MARK = "host:"
+
+
 class SyncCounter(TorchDispatchMode):
     """Counts the ops that stop the host until the device has caught up: the SYNC_OPS and copies
     from a GPU to the host. On a CPU nothing waits, but the same ops would on a GPU: the count is
-    the GPU's, measured anywhere. For each op it keeps where in mpt_repro it was first made."""
+    the GPU's, measured anywhere (ops inside a ``record_function("host:...")`` block excepted).
+    For each op it keeps where in mpt_repro it was first made."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device | None = None) -> None:
         super().__init__()
+        self.on_gpu = device is not None and device.type != "cpu"
         self.ops: Counter[str] = Counter()
         self.where: dict[str, str] = {}
+        self.dispatched = 0  # every ATen op: on a GPU, a kernel launch each (views aside)
+        # open record_function blocks, innermost last: True where marked HOST_MARK (blocks nest
+        # as the context managers they are; each exit gets a new Python wrapper of its handle)
+        self._blocks: list[bool] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
         name = func._schema.name.split("::")[-1]
-        if name in SYNC_OPS or _device_to_host(name, args, out):
+        if name == "_record_function_enter_new":  # profiler bookkeeping, no kernel
+            self._blocks.append(str(args[0]).startswith(HOST_MARK))
+            return out
+        if name == "_record_function_exit":
+            if self._blocks:
+                self._blocks.pop()
+            return out
+        self.dispatched += 1
+        if any(self._blocks):
+            return out
+        if (name in SYNC_OPS and not self._host_side(name, args)) or _device_to_host(
+            name, args, out
+        ):
             self.ops[name] += 1
             self.where.setdefault(name, _caller())
         return out
+
+    def _host_side(self, name: str, args: tuple) -> bool:
+        """A sync op on tensors that stay on the host on every device: no wait for a GPU. On a
+        GPU run: all its tensors on the CPU. On a CPU run everything is, so only what is known
+        to stay there: torch.optim's step counts (non-capturable optimizers keep them on the
+        CPU on purpose, and read them with .item())."""
+        tensors = [a for a in args if torch.is_tensor(a)]
+        if self.on_gpu:
+            return all(t.device.type == "cpu" for t in tensors)
+        return name == "_local_scalar_dense" and _called_from_torch_optim()
+
+
+def _called_from_torch_optim() -> bool:
+    optim = str(Path(torch.optim.__file__).resolve().parent)
+    return any(frame.filename.startswith(optim) for frame in traceback.extract_stack(limit=12))
 
 
 def _device_to_host(name: str, args: tuple, out: Any) -> bool:
@@ -151,13 +189,14 @@ def instrument(
       whatever does not grow with the batch (weights a convolution saves, autocast's FP16 copies
       of FP32 weights) cancels, so the figure is the activations' own (with a batch of 1, the
       total is all there is);
-    - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings);
+    - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings), and the
+      ATen ops it dispatches: the host's launch work, which a GPU step must hide;
     - model FLOPs of the full step, forward and backward (torch.utils.flop_counter: matmuls and
       convolutions, 2 per multiply-accumulate; the optimizer and elementwise ops not counted,
       the usual MFU convention)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    saved, syncs, flops = SavedBytes(), SyncCounter(), FlopCounterMode(display=False)
+    saved, syncs, flops = SavedBytes(), SyncCounter(device), FlopCounterMode(display=False)
     with _cuda_sync_warnings(device) as caught, flops, syncs, saved.hooks():
         step_on(batch)
     synchronize(device)
@@ -172,6 +211,7 @@ def instrument(
             else None
         ),
         "flops_per_step": int(flops.get_total_flops()),
+        "ops_per_step": syncs.dispatched,
         "saved_bytes_batch": full,
     }
     if not slope:  # a batch that cannot be cut (an LM's streams): the total, weights included

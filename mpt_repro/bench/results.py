@@ -6,7 +6,8 @@ JSON (schema_version 1), one file per `mpt-bench` invocation:
     without precision), presets {name: precision config}, bench}, results [row, ...]
 A row: preset, samples_per_s (median over repeats), samples_per_s_min, samples_per_s_max,
 repeats, ratio_fp32, ratio_amp, peak_allocated_bytes, peak_reserved_bytes, mem_ratio_fp32,
-saved_bytes_per_sample, saved_ratio_fp32, host_syncs_per_step, flops_per_sample, tflops, mfu,
+saved_bytes_per_sample, saved_ratio_fp32, host_syncs_per_step, ops_per_step, flops_per_sample,
+tflops, mfu,
 joules_per_sample, trainer_overhead, meaningful {field: bool}, error (null or why the preset has
 no figures), detail {everything else the worker measured}.
 """
@@ -24,6 +25,7 @@ ANY_DEVICE = (
     "saved_bytes_per_sample",
     "saved_ratio_fp32",
     "host_syncs_per_step",
+    "ops_per_step",
     "flops_per_sample",
 )
 GPU_ONLY = (
@@ -71,6 +73,7 @@ def aggregate(measured: dict[str, list[dict[str, Any]]], presets: list[str]) -> 
                 "saved_bytes_per_sample": first.get("saved_bytes_per_sample"),
                 "saved_ratio_fp32": None,
                 "host_syncs_per_step": first.get("host_syncs_per_step"),
+                "ops_per_step": first.get("ops_per_step"),
                 "flops_per_sample": flops,
                 "tflops": tflops,
                 "mfu": tflops / peak if tflops and peak else None,
@@ -140,6 +143,7 @@ COLUMNS = [
     ("saved MiB/sample", "saved_bytes_per_sample", "mib"),
     ("saved x fp32", "saved_ratio_fp32", "ratio"),
     ("host syncs/step", "host_syncs_per_step", "int"),
+    ("ATen ops/step", "ops_per_step", "int"),
     ("GFLOP/sample", "flops_per_sample", "gflop"),
     ("TFLOP/s", "tflops", "float"),
     ("MFU", "mfu", "pct"),

@@ -87,6 +87,7 @@ COLUMNS: list[tuple[str, str, Callable[[Any], str]]] = [
     ("saved_bytes_per_sample", "Saved for backward (MiB/sample)", _significant(3, MiB)),
     ("saved_ratio_fp32", "Saved ÷ fp32", _fixed(2)),
     ("host_syncs_per_step", "Host syncs/step", _significant(3)),
+    ("ops_per_step", "ATen ops/step", _fixed(0)),
     ("flops_per_sample", "GFLOP/sample", _significant(3, 1e9)),
     ("tflops", "TFLOP/s", _significant(3)),
     ("mfu", "MFU", _percent(1)),

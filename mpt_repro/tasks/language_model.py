@@ -110,7 +110,8 @@ class LanguageModel(Task):
         # The candidate draws have their own generator (saved with the task state): resume is exact.
         # Deliberately the same seed on every rank: one candidate set serves the whole global
         # batch, as it serves all streams in one process, so N processes train what one does.
-        self.generator = torch.Generator(device=device).manual_seed(cfg.seed)
+        # On the host on every device: the sampler runs there (models/lstm_lm.py says why).
+        self.generator = torch.Generator().manual_seed(cfg.seed)
         self.hidden: Hidden | None = None  # this rank's streams' carried state
 
     def steps_per_epoch(self) -> int:
