@@ -179,9 +179,7 @@ class _Layer:
         self.fan_in = fan_in(module)
         self.weight_numel = sum(w.numel() for w in self.weights)
         # [E g^2, max g, min g, E W^2, max W, min W] of the true (unscaled) gradient and the
-        # weights at the last recomputation; s is re-derived from them at every plan. The
-        # weights' extremes enter the formula only through max|W| (the overflow bound's product
-        # of extremes is max|g| * max|W| in every sign combination): kept as max|W|, -max|W|.
+        # weights at the last recomputation; s is re-derived from them at every plan
         self.stats: list[float] | None = None
         self.applied: int | None = None  # log2 s applied in the last plan (after the caps)
         self.accum: int | None = None  # log2 of the accumulated scale below the layer, last plan
@@ -559,27 +557,30 @@ class AdaptiveScaler(LossScaler):
             # the sums of squares, max of the maxima, min of the minima. Weights are identical.
             distributed.all_reduce_columns_(grads, ["mean", "max", "min"])
             weights = [w for lay in have for w in lay.weights]
-            # two multi-tensor kernels for all the weights, and one copy to the host for all
+            # multi-tensor kernels over all the weights (max -w: there is no _foreach_min), and
+            # one copy to the host for everything
             values = torch.cat(
                 [
                     grads.flatten(),
                     torch.stack(torch._foreach_norm(weights, 2, dtype=torch.float32)),
-                    torch.stack(torch._foreach_norm(weights, math.inf)).float(),
+                    torch.stack(torch._foreach_max(weights)).float(),
+                    torch.stack(torch._foreach_max(torch._foreach_neg(weights))).float(),
                 ]
             ).tolist()
         self.force = False
         self.updates += 1
-        g_values, w_norms = values[: 3 * len(have)], values[3 * len(have) :]
-        w_absmax = w_norms[len(weights) :]
-        first = 0  # the layer's first weight tensor in w_norms
+        n, w = 3 * len(have), len(weights)
+        g_values, w_norms = values[:n], values[n : n + w]
+        w_maxes, w_neg_maxes = values[n + w : n + 2 * w], values[n + 2 * w :]
+        first = 0  # the layer's first weight tensor in the w_* lists
         for k, layer in enumerate(have):
             sumsq, g_max, g_min = g_values[3 * k : 3 * k + 3]
             sc, numel = layer.g_scale
             last = first + len(layer.weights)
-            ms_w = sum(n * n for n in w_norms[first:last]) / layer.weight_numel
-            w_max = max(w_absmax[first:last])
+            ms_w = sum(x * x for x in w_norms[first:last]) / layer.weight_numel
+            w_max, w_min = max(w_maxes[first:last]), -max(w_neg_maxes[first:last])
             first = last
-            st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, -w_max]
+            st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, w_min]
             layer.g_stats = None
             if all(math.isfinite(v) for v in st):  # an overflowing step's: keep the old ones
                 layer.stats = st
