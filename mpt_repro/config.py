@@ -28,6 +28,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from mpt_repro.errors import ConfigError
+from mpt_repro.identity import is_custom_model
 from mpt_repro.precision.config import PrecisionConfig
 from mpt_repro.telemetry.config import TelemetryConfig
 
@@ -244,7 +245,10 @@ class Config:
 
 
 def register_configs() -> None:
+    from mpt_repro.identity import register_resolvers
+
     ConfigStore.instance().store(name="schema", node=Config)
+    register_resolvers()  # ${mpt_run_path:...}, the run directory's name (conf/config.yaml)
 
 
 def _check(ok: bool, key: str, value: Any, must: str) -> None:
@@ -424,9 +428,17 @@ def validate_model_optim(cfg: DictConfig) -> None:
     _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
     _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
     _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
-    if m.name == "custom":
+    if is_custom_model(m):
         target = None if OmegaConf.is_missing(m, "target") else m.target
         _check(bool(target), "model.target", target, "must name a factory (package.module:fn)")
+        builtin = set(options("model")) - {"custom"}
+        _check(
+            m.name not in builtin,
+            "model.name",
+            m.name,
+            f"names a built-in model ({', '.join(sorted(builtin))}); a model of your own "
+            "(model=custom) needs a name of its own, e.g. model.name=mynet",
+        )
 
 
 NOISES = ("uniform", "normal")
@@ -565,7 +577,7 @@ def _unknown_key_message(key: str) -> str:
 READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     # models
     "model.variant": (
-        "model.name",
+        "model",
         (
             "alexnet",
             "googlenet",
@@ -576,27 +588,27 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
             "vgg16",
         ),
     ),
-    "model.width": ("model.name", ("digits_cnn", "faster_rcnn_vgg16", "small_grad_mlp", "ssd300")),
-    "model.backbone_weights": ("model.name", ("faster_rcnn_vgg16", "ssd300")),
+    "model.width": ("model", ("digits_cnn", "faster_rcnn_vgg16", "small_grad_mlp", "ssd300")),
+    "model.backbone_weights": ("model", ("faster_rcnn_vgg16", "ssd300")),
     "model.dropout": (
-        "model.name",
+        "model",
         ("alexnet", "digits_cnn", "googlenet", "inception_v2", "inception_v3", "lstm_lm", "vgg16"),
     ),
-    "model.aux_logits": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
-    "model.aux_weight": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
-    "model.aux_dropout": ("model.name", ("googlenet",)),
-    "model.forget_bias": ("model.name", ("lstm_lm",)),
-    "model.noise": ("model.name", ("dcgan",)),
-    "model.target": ("model.name", ("custom",)),
+    "model.aux_logits": ("model", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_weight": ("model", ("googlenet", "inception_v2", "inception_v3")),
+    "model.aux_dropout": ("model", ("googlenet",)),
+    "model.forget_bias": ("model", ("lstm_lm",)),
+    "model.noise": ("model", ("dcgan",)),
+    "model.target": ("model", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
-    "model.embed_dim": ("model.name", ("lstm_lm",)),
-    "model.hidden_size": ("model.name", ("lstm_lm",)),
-    "model.proj_size": ("model.name", ("lstm_lm",)),
-    "model.num_sampled": ("model.name", ("lstm_lm",)),
-    "model.num_layers": ("model.name", ("lstm_lm", "small_grad_mlp")),
-    "model.latent_dim": ("model.name", ("dcgan",)),
-    "model.gen_features": ("model.name", ("dcgan",)),
-    "model.disc_features": ("model.name", ("dcgan",)),
+    "model.embed_dim": ("model", ("lstm_lm",)),
+    "model.hidden_size": ("model", ("lstm_lm",)),
+    "model.proj_size": ("model", ("lstm_lm",)),
+    "model.num_sampled": ("model", ("lstm_lm",)),
+    "model.num_layers": ("model", ("lstm_lm", "small_grad_mlp")),
+    "model.latent_dim": ("model", ("dcgan",)),
+    "model.gen_features": ("model", ("dcgan",)),
+    "model.disc_features": ("model", ("dcgan",)),
     # data sets
     "data.root": ("data.name", ("corpus", "imagefolder", "imagenet", "images", "voc")),
     "data.train_splits": ("data.name", ("voc",)),
@@ -672,7 +684,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _loss_scaling(cfg: DictConfig) -> str:
+def resolved_loss_scaling(cfg: DictConfig) -> str:
     """The loss scaling a run ends up with: `paper` is the experiment's constant when it states
     one, else dynamic (as PrecisionPolicy resolves it)."""
     kind = option_name(cfg.precision.loss_scaling)
@@ -681,13 +693,30 @@ def _loss_scaling(cfg: DictConfig) -> str:
     return kind
 
 
+def loss_scaling_text(cfg: DictConfig) -> str:
+    """The loss scaling a run ends up with, in words: `none`, `static 128`, `dynamic from 65536`,
+    `adaptive (per layer)` (HParams, the report)."""
+    kind = resolved_loss_scaling(cfg)
+    p = cfg.precision
+    if kind == "static":
+        value = cfg.paper_loss_scale if option_name(p.loss_scaling) == "paper" else p.static_scale
+        return f"static {value:g}" if value is not None else "static"
+    if kind == "dynamic":
+        return f"dynamic from {p.init_scale:g}"
+    if kind == "adaptive":
+        return "adaptive (per layer)"
+    return kind
+
+
 SELECTORS: dict[str, Any] = {
-    "loss_scaling": _loss_scaling,
+    # the model's kind: a custom model's name is its own identity, not a registry key
+    "model": lambda cfg: "custom" if is_custom_model(cfg.model) else cfg.model.name,
+    "loss_scaling": resolved_loss_scaling,
     "telemetry.enabled": lambda cfg: str(bool(cfg.telemetry.enabled)).lower(),
 }
 # what a message calls each selector, and the other way out besides dropping the override
 SELECTOR_TEXT = {
-    "model.name": ("the model", "choose a model that reads it (model=...)"),
+    "model": ("the model", "choose a model that reads it (model=...)"),
     "data.name": ("the data set", "choose a data set that reads it (data=...)"),
     "optim.name": ("optim.name", "set optim.name to an optimizer that reads it"),
     "optim.schedule": ("optim.schedule", "set optim.schedule to a schedule that reads it"),
@@ -704,7 +733,7 @@ SELECTOR_TEXT = {
     "telemetry.enabled": ("telemetry.enabled", "turn telemetry on (telemetry=diagnostic)"),
 }
 KINDS: dict[str, tuple[str, ...]] = {
-    "model.name": (
+    "model": (
         "alexnet",
         "custom",
         "dcgan",

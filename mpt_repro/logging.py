@@ -25,6 +25,7 @@ import csv
 import logging
 import math
 import re
+import shlex
 import sys
 import time
 from collections.abc import Iterator, Mapping
@@ -60,8 +61,25 @@ def tb_dir(run_dir: Path) -> Path:
 
 
 def comparison_group(cfg: Any) -> str:
-    """The runs drawn on one custom-scalars chart: same experiment, same budget."""
-    return f"{cfg.experiment_name}-{cfg.budget.name}"
+    """The runs drawn on one custom-scalars chart: one study (the experiment, or the experiment
+    with your own model), budget and data set, and the same other overrides (the run directory's
+    variant folder), so only runs that differ in precision and seed share a chart."""
+    from mpt_repro.identity import study_name
+
+    group = f"{study_name(cfg.experiment_name, cfg.model)}-{cfg.budget.name}-{cfg.data.name}"
+    variant = job_variant(cfg)
+    return f"{group} [{variant}]" if variant else group
+
+
+def job_variant(cfg: Any) -> str:
+    """The variant folder of this run (its other overrides), or "" outside an mpt-run job."""
+    from hydra.core.hydra_config import HydraConfig
+
+    from mpt_repro.identity import is_custom_model, variant_name
+
+    if not HydraConfig.initialized():
+        return ""
+    return variant_name(HydraConfig.get().overrides.task, is_custom_model(cfg.model))
 
 
 class MetricsLogger:
@@ -180,21 +198,26 @@ def run_hparams(cfg: Any, record: Mapping[str, Any]) -> dict[str, Any]:
         label = f"{label}: {device['name']}"
     if isinstance(device.get("count"), int) and device["count"] > 1 and label != "cpu":
         label += f" x{device['count']}"
+    from mpt_repro.config import loss_scaling_text
+
     precision = cfg.precision
     return {
         "precision": cfg.precision.name,
         "experiment": cfg.experiment_name,
-        "seed": int(cfg.seed),
+        # text, so the table shows "0", not "0.0000" (numbers are floats in HParams)
+        "seed": str(int(cfg.seed)),
         "budget": cfg.budget.name,
         "device": label,
+        "status": str(normalised_status(record) or "unknown"),
+        "model": cfg.model.name,  # a custom model's own name
+        "variant": job_variant(cfg) or "(none)",  # the other overrides: the run's folder
         "task": _plain(cfg.task),
         "data": cfg.data.name,
-        "model": cfg.model.name,
         "optimizer": cfg.optim.name,
         "lr": float(cfg.optim.lr),
         "batch_size": int(cfg.data.batch_size),
         "compute_dtype": _plain(precision.get("compute_dtype")),
-        "loss_scaling": _plain(precision.get("loss_scaling")),
+        "loss_scaling": loss_scaling_text(cfg),  # what ran: `paper` resolved, with its value
         "master_weights": bool(precision.get("master_weights")),
         "world_size": int((record.get("distributed") or {}).get("world_size") or 1),
     }
@@ -496,10 +519,14 @@ def closing_block(
     failed or interrupted run, or final metrics that are not finite)."""
     run_dir = Path(run_dir)
     status = normalised_status(record) or "unknown"
+    model = record.get("model") or {}
+    subject = record.get("experiment")
+    if model.get("target"):  # your own model: named, never taken for the experiment's own
+        subject = f"{subject} · {model.get('name')}"
     name = " / ".join(
         str(x)
         for x in (
-            record.get("experiment"),
+            subject,
             record.get("precision"),
             record.get("budget"),
             f"seed {record.get('seed')}",
@@ -571,8 +598,8 @@ def closing_block(
     root = Path(runs_root) if runs_root is not None else None
     if root is None or not _inside(run_dir, root):
         root = run_dir
-    lines.append(f"  compare        mpt-report {root}")
-    lines.append(f"                 tensorboard --logdir {root}")
+    lines.append(f"  compare        mpt-report {shlex.quote(str(root))}")
+    lines.append(f"                 tensorboard --logdir {shlex.quote(str(root))}")
     return "\n".join(lines), warn
 
 

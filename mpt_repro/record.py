@@ -4,9 +4,16 @@ The reporter, the tests and users' own scripts read it; its schema is documented
 ("The run record"). Bump SCHEMA_VERSION when a field changes meaning, and teach `upgrade` to read
 the older versions.
 
-Schema 2 (this writer) over 1: status `interrupted` (stopped by a signal after a checkpoint;
-version 1 wrote `failed` with "SIGTERM" in the reason), and the fields `hint` (what to do next),
-`diverged_layer`, `metrics_detail` (optional, task-specific), `host` and `pid`.
+Schema 2 over 1: status `interrupted` (stopped by a signal after a checkpoint; version 1 wrote
+`failed` with "SIGTERM" in the reason), and the fields `hint` (what to do next), `diverged_layer`,
+`metrics_detail` (optional, task-specific), `host` and `pid`.
+
+Schema 3 (this writer) over 2: `package_version` (mpt-repro's own version, also for a wheel
+install, where `git_commit` is null), `study` (the run directory's first folder: the experiment,
+or `<experiment>-<model.name>` for your own model), `overrides` (the job's command-line
+overrides), `saved_bytes_per_sample`, `peak_memory_kind` `host_peak_rss` (a CPU run's own peak;
+`host_max_rss_process` where it could not be reset), and every record has `metrics`: null for a
+diverged run (its last evaluation before it diverged is `diagnostics.last_eval`).
 """
 
 from __future__ import annotations
@@ -23,13 +30,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 2
-READABLE_VERSIONS = (1, 2)
+SCHEMA_VERSION = 3
+READABLE_VERSIONS = (1, 2, 3)
 STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
 # what every readable record holds, whatever its status (a diverged or failed run has no metrics)
 REQUIRED = ("schema_version", "status", "experiment", "precision")
-# fields of schema 2 that a version-1 record lacks: read as None
+# fields a record of an older schema lacks: read as None
 ADDED_IN_2 = ("reason", "hint", "diverged_at_step", "diverged_layer", "host", "pid")
+ADDED_IN_3 = ("package_version", "study", "overrides", "saved_bytes_per_sample", "metrics")
 
 
 class RecordError(ValueError):
@@ -93,6 +101,16 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def package_version() -> str | None:
+    """mpt-repro's installed version (a wheel install has no git commit to name the code)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("mpt-repro")
+    except PackageNotFoundError:
+        return None
+
+
 def git_commit() -> str | None:
     """The commit of the code that ran, with '+dirty' when the work tree had changes."""
     repo = Path(__file__).resolve().parents[1]
@@ -136,6 +154,7 @@ class RunRecord:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "versions": versions(),
+            "package_version": package_version(),
             "git_commit": git_commit(),
             "diagnostics": {},
             **fields,
@@ -213,11 +232,13 @@ def upgrade(record: Any, path: Path | str = "run.json") -> dict[str, Any]:
         raise RecordError(Path(path), f"unknown status {record['status']!r}")
     if version == SCHEMA_VERSION:
         return record
-    record = {**{k: None for k in ADDED_IN_2}, **record}
+    record = {**{k: None for k in (*ADDED_IN_2, *ADDED_IN_3)}, **record}
     reason = str(record.get("reason") or "")
     if record["status"] == "failed" and "SIGTERM" in reason:
         # version 1 recorded a stop by SIGTERM (checkpoint saved, resumable) as failed
         record["status"] = "interrupted"
+    if record["status"] == "diverged":
+        record["metrics"] = None  # schema 3: a diverged run has no result
     record["upgraded_from"] = version
     record["schema_version"] = SCHEMA_VERSION
     return record

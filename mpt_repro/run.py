@@ -25,6 +25,7 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
+from mpt_repro.identity import study_name
 from mpt_repro.logging import write_run_summary
 from mpt_repro.record import RunRecord, nonfinite_metrics
 from mpt_repro.rundir import (
@@ -124,11 +125,9 @@ def _run_planned(
 
     torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
     torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
-    if device.type == "cuda":
-        # A multirun runs its jobs in one process: each run's peak must be its own.
-        torch.cuda.reset_peak_memory_stats(device)
     fields = {
         "experiment": cfg.experiment_name,
+        "study": study_name(cfg.experiment_name, cfg.model),
         "task": cfg.task,
         "precision": cfg.precision.name,
         "precision_config": to_plain(cfg.precision),
@@ -137,6 +136,7 @@ def _run_planned(
         "device": describe_device(device),
         "run_dir": str(run_dir),
         "resumed": resuming,
+        "overrides": _job_overrides(),
         "config": to_plain(cfg),
         "distributed": distributed.describe(cfg),
     }
@@ -192,7 +192,15 @@ def _run_planned(
     except Diverged as e:
         step = e.step if e.step is not None else (trainer.step if trainer else None)
         extra = _summary(trainer)
-        extra.pop("metrics", None)
+        # a diverged run has no result: its metrics are null, and the last evaluation before it
+        # diverged (if any) is kept apart, where no table or script takes it for one
+        last = extra.pop("metrics", None) or None
+        extra["metrics"], extra["metrics_detail"] = None, None
+        if last and trainer is not None:
+            extra.setdefault("diagnostics", {})["last_eval"] = {
+                "step": trainer.last_eval_step,
+                "metrics": last,
+            }
         layer = e.layer or (extra.get("diagnostics") or {}).get("first_nonfinite_layer")
         record.finish(
             "diverged",
@@ -216,6 +224,15 @@ def _run_planned(
                 _safely(write_run_summary, trainer.writer, cfg, record.data)
             trainer.close()
     return record.data
+
+
+def _job_overrides() -> list[str] | None:
+    """This job's command-line overrides as Hydra parsed them (a sweep's job: its own values)."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    return list(HydraConfig.get().overrides.task)
 
 
 def _claim(run_dir: Path, plan: Plan, cfg: DictConfig) -> None:

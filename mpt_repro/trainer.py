@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import random
-import resource
 import signal
 import threading
 import time
@@ -26,6 +25,7 @@ from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
 from mpt_repro.logging import MetricsLogger, RunProgress, comparison_group
+from mpt_repro.memory import RunMemory
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.schedule import LRSchedule
 
@@ -68,6 +68,7 @@ class Trainer:
         self.samples = 0
         self.clock = Clock(task.device)
         self.last_eval: dict[str, float] = {}
+        self.last_eval_step: int | None = None
         self.window = LogWindow()  # what the next train row of the log averages over
         self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
         self._stop_signal: int | None = None  # the signal that asked for a stop
@@ -90,6 +91,9 @@ class Trainer:
         self.emas = self._build_emas()
         self.metrics: MetricsLogger | None = None
         self.writer = None
+        # peaks since this run began, and the bytes saved for backward on its first step
+        # (torch.compile cannot trace the saved-tensor hooks that count them)
+        self.memory = RunMemory(task.device, measure_saved=not cfg.trainer.compile)
 
     def _build_emas(self) -> dict[str, ParameterEMA]:
         decay = self.cfg.optim.ema_decay
@@ -125,14 +129,14 @@ class Trainer:
                 for batch in self.task.train_batches(self.epoch, skip=self.batch_in_epoch):
                     # one training step
                     self._call("on_step_start", self.step)
-                    result = self.task.train_step(batch)
+                    result = self.memory.step(self.task.train_step, batch)
                     self._count(result)
                     self._call("on_step_end", self.step, result)
                     last = self.step >= self.total_steps
                     epoch_end = self.batch_in_epoch >= self.steps_per_epoch
                     # the periodic events, each with the clock paused but the log row
                     if self.step % self.cfg.trainer.log_every == 0 or last:
-                        self._log_row(progress)
+                        self._log_row(progress, last)
                     if self._due(self.cfg.trainer.eval_every, epoch_end) and not last:
                         with self.clock.paused():
                             self._evaluate()
@@ -162,12 +166,12 @@ class Trainer:
         self.divergence.add(result.loss, self.step)
         self.window.add(result)
 
-    def _log_row(self, progress: Any) -> None:
+    def _log_row(self, progress: Any, last: bool = False) -> None:
         """A train row of the log: the one place where the host reads the device's counters."""
         self.clock.stop()
         self.window.time += self.clock.take_lap()
         self._log_train(*self._window_over_ranks(), progress)
-        self.divergence.check()
+        self.divergence.check(at_end=last)
         self.policy.check_divergence()
         self.window = LogWindow()
         self.clock.start()
@@ -213,7 +217,7 @@ class Trainer:
             if self.cfg.trainer.recalibrate_bn:  # statistics of the weights evaluated
                 self.task.recalibrate_bn(self.cfg.trainer.recalibrate_bn)
             metrics = self.task.evaluate()
-        self.last_eval = metrics
+        self.last_eval, self.last_eval_step = metrics, self.step
         if self.metrics is not None:
             self.metrics.log(self.step, "eval", {"epoch": self._epoch_float(), **metrics})
             self.task.log_media(self.writer, self.step)
@@ -263,7 +267,7 @@ class Trainer:
             "loss_scale": policy["loss_scale"],
             "samples_per_s": samples / train_time if train_time > 0 else None,
             "train_time_s": train_time,
-            **peak_memory(self.task.device),
+            **self.memory.summary(),
             "diagnostics": dict(policy.get("diagnostics", {})),
         }
 
@@ -287,6 +291,7 @@ class Trainer:
             "samples": self.samples,
             "train_time": self.clock.total,
             "last_eval": self.last_eval,
+            "last_eval_step": self.last_eval_step,
             # the window's time so far includes the clock's running lap
             "window": {**self.window.state(), "time": self.window.time + self.clock.lap},
             "divergence": self.divergence.state(),
@@ -322,6 +327,7 @@ class Trainer:
         self.step, self.epoch = state["step"], state["epoch"]
         self.batch_in_epoch, self.samples = state["batch_in_epoch"], state["samples"]
         self.clock.total, self.last_eval = state["train_time"], state["last_eval"]
+        self.last_eval_step = state.get("last_eval_step")  # absent from older checkpoints
         self.window = LogWindow(**state["window"])
         self.divergence.load_state(state["divergence"])
         self.log.info(
@@ -432,17 +438,26 @@ class DivergenceWatch:
         self.worst_start = torch.where(self.streak > self.worst, self.start, self.worst_start)
         self.worst = torch.maximum(self.worst, self.streak)
 
-    def check(self) -> None:
-        """Raise Diverged when a streak reached the patience (all ranks agree under DDP)."""
-        both = torch.stack([self.worst, self.worst_start])
+    def check(self, at_end: bool = False) -> None:
+        """Raise Diverged when a streak reached the patience, or, `at_end` (the run's last step),
+        when the loss is non-finite at the end: a streak that began with fewer than `patience`
+        steps left can never reach it, and the run would end `completed` having learned nothing.
+        All ranks agree under DDP."""
+        both = torch.stack([self.worst, self.worst_start, self.streak, self.start])
         if distributed.is_distributed():  # the longest streak on any rank, the latest start
             both = distributed.all_reduce_(both, "max")
-        worst, start = (int(v) for v in both.tolist())
+        worst, start, streak, streak_start = (int(v) for v in both.tolist())
         self.worst.zero_()
         self.worst_start.zero_()
         if worst >= self.patience:
             raise Diverged(
                 f"loss was non-finite for {worst} consecutive steps from step {start}", start
+            )
+        if at_end and streak > 0:
+            raise Diverged(
+                f"loss was non-finite at the end of the run (the last {streak} steps, from step "
+                f"{streak_start}; fewer than trainer.diverge_patience={self.patience} were left)",
+                streak_start,
             )
 
     def state(self) -> dict[str, int]:
@@ -491,19 +506,6 @@ class LogWindow:
             "time": self.time,
             "log_sums": {k: float(v) for k, v in self.log_sums.items()},
         }
-
-
-def peak_memory(device: torch.device) -> dict[str, Any]:
-    """Peak memory of the run: CUDA allocator peak on a GPU; the process's peak RSS on the CPU."""
-    if device.type == "cuda":
-        return {
-            "peak_memory_bytes": torch.cuda.max_memory_allocated(device),
-            "peak_memory_kind": "cuda_max_allocated",
-        }
-    return {
-        "peak_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-        "peak_memory_kind": "host_max_rss",
-    }
 
 
 def rng_state() -> dict[str, Any]:

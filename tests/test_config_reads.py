@@ -41,7 +41,7 @@ def test_the_kinds_are_those_of_conf_and_the_registries() -> None:
     from mpt_repro.models import MODELS, _load_all
 
     _load_all()
-    assert set(KINDS["model.name"]) == _names("model") == set(MODELS)
+    assert set(KINDS["model"]) == _names("model") == set(MODELS)
     # image data sets register on first build; the corpus is the language model's own
     import mpt_repro.data.digits  # noqa: F401
     import mpt_repro.data.imagenet  # noqa: F401
@@ -163,7 +163,7 @@ def test_an_override_the_run_reads_passes(overrides: list[str]) -> None:
 
 def test_a_kind_the_table_does_not_know_is_never_refused(monkeypatch) -> None:
     """A model added without a row here keeps working (tests above ask for the row)."""
-    monkeypatch.setitem(KINDS, "model.name", ("lstm_lm",))
+    monkeypatch.setitem(KINDS, "model", ("lstm_lm",))
     overrides = ["experiment=demo", "model.hidden_size=999"]
     check_overrides_are_read(compose(overrides), overrides)
 

@@ -263,13 +263,16 @@ def test_table1_smoke_cells(results):
     assert resnet["ours fp32"] == "10.50 ± 0.71 (n=2)"  # mean 10.5, sample std sqrt(0.5)
     assert resnet["ours mixed"] == "12.00 ± 2.00 (n=3)"  # never mixed with the imagenet run (50)
     assert resnet["ours no_scaling"] == "diverged at step 4"
-    assert resnet["Δ mixed − fp32 (ours)"] == "+1.50"
+    # paired by seed: seeds 0 and 1 ran under both (mixed − fp32 = 0, +1): mean +0.5, sd 0.707;
+    # 95% CI = 0.5 ± t(0.975, 1) · 0.707 / √2 = 0.5 ± 12.706 · 0.5 = [−5.85, +6.85]
+    assert resnet["Δ mixed − fp32 (ours, 95% CI)"] == "+0.50 [-5.85, +6.85] (n=2)"
+    assert resnet["mixed vs fp32"] == "too few seeds to tell (CI wider than ±0.5)"
     # a smoke run on synthetic data is not compared with the paper
     assert resnet["Δ fp32 vs paper"] == "n/c" and resnet["Δ mixed vs paper"] == "n/c"
     alexnet = row(t, "Model", "AlexNet")
-    assert alexnet["ours fp32"] == "20.00 (n=1)"
+    assert alexnet["ours fp32"] == "20.00 (n=1); loss non-finite in 1 of 1"  # flagged
     assert (
-        alexnet["ours mixed"] == "" and alexnet["Δ mixed − fp32 (ours)"] == ""
+        alexnet["ours mixed"] == "" and alexnet["Δ mixed − fp32 (ours, 95% CI)"] == ""
     )  # missing, not zero
     # presets that ran somewhere in this setting are the columns, in the canonical order
     assert [c for c in t.columns if c.startswith("ours ")] == [
@@ -289,7 +292,9 @@ def test_table1_paper_budget_differences(results):
     assert resnet["ours mixed"] == "76.00 (n=1)"
     assert resnet["Δ fp32 vs paper"] == "+0.08"  # 76.00 - 75.92
     assert resnet["Δ mixed vs paper"] == "-0.04"  # 76.00 - 76.04
-    assert resnet["Δ mixed − fp32 (ours)"] == "+0.00"
+    # the difference of means would be 76.00 − 76.00 = 0; paired on seed 0: 76.0 − 75.5
+    assert resnet["Δ mixed − fp32 (ours, 95% CI)"] == "+0.50 (n=1)"
+    assert resnet["mixed vs fp32"] == "too few seeds (n=1)"
     assert row(t, "Model", "AlexNet")["Δ fp32 vs paper"] == ""  # did not run: blank
 
 
@@ -328,10 +333,10 @@ def test_captions_state_setting_and_comparability(results):
 def test_other_classification_lm_and_gan(results):
     _, out = results
     demo = row(read_csv(out, f"classification_smoke_digits_{CPU_SLUG}"), "Experiment", "demo")
-    assert (demo["fp32"], demo["mixed"], demo["Δ mixed − fp32"]) == (
+    assert (demo["fp32"], demo["mixed"], demo["Δ mixed − fp32 (95% CI)"]) == (
         "90.00 (n=1)",
         "91.00 (n=1)",
-        "+1.00",
+        "+1.00 (n=1)",
     )
     lm = row(read_csv(out, f"lm_smoke_corpus_{CPU_SLUG}"), "Experiment", "lstm_lm")
     assert lm["Metric"] == "perplexity"
@@ -339,7 +344,17 @@ def test_other_classification_lm_and_gan(results):
     assert lm["no_scaling"] == "diverged at steps 300, 310"
     assert lm["mixed"] == "104.00 (n=1); 1 of 2 diverged at step 5"
     gan = read_csv(out, f"gan_smoke_digits_{CPU_SLUG}")
-    assert list(gan.columns) == ["Experiment", "Preset", "Outcome", "d_loss", "g_loss"]
+    assert list(gan.columns) == [
+        "Experiment",
+        "Preset",
+        "Outcome",
+        "d_loss",
+        "g_loss",
+        "Δ to fp32 (95% CI)",
+        "vs fp32",
+    ]
+    # the primary metric (g_loss, lower is better): 2.5 − 2.0 on seed 0
+    assert row(gan, "Preset", "mixed")["Δ to fp32 (95% CI)"] == "+0.500 (n=1)"
     mixed = row(gan, "Preset", "mixed")
     assert (mixed["Outcome"], mixed["d_loss"], mixed["g_loss"]) == (
         "1 completed",
@@ -369,13 +384,17 @@ def test_cost_ratios(results):
     assert fp32["Samples/s ÷ fp32"] == "1.00"
     assert mixed["Samples/s"] == "220.0 ± 20.0 (n=3)"
     assert mixed["Samples/s ÷ fp32"] == "2.00"
-    assert mixed["Peak memory (MiB)"] == "50.0" and mixed["Memory ÷ fp32"] == "0.50"
+    assert mixed["Peak memory (MiB)"] == "50.0 (host_peak_rss)"
+    assert mixed["Peak memory ÷ fp32"] == "0.50"
     # no fp32 run of the imagenet smoke resnet50: its ratio is blank
     real = cost[(cost["Experiment"] == "resnet50") & (cost["Data"] == "imagenet")].iloc[0]
     assert real["Samples/s ÷ fp32"] == ""
     no_scaling = cost[(cost["Experiment"] == "resnet50") & (cost["Preset"] == "no_scaling")].iloc[0]
     assert (no_scaling["Runs"], no_scaling["Samples/s"]) == ("0 (1 diverged)", "")
-    assert "host_max_rss" in (out / "report.md").read_text()
+    assert (
+        "host_peak_rss: the process's peak resident set since the run began"
+        in (out / "report.md").read_text()
+    )
 
 
 def test_left_out_runs_are_listed_with_reasons(results):
@@ -454,7 +473,6 @@ def test_plots_written(tmp_path):
         f"resnet50_smoke_synthetic_{CPU_SLUG}_loss_scale.png",
         f"resnet50_paper_synthetic_{GPU_SLUG}_curves.png",
         f"cost_smoke_{CPU_SLUG}.png",
-        f"cost_paper_{GPU_SLUG}.png",
     ]
     for name in expected:
         data = pngs[name].read_bytes()
@@ -465,6 +483,8 @@ def test_plots_written(tmp_path):
     # in the table, not in the plots, and said so
     assert "metrics.csv missing or unreadable" in report
     assert "6 run(s) in the tables, 0 left out" in report
+    # the paper-budget GPU runs have no fp32 to divide by: no cost figure (the table has them)
+    assert f"cost_paper_{GPU_SLUG}.png" not in pngs
 
 
 def test_terminal_output_and_missing_folder(tmp_path, capsys):
@@ -554,16 +574,32 @@ def test_paper_tables_show_the_papers_digits(results):
     assert "diverges after ~300K iterations" in set(claims["Claim"])
 
 
-def test_runs_differing_only_in_overrides_are_not_averaged_as_seeds(tmp_path):
+def test_runs_differing_in_a_setting_are_separate_groups_labelled_by_the_key(tmp_path):
+    """optim.lr=0.5 beside the recipe's rate: two comparison groups, each named by the key that
+    differs; never averaged as seeds, never a difference across settings."""
     from mpt_repro.report.collect import load_runs
 
-    plain = write_run(tmp_path, rec("demo", "fp32", 0, data="digits", metrics={"top1": 90.0}))
-    # the same settings and seed, plus an extra override
-    variant = rec("demo", "fp32", 0, data="digits", metrics={"top1": 10.0})
-    other = write_record(tmp_path, variant, f"{plain.name}/optim.lr=0.5")
+    plain = rec("demo", "fp32", 0, data="digits", metrics={"top1": 90.0})
+    lr = plain["config"]["optim"]["lr"]
+    write_run(tmp_path, plain)
+    write_run(tmp_path, rec("demo", "mixed", 0, data="digits", metrics={"top1": 91.0}))
+    changed = rec("demo", "mixed", 0, data="digits", metrics={"top1": 10.0})
+    changed["config"]["optim"]["lr"] = 0.5
+    write_record(tmp_path, changed, "optim.lr=0.5")
     runs, problems = load_runs(tmp_path)
-    assert runs["metric_top1"].tolist() == [90.0]  # not 50 = the mean of two "seeds"
-    assert [(p.path, p.status) for p in problems] == [(str(other), "variant")]
+    assert not problems
+    labels = dict(zip(runs["metric_top1"], runs["row_label"]))
+    assert labels == {
+        90.0: f"demo [optim.lr={lr}]",
+        91.0: f"demo [optim.lr={lr}]",
+        10.0: "demo [optim.lr=0.5]",
+    }
+    out = tmp_path / "report"
+    assert cli.main([str(tmp_path), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    table = read_csv(out, "classification_smoke_digits_" + CPU_SLUG).set_index("Experiment")
+    assert table.loc[f"demo [optim.lr={lr}]", "Δ mixed − fp32 (95% CI)"] == "+1.00 (n=1)"
+    assert table.loc["demo [optim.lr=0.5]", "fp32"] == ""  # no fp32 under lr=0.5: no difference
+    assert table.loc["demo [optim.lr=0.5]", "Δ mixed − fp32 (95% CI)"] == ""
 
 
 # ---------------------------------------------------------------- Table 2 (detection)
@@ -584,7 +620,8 @@ def test_table2_side_by_side_with_the_paper(results):
         "fp32 vs paper",
         "no_scaling vs paper",
         "mixed vs paper",
-        "Δ mixed − fp32 (ours)",
+        "Δ mixed − fp32 (ours, 95% CI)",
+        "mixed vs fp32",
     ]
     ssd = row(t2, "Model", "Multibox SSD")
     assert (ssd["paper: Baseline [S]"], ssd["paper: MP without loss-scale [S]"]) == (
@@ -602,7 +639,7 @@ def test_table2_side_by_side_with_the_paper(results):
         "69.7",
     )
     assert frcnn["ours no_scaling"] == "68.0 (n=1)" and frcnn["no_scaling vs paper"] == "-0.6"
-    assert frcnn["ours adaptive"] == "" and frcnn["Δ mixed − fp32 (ours)"] == "+0.5"
+    assert frcnn["ours adaptive"] == "" and frcnn["Δ mixed − fp32 (ours, 95% CI)"] == "+0.5 (n=1)"
     report = (out / "report.md").read_text()
     assert "Baseline = our fp32, MP without loss-scale = our no_scaling" in report
 
@@ -631,7 +668,16 @@ def test_table2_per_class_ap(results):
 def test_a_new_task_gets_a_table_of_every_metric(results):
     _, out = results
     t = read_csv(out, f"segmentation_smoke_cityscapes_{CPU_SLUG}")
-    assert list(t.columns) == ["Experiment", "Preset", "Outcome", "loss", "miou", "pixel_acc"]
+    assert list(t.columns) == [
+        "Experiment",
+        "Preset",
+        "Outcome",
+        "loss",
+        "miou",
+        "pixel_acc",
+        "Δ to fp32 (95% CI)",
+        "vs fp32",
+    ]
     amp = row(t, "Preset", "amp")
     assert (amp["Outcome"], amp["miou"], amp["pixel_acc"]) == (
         "1 completed",
@@ -742,20 +788,29 @@ def test_plain_tick_labels_and_one_point_panels():
 
 
 def test_cost_bars_linear_from_zero():
+    """Ratios to fp32 on linear axes from zero, one row of panels per comparison group (no axis
+    shared by experiments with other units), each bar labelled with the ratio and the figure."""
     from mpt_repro.report.plots import cost_figure
 
     agg = pd.DataFrame(
         {
-            "experiment": ["demo", "demo"],
-            "data": ["digits", "digits"],
-            "precision": ["fp32", "mixed"],
-            "samples_per_s_mean": [1000.0, 1010.0],  # 1% apart must look 1% apart
-            "peak_memory_bytes_mean": [100 * MiB, 99 * MiB],
+            "row_label": ["demo", "demo", "lstm_lm", "lstm_lm"],
+            "data": ["digits", "digits", "corpus", "corpus"],
+            "precision": ["fp32", "mixed", "fp32", "mixed"],
+            "samples_per_s_mean": [1000.0, 1010.0, 4720.0, 2360.0],  # 1% apart looks 1% apart
+            "saved_bytes_per_sample_mean": [100 * MiB, 50 * MiB, 10 * MiB, 10 * MiB],
+            "peak_memory_bytes_mean": [2000 * MiB, 2000 * MiB, 2000 * MiB, 2000 * MiB],
+            "peak_memory_kind": ["host_peak_rss"] * 4,
         }
     )
     fig = cost_figure(agg, "t")
+    assert len(fig.axes) == 4  # two groups x (speed, memory)
     for ax in fig.axes:
         assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
-    speed = fig.axes[0]
-    assert [p.get_height() for p in speed.patches] == [1000.0, 1010.0]
-    assert [t.get_text() for t in speed.get_legend().get_texts()] == ["fp32", "mixed"]
+    demo_speed, demo_memory, lm_speed, _ = fig.axes
+    assert [p.get_height() for p in demo_speed.patches] == [1.0, 1.01]
+    assert [t.get_text() for t in demo_speed.texts] == ["1.00× (1,000/s)", "1.01× (1,010/s)"]
+    assert [p.get_height() for p in demo_memory.patches] == [1.0, 0.5]  # saved bytes on a CPU
+    assert "saved for backward" in demo_memory.get_title()
+    assert [p.get_height() for p in lm_speed.patches] == [1.0, 0.5]
+    assert lm_speed.get_title().startswith("lstm_lm (corpus)")

@@ -75,7 +75,9 @@ def real_record(kind: str) -> dict:
 def derive(record: dict, **changes) -> dict:
     """A copy of a real record for another setting: changes top-level fields as the writer
     would hold them. `precision=` also brings that preset's real config (conf/precision/), and
-    `data=`/`device=` take a name or a type like the writer's `data.name`/`device.type`."""
+    `data=`/`device=` take a name or a type like the writer's `data.name`/`device.type`. Unless
+    `config=` is given, the record's `config` becomes `same_recipe`'s: records derived for one
+    setting then differ in precision and seed alone, as runs of one sweep do."""
     out = copy.deepcopy(record)
     if "precision" in changes:
         out["precision_config"] = {**out["precision_config"], **presets()[changes["precision"]]}
@@ -84,10 +86,23 @@ def derive(record: dict, **changes) -> dict:
     if "device" in changes:
         device = changes.pop("device")
         out["device"] = device if isinstance(device, dict) else {**out["device"], "type": device}
-    if "experiment" in changes:
-        out["config"] = {**out["config"], "experiment_name": changes["experiment"]}
     out.update(changes)
+    if "config" not in changes:
+        out["config"] = same_recipe(out)
     return out
+
+
+def same_recipe(record: dict) -> dict:
+    """The resolved configuration of the real completed run (the real detection run's for a
+    detection record), moved to the record's experiment, task, seed, budget, data set and preset:
+    what the writer records for a run of that setting under one recipe."""
+    kind = "detection" if record.get("task") == "detection" else "completed"
+    config = copy.deepcopy(read_run(real_runs()[kind])["config"])
+    config.update(experiment_name=record["experiment"], task=record["task"], seed=record["seed"])
+    config["budget"]["name"] = record["budget"]
+    config["data"]["name"] = (record.get("data") or {}).get("name", config["data"]["name"])
+    config["precision"] = record.get("precision_config") or config["precision"]
+    return config
 
 
 def finish(record: dict, status: str, reason: str | None = None, **fields) -> dict:
@@ -160,7 +175,8 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     """What the writer really produces (not what a hand-made record would hold)."""
     done, div, fail = (real_record(k) for k in ("completed", "diverged", "failed"))
     assert done["status"] == "completed" and set(done["metrics"]) == {"loss", "top1", "top5"}
-    assert div["status"] == "diverged" and "metrics" not in div
+    assert div["status"] == "diverged" and div["metrics"] is None  # schema 3: no result
+    assert div["schema_version"] == 3 and done["package_version"]
     assert div["diverged_at_step"] == 2 and div["reason"].startswith("loss was non-finite")
     assert fail["status"] == "failed" and "metrics" not in fail and "primary_metric" not in fail
     assert fail["reason"].startswith("DataError: data.root=/nonexistent/imagenet does not exist")
@@ -178,7 +194,8 @@ def outcomes(tmp_path_factory):
     done, div, fail = (real_record(k) for k in ("completed", "diverged", "failed"))
     dirs = {
         "completed": write_record(runs, done),
-        "diverged": write_record(runs, div, curves_from="diverged"),
+        # the no_scaling run diverged under the completed run's recipe (derive's config)
+        "diverged": write_record(runs, derive(div), curves_from="diverged"),
         "failed": write_record(runs, fail, curves_from=None),
         "interrupted": write_record(runs, derive(interrupted_v1(done, 4), precision="amp")),
         "running": write_record(runs, derive(finish(done, "running"), precision="bf16")),
@@ -208,7 +225,7 @@ def outcomes(tmp_path_factory):
         "data_is_a_string": json.dumps({**done, "data": "digits"}),
         "seed_is_a_string": json.dumps({**done, "seed": "0"}),
         "no_experiment": json.dumps({k: v for k, v in done.items() if k != "experiment"}),
-        "schema_3": json.dumps({**done, "schema_version": 3}),
+        "schema_4": json.dumps({**done, "schema_version": 4}),
         "metrics_a_list": json.dumps({**done, "metrics": [1, 2]}),
         "a_list": json.dumps([done]),
     }.items():
@@ -260,7 +277,7 @@ def test_malformed_records_are_listed_and_never_stop_the_report(outcomes):
     problems = _problems(out).set_index("path")
     reason = {p: problems.loc[str(runs / "broken" / p), "reason"] for p in (
         "truncated", "not_utf8", "data_is_a_string", "seed_is_a_string", "no_experiment",
-        "schema_3", "metrics_a_list", "a_list",
+        "schema_4", "metrics_a_list", "a_list",
     )}  # fmt: skip
     assert (problems.loc[[str(runs / "broken" / p) for p in reason], "status"] == "malformed").all()
     assert reason["truncated"].startswith("cannot parse run.json (truncated or edited?)")
@@ -268,7 +285,7 @@ def test_malformed_records_are_listed_and_never_stop_the_report(outcomes):
     assert reason["data_is_a_string"] == 'data is a string ("digits"), expected an object'
     assert reason["seed_is_a_string"] == 'seed is a string ("0"), expected an integer'
     assert reason["no_experiment"] == "missing fields: experiment"
-    assert reason["schema_3"] == "schema_version 3; this reporter reads 1 and 2"
+    assert reason["schema_4"] == "schema_version 4; this reporter reads 1, 2 and 3"
     assert reason["metrics_a_list"] == "metrics is a list ([1, 2]), expected an object"
     assert reason["a_list"] == "run.json does not hold a JSON object"
     report = (out / "report.md").read_text()

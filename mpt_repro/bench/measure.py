@@ -17,6 +17,8 @@ from typing import Any
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from mpt_repro.memory import SavedBytes  # the trainer counts the same bytes (run.json)
+
 Step = Callable[[], Any]
 
 
@@ -46,28 +48,6 @@ def synchronize(device: torch.device) -> None:
 
 
 # -- saved for backward, host syncs, FLOPs: one instrumented step ---------------------------------
-class SavedBytes:
-    """Bytes autograd keeps for backward: every tensor handed to a saved_tensors_hooks pack hook,
-    counted once per storage (views and repeated saves of one tensor share it), by the storage's
-    full size."""
-
-    def __init__(self) -> None:
-        self.storages: dict[tuple[str, int], int] = {}
-
-    def _pack(self, t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        self.storages[(str(t.device), s.data_ptr())] = s.nbytes()
-        return t
-
-    def hooks(self) -> Any:
-        self.storages.clear()
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t)
-
-    @property
-    def total(self) -> int:
-        return sum(self.storages.values())
-
-
 # ATen ops that make the host wait for the device: reading a value (item(), float(), bool(),
 # `if tensor:`), and ops whose output size depends on the data.
 SYNC_OPS = {

@@ -33,10 +33,14 @@ def he_init_(model: nn.Module) -> nn.Module:
 
 
 def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
-    """Build `model_cfg.name`; data_info carries shapes from the data (num_classes, channels,
-    vocab_size...).
+    """Build `model_cfg.name` (or a custom model's factory); data_info carries shapes from the
+    data (num_classes, channels, vocab_size...).
     """
+    from mpt_repro.identity import is_custom_model
+
     _load_all()
+    if is_custom_model(model_cfg):  # your own model: its name is yours, its factory the target
+        return MODELS["custom"](model_cfg, **data_info)
     if model_cfg.name not in MODELS:
         raise ConfigError(
             f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}"

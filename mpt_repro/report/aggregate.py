@@ -40,12 +40,16 @@ def _sorted_unique(values) -> list:
 
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per GROUP_KEYS: n_completed, n_nonfinite, n_diverged, diverged_steps,
-    diverged_layers, <col>_mean/_std/_count."""
+    """One row per GROUP_KEYS: n_completed, n_nonfinite (completed with a non-finite primary
+    metric: not averaged), flagged ({metric: completed runs where it is not finite}), n_diverged,
+    diverged_steps, diverged_layers, <col>_mean/_std/_count, and the group's labels."""
     empty = [
         *GROUP_KEYS,
+        "group_label",
+        "row_label",
         "n_completed",
         "n_nonfinite",
+        "flagged",
         "n_diverged",
         "diverged_steps",
         "diverged_layers",
@@ -62,6 +66,7 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     completed = done.groupby(GROUP_KEYS, dropna=False).agg(
         n_completed=("seed", "size"),
         n_nonfinite=("primary_finite", lambda s: int((~s.astype(bool)).sum())),
+        flagged=("nonfinite", _count_names),
     )
 
     diverged = runs[runs["status"] == "diverged"]
@@ -80,6 +85,8 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
             "peak_memory_kind",
             "precision_config",
             "recipe",
+            "group_label",
+            "row_label",
         )
         if c in runs.columns
     ]
@@ -90,4 +97,15 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
         out[col] = out[col].fillna(0).astype(int)
     for col in ("diverged_steps", "diverged_layers"):
         out[col] = out[col].apply(lambda s: s if isinstance(s, list) else [])
+    out["flagged"] = out["flagged"].apply(lambda d: d if isinstance(d, dict) else {})
     return out.reset_index()
+
+
+def _count_names(values) -> dict[str, int]:
+    """{metric: how many runs list it} from comma-joined names ("loss,top5")."""
+    counts: dict[str, int] = {}
+    for text in values:
+        for name in str(text or "").split(","):
+            if name:
+                counts[name] = counts.get(name, 0) + 1
+    return counts

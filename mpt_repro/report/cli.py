@@ -1,7 +1,8 @@
 """mpt-report [RESULTS_DIR] [--out DIR]: tables (Markdown, CSV, LaTeX) and plots from run records.
 
 mpt-report                          # results/runs -> results/report (+ results/bench/*.json)
-mpt-report /data/sweep --out /tmp/r --no-plots
+mpt-report results/runs/demo        # -> results/runs/demo/report (never over results/report)
+mpt-report /data/sweep --out /tmp/r --no-plots --tolerance top1=0.3
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from mpt_repro.report.aggregate import aggregate
 from mpt_repro.report.bench import bench_tables
 from mpt_repro.report.collect import Problem, load_runs, problems_frame
+from mpt_repro.report.compare import Settings, default_settings, deltas_frame, with_tolerances
 from mpt_repro.report.plots import cost_plots, experiment_plots
 from mpt_repro.report.render import markdown, write_table
 from mpt_repro.report.tables import Table, all_tables
@@ -30,22 +32,39 @@ def parse_args(argv):
     )
     parser.add_argument(
         "--out",
-        default=Path("results/report"),
+        default=None,
         type=Path,
-        help="where report.md, tables/ and plots/ go (default: results/report)",
+        help="where report.md, tables/ and plots/ go (default: report/ beside a folder named "
+        "runs, as results/runs -> results/report; inside any other folder, as DIR/report)",
     )
     parser.add_argument(
         "--bench",
         type=Path,
         default=None,
-        help="folder of mpt-bench JSON files rendered as benchmark tables "
-        "(default: bench/ beside RESULTS_DIR, i.e. results/bench)",
+        help="folder of mpt-bench JSON files rendered as benchmark tables (default: bench/ "
+        "beside a folder named runs, as results/bench; inside any other folder, DIR/bench)",
+    )
+    parser.add_argument(
+        "--tolerance",
+        action="append",
+        default=[],
+        metavar="METRIC=VALUE",
+        help="the largest difference to fp32 that still reads as a match, e.g. top1=0.3 or "
+        "perplexity=2%% (repeatable; defaults in mpt_repro/report/comparison.yaml)",
     )
     parser.add_argument("--no-plots", action="store_true", help="skip the PNG plots (faster)")
     parser.add_argument(
         "--quiet", action="store_true", help="do not print the report to the terminal"
     )
     return parser.parse_args(argv)
+
+
+def beside(results_dir: Path, name: str) -> Path:
+    """Where a report (name "report") or the benchmark files (name "bench") of a results folder
+    are: beside it when the folder is a `runs` folder (results/runs -> results/report), else
+    inside it, so a report of one experiment's folder never replaces the whole results' report."""
+    results_dir = Path(results_dir)
+    return results_dir.parent / name if results_dir.name == "runs" else results_dir / name
 
 
 # how the list of left-out runs is grouped, in this order; "in the tables" says whether the runs
@@ -55,7 +74,10 @@ HEADINGS = {
     "interrupted": ("Interrupted (a checkpoint was saved: resume=true continues them)", False),
     "running": ("Still running, or killed before they could record it", False),
     "malformed": ("Malformed or unreadable records", False),
-    "variant": ("Variants (same setting and seed, other overrides)", False),
+    "duplicate": (
+        "Duplicates (the same configuration, preset and seed as a run in the tables)",
+        False,
+    ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": ("Completed with non-finite metrics (in the tables: check them)", True),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
@@ -94,13 +116,18 @@ def left_out(problems: list[Problem]) -> int:
 
 
 def build_report(
-    results_dir: Path, out: Path, plots: bool = True, bench_dir: Path | None = None
+    results_dir: Path,
+    out: Path,
+    plots: bool = True,
+    bench_dir: Path | None = None,
+    settings: Settings | None = None,
 ) -> tuple[str, list[Table], list[Problem]]:
     """Read, aggregate, write every output; return the Markdown text, the tables, the problems."""
+    settings = settings or default_settings()
     runs, problems = load_runs(results_dir)
     agg = aggregate(runs)
-    tables = all_tables(agg, runs)
-    bench_dir = Path(results_dir).parent / "bench" if bench_dir is None else bench_dir
+    tables = all_tables(agg, runs, settings)
+    bench_dir = beside(results_dir, "bench") if bench_dir is None else bench_dir
     benches, bench_problems = bench_tables(bench_dir)
     tables += benches
     problems = problems + bench_problems
@@ -109,14 +136,16 @@ def build_report(
     for table in tables:
         write_table(table, tables_dir)
     # the raw material, for anyone who wants other tables: one row per run, one per group
-    runs.drop(columns=["precision_config", "metrics_detail"], errors="ignore").to_csv(
-        out / "runs.csv", index=False
-    )
+    # (a diverged run's metric columns are empty: its `outcome` says what happened)
+    runs.drop(
+        columns=["precision_config", "metrics_detail", "comparison_config"], errors="ignore"
+    ).to_csv(out / "runs.csv", index=False)
     agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
+    deltas_frame(runs, settings).to_csv(out / "deltas.csv", index=False)
 
     images = []
     if plots and not runs.empty:
-        curves, curve_problems = experiment_plots(runs, plots_dir)
+        curves, curve_problems = experiment_plots(runs, plots_dir, settings.reference)
         problems = problems + curve_problems
         images = curves + cost_plots(agg, plots_dir)
     problems_frame(problems).to_csv(out / "problems.csv", index=False)
@@ -151,25 +180,44 @@ def build_report(
 
 def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    bench_dir = args.results_dir.parent / "bench" if args.bench is None else args.bench
-    if not args.results_dir.is_dir() and not bench_dir.is_dir():
-        print(
-            f"mpt-report: no results folder {args.results_dir} and no benchmark folder "
-            f"{bench_dir} (run mpt-run or mpt-bench first, or pass RESULTS_DIR)",
-            file=sys.stderr,
+    bench_dir = beside(args.results_dir, "bench") if args.bench is None else args.bench
+    out = beside(args.results_dir, "report") if args.out is None else args.out
+    try:
+        settings = with_tolerances(default_settings(), args.tolerance)
+    except ValueError as e:
+        return _refuse(str(e))
+    records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
+    benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
+    if not records and not benches:
+        where = "no such folder" if not args.results_dir.is_dir() else "no run.json in it"
+        return _refuse(
+            f"nothing to report in {args.results_dir} ({where}) and no mpt-bench files in "
+            f"{bench_dir}: run mpt-run or mpt-bench first, or pass the folder that holds the runs"
         )
-        return 2
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".mpt-report-write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        return _refuse(
+            f"cannot write the report to {out} ({reason}): choose a writable folder with --out DIR"
+        )
     report, _, _ = build_report(
-        args.results_dir, args.out, plots=not args.no_plots, bench_dir=bench_dir
+        args.results_dir, out, plots=not args.no_plots, bench_dir=bench_dir, settings=settings
     )
     if not args.quiet:
         print(report)
     print(
-        f"mpt-report: wrote {args.out / 'report.md'}, tables/ (csv, tex, md) and plots/",
-        file=sys.stderr,
+        f"mpt-report: wrote {out / 'report.md'}, tables/ (csv, tex, md) and plots/", file=sys.stderr
     )
     return 0
+
+
+def _refuse(message: str) -> int:
+    print(f"mpt-report: error: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

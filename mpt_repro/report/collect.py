@@ -7,33 +7,55 @@ missing field, an unknown schema) is listed with its problem. One bad record nev
 report: everything about a record is checked before it is used, and whatever still goes wrong
 while reading one record is caught and listed for that record alone.
 
-Records of schema 1 and 2 are read (README "The run record"). Schema 2 adds the status
+Records of schemas 1 to 3 are read (README "The run record"). Schema 2 adds the status
 `interrupted`, `diverged_layer`, `hint`, `metrics_detail`, `host` and `pid`; in a schema 1 record
 a `failed` run stopped by SIGTERM is an interrupted one, and the first non-finite layer is in
-`diagnostics.first_nonfinite_layer`.
+`diagnostics.first_nonfinite_layer`. Schema 3 adds `study`, `saved_bytes_per_sample` and
+`package_version`, and a diverged run's `metrics` is null.
+
+**Like against like.** Each run is placed in a comparison group: the runs of one subject (an
+experiment, or an experiment with your own model) whose resolved configurations are equal but
+for the precision preset, the seed and the keys that cannot change a result
+(mpt_repro.identity). Groups of one subject and setting are labelled by the keys in which they
+differ (`optim.lr=0.0001`); every table, plot and CSV compares runs within a group only.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-SCHEMA_VERSIONS = (1, 2)
+from mpt_repro.identity import comparison_config, comparison_key, difference_labels
+
+SCHEMA_VERSIONS = (1, 2, 3)
 # statuses whose runs enter the tables, and those that are listed instead
 TABULATED = ("completed", "diverged")
 LISTED = ("failed", "interrupted", "running")
-# the grouping key: runs are averaged over seeds only when all of these agree, so a synthetic-data
-# run is never averaged with a real-data run, nor a CPU run with a GPU run
-GROUP_KEYS = ["experiment", "task", "precision", "budget", "data", "device"]
+# the grouping key: runs are averaged over seeds only when all of these agree: the same subject and
+# comparison group (equal configurations but for precision and seed), preset, budget, data set and
+# device, so a synthetic-data run is never averaged with a real-data run, a CPU run with a GPU run,
+# nor a run with optim.lr=0.0001 with one at the recipe's rate
+SETTING_KEYS = ["budget", "data", "device"]
+GROUP_KEYS = ["experiment", "subject", "comparison", "task", "precision", *SETTING_KEYS]
+# a comparison group without its preset: what a preset is compared within
+PAIR_KEYS = [k for k in GROUP_KEYS if k != "precision"]
 # mpt-run moves an earlier run's files to <run dir>/previous-<time>/ when overwrite=true redoes it
 SET_ASIDE = "previous-"
 # the numbers of the cost table, as run.json names them
-COST_FIELDS = ["wall_time_s", "samples_per_s", "peak_memory_bytes", "steps", "skipped_steps"]
+COST_FIELDS = [
+    "wall_time_s",
+    "samples_per_s",
+    "peak_memory_bytes",
+    "saved_bytes_per_sample",
+    "steps",
+    "skipped_steps",
+]
 
 _NUMBER = (int, float)
 # what each field must be when present: (types, readable name). bool is not a number here.
@@ -54,6 +76,8 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "loss_scale": ((dict,), "an object"),
     "precision_config": ((dict,), "an object"),
     "diagnostics": ((dict,), "an object"),
+    "config": ((dict,), "an object"),
+    "study": ((str,), "a string"),
     "reason": ((str,), "a string"),
     "hint": ((str,), "a string"),
     "diverged_at_step": ((int,), "an integer"),
@@ -70,7 +94,7 @@ class Problem:
     """A record left out of the tables (or kept, but to be checked), and why."""
 
     path: str
-    # failed | interrupted | running | malformed | suspect | variant | replaced | no curves
+    # failed | interrupted | running | malformed | suspect | duplicate | replaced | no curves
     status: str
     reason: str
     run: str = ""  # "demo fp32 smoke seed0" when the record says so
@@ -143,11 +167,46 @@ def diverged_layer(record: dict) -> str | None:
     return layer if isinstance(layer, str) and layer else None
 
 
+def subject(record: dict) -> str:
+    """What a row is about: the experiment, or `experiment · model` for your own model (schema 3
+    writes `model.target` for it; older records say `model.name: custom` and keep the target in
+    the config)."""
+    experiment = str(record.get("experiment"))
+    model = record.get("model") if isinstance(record.get("model"), dict) else {}
+    if model.get("target"):
+        return f"{experiment} · {model.get('name') or model['target']}"
+    if model.get("name") == "custom":
+        config = record.get("config") if isinstance(record.get("config"), dict) else {}
+        target = (config.get("model") or {}).get("target")
+        return f"{experiment} · {target or 'custom'}"
+    return experiment
+
+
 def run_name(record: dict) -> str:
-    parts = [record.get(k) for k in ("experiment", "precision", "budget")]
+    parts = [subject(record), record.get("precision"), record.get("budget")]
     seed = record.get("seed")
     parts.append(f"seed{seed}" if seed is not None else None)
     return " ".join(str(p) for p in parts if p is not None)
+
+
+def outcome(record: dict) -> str:
+    """How a tabulated run ended, in words: what a cell or a CSV row shows instead of a number
+    that is not a result."""
+    status = normalised_status(record)
+    if status == "diverged":
+        text = "diverged"
+        if record.get("diverged_at_step") is not None:
+            text += f" at step {record['diverged_at_step']}"
+        layer = diverged_layer(record)
+        return text + (f" (layer {layer})" if layer else "")
+    bad = nonfinite_names(record)
+    return f"completed, non-finite {', '.join(bad)}" if bad else str(status)
+
+
+def nonfinite_names(record: dict) -> list[str]:
+    """The final metrics of a record that are NaN or infinite."""
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    return sorted(k for k, v in metrics.items() if not finite(v))
 
 
 def _check(record, path: Path) -> Problem | None:
@@ -161,7 +220,7 @@ def _check(record, path: Path) -> Problem | None:
             where,
             "malformed",
             f"schema_version {version!r}; this reporter reads "
-            f"{' and '.join(map(str, SCHEMA_VERSIONS))}",
+            f"{', '.join(map(str, SCHEMA_VERSIONS[:-1]))} and {SCHEMA_VERSIONS[-1]}",
             run_name(record),
             "update mpt-repro, or re-run with this version",
         )
@@ -223,14 +282,20 @@ def recipe_label(record: dict) -> str:
 
 
 def _flatten(record: dict, path: Path) -> dict[str, Any]:
-    """One row of the runs table: the grouping key, status, metrics (metric_<name>) and costs."""
+    """One row of the runs table: the grouping key, status, metrics (metric_<name>) and costs. A
+    diverged run's metrics are never read (schema 3 writes null; older writers left them out)."""
     data = record.get("data") or {}
     model = record.get("model") or {}
     scale = record.get("loss_scale") or {}
-    metrics = record.get("metrics") or {}
+    status = normalised_status(record)
+    metrics = (record.get("metrics") or {}) if status == "completed" else {}
+    config = record.get("config")
     row = {
         "path": str(path.parent),
         "experiment": record["experiment"],
+        "subject": subject(record),
+        "comparison": comparison_key(config),
+        "comparison_config": comparison_config(config),
         "task": record["task"],
         "precision": record["precision"],
         "seed": record["seed"],
@@ -240,7 +305,8 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "device": device_label(record.get("device")),
         "model": str(model.get("name") or ""),
         "recipe": recipe_label(record),
-        "status": normalised_status(record),
+        "status": status,
+        "outcome": outcome(record),
         "reason": record.get("reason"),
         "diverged_at_step": record.get("diverged_at_step"),
         "diverged_layer": diverged_layer(record),
@@ -251,8 +317,9 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "loss_scale_final": scale.get("final") if finite(scale.get("final")) else None,
         "loss_scale_min": scale.get("min") if finite(scale.get("min")) else None,
         "precision_config": record.get("precision_config"),
-        "metrics_detail": record.get("metrics_detail"),
+        "metrics_detail": record.get("metrics_detail") if status == "completed" else None,
         "schema_version": record["schema_version"],
+        "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
     }
     for name in COST_FIELDS:
         row[name] = record.get(name) if finite(record.get(name)) else None
@@ -313,7 +380,7 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         if row["status"] == "completed" and bad:
             values = ", ".join(f"{k}={metrics[k]}" for k in bad)
             kept = (
-                "kept in the tables"
+                "kept in the tables, flagged in its cell"
                 if row["primary_finite"]
                 else f"its {row['primary_metric']} is not averaged (the cell says so)"
             )
@@ -325,9 +392,19 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
                     run_name(record),
                 )
             )
-    columns = ["path", *GROUP_KEYS, "seed", "status", "primary_metric", "primary_finite"]
+    columns = [
+        "path",
+        *GROUP_KEYS,
+        "group_label",
+        "seed",
+        "status",
+        "outcome",
+        "primary_metric",
+        "primary_finite",
+    ]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
-    return _without_override_variants(runs, problems), problems
+    runs = _without_duplicates(runs, problems)
+    return with_group_labels(runs), problems
 
 
 def problems_frame(problems: list[Problem]) -> pd.DataFrame:
@@ -336,25 +413,48 @@ def problems_frame(problems: list[Problem]) -> pd.DataFrame:
     )
 
 
-def _without_override_variants(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
-    """Runs that differ only in extra overrides (e.g. optim.lr=0.5, a sub-folder of seed<N>/)
-    share a grouping key and a seed: averaging them as if they were seeds would be wrong. Keep the
-    run with the fewest overrides (the shortest path) and list the others."""
+def with_group_labels(runs: pd.DataFrame) -> pd.DataFrame:
+    """`group_label`: within one subject and setting, each comparison group named by the keys in
+    which its configuration differs from the others' ("" where the subject has one group), and
+    `row_label`: the subject with that label, as tables and plots name a row."""
+    runs = runs.copy()
+    runs["group_label"] = ""
+    if runs.empty:
+        runs["row_label"] = []
+        return runs
+    for _, part in runs.groupby(["subject", *SETTING_KEYS], sort=False, dropna=False):
+        configs = {
+            key: next(c for k, c in zip(part["comparison"], part["comparison_config"]) if k == key)
+            for key in part["comparison"].unique()
+        }
+        labels = difference_labels(configs)
+        if "" in configs and len(configs) > 1:
+            labels[""] = "configuration not recorded"
+        runs.loc[part.index, "group_label"] = part["comparison"].map(labels)
+    runs["row_label"] = [
+        f"{s} [{label}]" if label else s for s, label in zip(runs["subject"], runs["group_label"])
+    ]
+    return runs
+
+
+def _without_duplicates(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
+    """Two records of one configuration, preset and seed (a copy of a results folder, a run
+    repeated under another runs_dir) are one run: keep the first path, list the others, so no
+    run is averaged in twice as if it were two seeds."""
     if runs.empty:
         return runs
-    order = runs["path"].str.len().sort_values(kind="stable").index
-    dup = runs.loc[order].duplicated(subset=[*GROUP_KEYS, "seed"], keep="first")
-    for path in runs.loc[order][dup]["path"]:
+    dup = runs.duplicated(subset=[*GROUP_KEYS, "seed"], keep="first")
+    for path in runs[dup]["path"]:
         problems.append(
             Problem(
                 path,
-                "variant",
-                "same experiment, preset, budget, data, device and seed as "
-                "another run, with other overrides: not averaged as a seed",
-                hint=f"report its folder on its own: mpt-report {path}",
+                "duplicate",
+                "the same configuration, preset and seed as another run in the tables: counted "
+                "once",
+                hint=f"report it on its own: mpt-report {shlex.quote(path)}",
             )
         )
-    return runs.drop(index=dup[dup].index).sort_index()
+    return runs[~dup]
 
 
 def load_metrics_csv(run_dir: str) -> pd.DataFrame | None:

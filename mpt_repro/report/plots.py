@@ -1,11 +1,16 @@
-"""PNG plots: training curves and loss-scale traces per experiment, cost bars per budget/device.
+"""PNG plots: training curves, differences to FP32 and loss-scale traces per comparison group,
+cost ratios per budget and device.
 
-What the plots promise (issue 14.2): one colour and one line style per preset, with a legend
-entry each, so that presets that overlap stay visible; the mean over seeds as the line and the
-seeds' min-max as a band; bars on linear axes that start at zero (a 1% difference looks like 1%);
-plain tick labels (no offset such as "+1e2" on a perplexity axis); a panel with one point shows
-that point with a sensible axis instead of an empty-looking one. matplotlib runs headless (Agg):
-the reporter must work over SSH and in CI.
+What the plots promise: one colour (each of the presets its own), line style and marker per
+preset, with a legend entry each, so that presets that overlap stay visible; the mean over seeds
+as the line and the seeds' min-max as a band; a panel of the paired difference to FP32 with its
+confidence band; only runs of one comparison group (equal configurations but for the preset and
+seed) in one figure, its label in the title; nothing of a diverged run after the step it diverged
+at; integer step ticks; percentages on axes from 0 labelled with %; bars on linear axes that start
+at zero (a 1% difference looks like 1%), one panel per experiment (no axis shared by tasks with
+different units); plain tick labels (no offset such as "+1e2" on a perplexity axis); a panel with
+one point shows that point with a sensible axis. matplotlib runs headless (Agg): the reporter
+must work over SSH and in CI.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (after choosing the backend)
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
-from matplotlib.ticker import ScalarFormatter  # noqa: E402
+from matplotlib.ticker import FixedLocator, MaxNLocator, ScalarFormatter  # noqa: E402
 
 from mpt_repro.report import names  # noqa: E402
 from mpt_repro.report.aggregate import preset_order  # noqa: E402
@@ -28,16 +33,25 @@ from mpt_repro.report.tables import slugify  # noqa: E402
 # line styles and markers cycle independently of the colours, so two presets never share both
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
+# metrics in percent: their axes start at 0 and say %
+PERCENT_METRICS = {"top1", "top5", "map", "cer", "wer", "accuracy"}
+
+
+def palette() -> list:
+    """20 distinct colours: tab20's strong shades, then its light ones (13 presets today)."""
+    colours = plt.get_cmap("tab20").colors
+    return [*colours[0::2], *colours[1::2]]
 
 
 def preset_styles(presets: list[str]) -> dict[str, dict]:
     """A colour, line style and marker per preset, the same in every figure: each preset keeps
-    its place among all the presets conf/ knows (plus these), so fp32 looks alike everywhere."""
-    cycle = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    its place among all the presets conf/ knows (plus these), so fp32 looks alike everywhere and
+    no two presets share a colour."""
+    colours = palette()
     everyone = names.preset_order([*names.presets(), *presets])
     return {
         p: {
-            "color": cycle[i % len(cycle)],
+            "color": colours[i % len(colours)],
             "linestyle": LINESTYLES[i % len(LINESTYLES)],
             "marker": MARKERS[i % len(MARKERS)],
         }
@@ -133,38 +147,164 @@ def mark_divergence(ax, diverged: dict[str, list[int]], styles: dict[str, dict])
             )
 
 
+def integer_steps(ax) -> None:
+    """Whole-number step ticks, also on an axis that spans less than two steps."""
+    if isinstance(ax.xaxis.get_major_locator(), FixedLocator):  # a one-point panel's one tick
+        return
+    low, high = ax.get_xlim()
+    if high - low < 2:
+        middle = round((low + high) / 2)
+        ax.set_xlim(middle - 1, middle + 1)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
+
+
+def say_empty(ax, text: str) -> None:
+    """A panel with nothing to draw says why, without axes that suggest a scale."""
+    ax.text(0.5, 0.5, text, ha="center", va="center", transform=ax.transAxes, fontsize="small")
+    ax.set_xticks([])
+    ax.set_yticks([])
+
+
+def metric_axis(ax, metric: str) -> None:
+    """A percent metric's axis starts at 0 and is labelled with %."""
+    if metric in PERCENT_METRICS:
+        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
+        ax.set_ylabel(f"{metric} (%)")
+    else:
+        ax.set_ylabel(metric)
+
+
+def paired_band(
+    frames: dict[int, pd.DataFrame], reference: dict[int, pd.DataFrame], column: str, level: float
+) -> pd.DataFrame | None:
+    """Per step: the mean over seeds of (preset − reference) for the same seed, and its
+    confidence interval (Student t) where at least two seeds logged the step."""
+    from mpt_repro.report.compare import t_quantile
+
+    diffs = []
+    for seed, frame in frames.items():
+        ref = reference.get(seed)
+        if ref is None or column not in frame or column not in ref:
+            continue
+        both = frame[["step", column]].merge(ref[["step", column]], on="step", suffixes=("", "_r"))
+        both = both.apply(pd.to_numeric, errors="coerce").dropna()
+        both["diff"] = both[column] - both[f"{column}_r"]
+        diffs.append(both[["step", "diff"]][np.isfinite(both["diff"])])
+    if not diffs:
+        return None
+    stats = pd.concat(diffs).groupby("step")["diff"].agg(["mean", "std", "count"]).reset_index()
+    half = [
+        t_quantile(1 - (1 - level) / 2, int(n) - 1) * sd / np.sqrt(n) if n >= 2 else 0.0
+        for sd, n in zip(stats["std"].fillna(0.0), stats["count"])
+    ]
+    stats["low"], stats["high"] = stats["mean"] - half, stats["mean"] + half
+    return stats
+
+
+def plot_deltas(ax, evals, reference_name, metric, styles, level) -> bool:
+    """The paired difference to the reference preset of each other preset, with its band."""
+    reference = evals.get(reference_name)
+    if not reference:
+        say_empty(ax, f"no {reference_name} run in this group:\nnothing to compare with")
+        return False
+    drew = False
+    for preset, frames in evals.items():
+        if preset == reference_name:
+            continue
+        band = paired_band(frames, reference, metric, level)
+        if band is None:
+            continue
+        style = styles[preset]
+        ax.plot(
+            band["step"],
+            band["mean"],
+            color=style["color"],
+            linestyle=style["linestyle"],
+            marker=style["marker"] if len(band) <= 20 else None,
+            label=preset,
+        )
+        if (band["count"] >= 2).any():
+            ax.fill_between(
+                band["step"], band["low"], band["high"], color=style["color"], alpha=0.2
+            )
+        drew = True
+    if drew:
+        ax.axhline(0.0, color="black", linewidth=0.8)
+    else:
+        say_empty(ax, f"no {metric} of another preset\npaired with {reference_name}'s seeds")
+    return drew
+
+
 def curves_figure(
     train: dict[str, list[pd.DataFrame]],
     evals: dict[str, list[pd.DataFrame]],
     diverged: dict[str, list[int]],
     metric: str,
     title: str,
+    by_seed: dict[str, dict[int, pd.DataFrame]] | None = None,
+    reference: str = "fp32",
+    level: float = 0.95,
 ):
-    """Train loss (left) and the eval metric (right) per preset (keys in display order)."""
+    """Train loss, the eval metric, and the eval metric's paired difference to the reference
+    preset, per preset (keys in display order)."""
     styles = preset_styles(list(train))
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
-    plot_presets(left, train, "loss", styles)
+    fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
+    drew_loss = plot_presets(left, train, "loss", styles)
     mark_divergence(left, diverged, styles)
     left.set(title="train loss", xlabel="step", ylabel="loss")
     # the eval metric; a task that logs it only on train rows (GAN losses) is drawn from those
-    if not plot_presets(right, evals, metric, styles):
-        plot_presets(right, train, metric, styles)
-    right.set(title=metric, xlabel="step", ylabel=metric)
-    for ax in (left, right):
-        plain_axis(ax)
-        legend(ax)
+    drew_metric = plot_presets(middle, evals, metric, styles) or plot_presets(
+        middle, train, metric, styles
+    )
+    middle.set(title=metric, xlabel="step")
+    plot_deltas(right, by_seed or {}, reference, metric, styles, level)
+    ended = "every run diverged before it" if diverged and len(diverged) == len(train) else "none"
+    if not drew_loss:
+        left.text(
+            0.5,
+            0.5,
+            f"no finite train loss logged ({ended})",
+            ha="center",
+            transform=left.transAxes,
+            fontsize="small",
+        )
+    if not drew_metric:
+        say_empty(middle, f"no evaluation to draw ({ended})")
+    right.set(
+        title=f"Δ {metric} to {reference} (same seed; {level:.0%} CI band)",
+        xlabel="step",
+        ylabel=f"Δ {metric}",
+    )
+    for ax, drew in ((left, True), (middle, drew_metric), (right, bool(right.lines))):
+        if drew:
+            plain_axis(ax)
+            integer_steps(ax)
+            legend(ax)
+    if drew_metric:
+        metric_axis(middle, metric)
     fig.suptitle(title, fontsize="medium")
     return fig
 
 
-def experiment_plots(runs: pd.DataFrame, folder: Path) -> tuple[list[Path], list[Problem]]:
-    """Curves and loss-scale trace per (experiment, budget, data, device) from each metrics.csv."""
+def _until(frame: pd.DataFrame, step) -> pd.DataFrame:
+    """A diverged run's rows before the step it diverged at: nothing after it is a result."""
+    return frame if step is None or step != step else frame[frame["step"] < int(step)]
+
+
+def experiment_plots(
+    runs: pd.DataFrame, folder: Path, reference: str = "fp32", level: float = 0.95
+) -> tuple[list[Path], list[Problem]]:
+    """Curves and loss-scale trace per comparison group (subject, configuration) and setting,
+    from each metrics.csv."""
     written, problems = [], []
-    for (experiment, budget, data, device), part in runs.groupby(
-        ["experiment", "budget", "data", "device"]
-    ):
+    keys = ["subject", "comparison", "budget", "data", "device"]
+    groups_per_subject = runs.groupby(["subject", "budget", "data", "device"])[
+        "comparison"
+    ].nunique()
+    for (subject, comparison, budget, data, device), part in runs.groupby(keys, sort=True):
         train: dict[str, list[pd.DataFrame]] = {}
         evals: dict[str, list[pd.DataFrame]] = {}
+        by_seed: dict[str, dict[int, pd.DataFrame]] = {}
         diverged: dict[str, list[int]] = {}
         for _, run in part.sort_values(["precision", "seed"]).iterrows():
             frame = load_metrics_csv(run["path"])
@@ -174,10 +314,12 @@ def experiment_plots(runs: pd.DataFrame, folder: Path) -> tuple[list[Path], list
                 )
                 continue
             preset = run["precision"]
+            step = run.get("diverged_at_step") if run["status"] == "diverged" else None
+            frame = _until(frame, step)
             train.setdefault(preset, []).append(frame[frame["split"] == "train"])
             evals.setdefault(preset, []).append(frame[frame["split"] == "eval"])
-            step = run.get("diverged_at_step")
-            if run["status"] == "diverged" and step is not None and step == step:
+            by_seed.setdefault(preset, {})[int(run["seed"])] = frame[frame["split"] == "eval"]
+            if step is not None and step == step:
                 diverged.setdefault(preset, []).append(int(step))
         if not train:
             continue
@@ -186,9 +328,13 @@ def experiment_plots(runs: pd.DataFrame, folder: Path) -> tuple[list[Path], list
         evals = {p: evals[p] for p in order}
         styles = preset_styles(order)
         metric = next((m for m in part["primary_metric"] if isinstance(m, str)), "loss")
-        setting = f"{experiment}: budget={budget}, data={data}, {device}"
-        stem = slugify(experiment, budget, data, device)
-        fig = curves_figure(train, evals, diverged, metric, setting)
+        label = str(part["row_label"].iloc[0])
+        setting = f"{label}: budget={budget}, data={data}, {device}"
+        stem = slugify(subject, budget, data, device)
+        if groups_per_subject[(subject, budget, data, device)] > 1:  # the label, then the key
+            group = slugify(str(part["group_label"].iloc[0]))[:60]
+            stem += f"_{group}_{comparison[:6]}" if group else f"_{comparison or 'unrecorded'}"
+        fig = curves_figure(train, evals, diverged, metric, setting, by_seed, reference, level)
         written.append(_save(fig, folder / f"{stem}_curves.png"))
 
         fig, ax = plt.subplots(figsize=(6, 4))
@@ -196,66 +342,90 @@ def experiment_plots(runs: pd.DataFrame, folder: Path) -> tuple[list[Path], list
             # a scale is a power of two: a log2 axis shows each halving as one step
             ax.set_yscale("log", base=2)
             legend(ax)
+        integer_steps(ax)
         ax.set(title=f"loss scale — {setting}", xlabel="step", ylabel="loss scale")
         ax.title.set_fontsize("small")
         written.append(_save(fig, folder / f"{stem}_loss_scale.png"))
     return written, problems
 
 
-def cost_figure(part: pd.DataFrame, title: str):
-    """Grouped bars (experiment x preset) of samples/s and peak memory from aggregated groups:
-    linear axes from zero, each bar labelled with its value."""
-    presets = preset_order(part["precision"], part)
-    styles = preset_styles(presets)
-    groups = sorted(set(zip(part["experiment"], part["data"])))
-    x = np.arange(len(groups))
-    width = 0.8 / len(presets)
-    fig, axes = plt.subplots(1, 2, figsize=(max(8, 1.6 * len(groups) + 4), 4.5))
-    for ax, column, label, scale in (
-        (axes[0], "samples_per_s_mean", "samples/s", 1.0),
-        (axes[1], "peak_memory_bytes_mean", "peak memory (MiB)", 2**20),
-    ):
-        for i, preset in enumerate(presets):
-            rows = part[part["precision"] == preset].set_index(["experiment", "data"])
-            heights = [
-                rows[column].get(g, np.nan) / scale if column in rows else np.nan for g in groups
-            ]
+def memory_measure(rows: pd.DataFrame) -> tuple[str, str]:
+    """The memory figure a group's cost panel compares: the CUDA peak where every run has it, else
+    the bytes saved for backward per sample (the same on any device; a CPU's resident set is
+    mostly the libraries)."""
+    kinds = set(rows.get("peak_memory_kind", pd.Series(dtype=str)).dropna())
+    if kinds == {"cuda_max_allocated"}:
+        return "peak_memory_bytes_mean", "peak allocated memory"
+    return "saved_bytes_per_sample_mean", "saved for backward per sample"
+
+
+def cost_figure(part: pd.DataFrame, title: str, reference: str = "fp32"):
+    """One row of panels per comparison group (speed and memory as ratios to the group's
+    reference preset, each bar labelled with the ratio and the absolute figure): linear axes from
+    zero, and no axis shared between experiments."""
+    groups = [
+        (f"{label} ({data})", g)
+        for (label, data), g in part.groupby(["row_label", "data"], sort=True)
+        if (g["precision"] == reference).any()
+    ]
+    if not groups:
+        return None
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 2.4 * len(groups) + 0.8), squeeze=False)
+    for (label, g), (speed_ax, memory_ax) in zip(groups, axes):
+        presets = preset_order(g["precision"], g)
+        styles = preset_styles(presets)
+        rows = g.set_index("precision")
+        ref = rows.loc[reference]
+        memory_col, memory_name = memory_measure(g)
+        for ax, col, name, unit, scale in (
+            (speed_ax, "samples_per_s_mean", "samples/s", "/s", 1.0),
+            (memory_ax, memory_col, memory_name, " MiB", 2**20),
+        ):
+            heights, texts = [], []
+            for p in presets:
+                value, base = rows.loc[p].get(col), ref.get(col)
+                ratio = value / base if _number(value) and _number(base) and base else np.nan
+                heights.append(ratio)
+                texts.append(
+                    "" if np.isnan(ratio) else f"{ratio:.2f}× ({_amount(value / scale)}{unit})"
+                )
             bars = ax.bar(
-                x + i * width,
+                range(len(presets)),
                 heights,
-                width,
-                label=preset,
-                color=styles[preset]["color"],
-                hatch=["", "//", "..", "xx"][i % 4],  # tells presets apart in grey print
+                color=[styles[p]["color"] for p in presets],
                 edgecolor="black",
                 linewidth=0.5,
             )
-            ax.bar_label(
-                bars,
-                labels=["" if np.isnan(h) else f"{h:.0f}" for h in heights],
-                fontsize="x-small",
-            )
-        ax.set_xticks(
-            x + width * (len(presets) - 1) / 2,
-            [f"{e}\n({d})" for e, d in groups],
-            fontsize="small",
-            rotation=30 if len(groups) > 3 else 0,
-        )
-        ax.set_ylim(bottom=0)  # linear, from zero
-        plain_axis(ax)
-        ax.set(ylabel=label, title=label)
-    axes[0].legend(fontsize="small")
+            ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
+            ax.set_xticks(range(len(presets)), presets, fontsize="small", rotation=20)
+            ax.set_ylim(0, max([h for h in heights if h == h] + [1.0]) * 1.3)  # linear, from zero
+            ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
+            plain_axis(ax)
+            ax.set_title(f"{label}: {name} ÷ {reference}", fontsize="small")
+            ax.set_ylabel(f"÷ {reference}")
     fig.suptitle(title, fontsize="medium")
     return fig
 
 
-def cost_plots(agg: pd.DataFrame, folder: Path) -> list[Path]:
+def _amount(x: float) -> str:
+    """1,234 / 12.3 / 0.0594: thousands separated, three significant digits below 100."""
+    return f"{x:,.0f}" if abs(x) >= 100 else f"{x:.3g}"
+
+
+def _number(x) -> bool:
+    return isinstance(x, (int, float, np.number)) and not isinstance(x, bool) and np.isfinite(x)
+
+
+def cost_plots(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list[Path]:
     """A cost figure per budget and device, from the completed runs."""
     written = []
     for (budget, device), part in agg.groupby(["budget", "device"]):
         part = part[part["n_completed"] > 0]
         if part.empty:
             continue
-        fig = cost_figure(part, f"cost: budget={budget}, {device}")
-        written.append(_save(fig, folder / f"{slugify('cost', budget, device)}.png"))
+        fig = cost_figure(
+            part, f"cost relative to {reference}: budget={budget}, {device}", reference
+        )
+        if fig is not None:
+            written.append(_save(fig, folder / f"{slugify('cost', budget, device)}.png"))
     return written

@@ -22,6 +22,8 @@ import pandas as pd
 
 from mpt_repro.report import names
 from mpt_repro.report.aggregate import preset_order
+from mpt_repro.report.collect import PAIR_KEYS
+from mpt_repro.report.compare import default_settings, delta_text, group_deltas
 from mpt_repro.report.reference import (
     cite,
     claims_for,
@@ -91,8 +93,9 @@ def group_diverged_text(group: pd.Series) -> str:
 
 
 def result_cell(group: pd.Series | None, column: str, decimals: int) -> str:
-    """A group's value of `column` (metric_top1, ...), with its diverged seeds and the completed
-    seeds whose value is not finite, so no outcome is hidden behind a mean."""
+    """A group's value of `column` (metric_top1, ...), with its diverged seeds, the completed
+    seeds whose value is not finite (never averaged, never shown as a number) and the other
+    metrics that came out non-finite, so no outcome is hidden behind a mean."""
     if group is None:
         return ""
     stat = fmt_stat(
@@ -108,6 +111,11 @@ def result_cell(group: pd.Series | None, column: str, decimals: int) -> str:
     parts = [stat] if stat else []
     if n_nan:
         parts.append(f"{n_nan} of {total} non-finite" if stat or n_div else "non-finite")
+    flagged = group.get("flagged") if column.startswith("metric_") else None
+    metric = column.removeprefix("metric_")
+    for name, count in sorted((flagged or {}).items()):
+        if name != metric:
+            parts.append(f"{name} non-finite in {count} of {total}")
     if n_div:
         div = group_diverged_text(group)
         parts.append(f"{n_div} of {total} {div}" if parts else div)
@@ -162,9 +170,35 @@ def by_setting(agg: pd.DataFrame, keys=("budget", "data", "device")):
     return list(agg.groupby(list(keys), sort=True))
 
 
-def _lookup(part: pd.DataFrame, experiment: str) -> dict[str, pd.Series]:
-    rows = part[part["experiment"] == experiment]
-    return {r["precision"]: r for _, r in rows.iterrows()}
+@dataclass
+class Row:
+    """One comparison group of one subject in a setting: its label and its presets' groups."""
+
+    label: str  # the subject, with the keys in which it differs from its other groups
+    presets: dict[str, pd.Series]
+    key: tuple  # the group's PAIR_KEYS values (deltas are looked up by it)
+
+
+def group_rows(part: pd.DataFrame, experiment: str, own_model_only: bool = False) -> list[Row]:
+    """The comparison groups of an experiment in one setting, unlabelled and own-model groups
+    first. `own_model_only`: leave out runs of a custom model (not the paper's network)."""
+    sub = part[part["experiment"] == experiment]
+    if own_model_only:
+        sub = sub[sub["subject"] == experiment]
+    rows = []
+    for _, group in sub.groupby(["subject", "comparison"], sort=False, dropna=False):
+        first = group.iloc[0]
+        presets = {r["precision"]: r for _, r in group.iterrows()}
+        rows.append(Row(str(first["row_label"]), presets, tuple(first[k] for k in PAIR_KEYS)))
+    rows.sort(key=lambda r: (r.key[1] != experiment, r.label))
+    return rows
+
+
+Deltas = dict  # {PAIR_KEYS tuple: {preset: compare.Delta}}
+
+
+def _delta(deltas: Deltas, row: Row, preset: str):
+    return (deltas.get(row.key) or {}).get(preset)
 
 
 def _mean(group: pd.Series | None, column: str):
@@ -198,10 +232,13 @@ def recipe_notes(part: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
     return ["Networks and optimizers behind our numbers: " + "; ".join(shown) + "."]
 
 
-def table1(agg: pd.DataFrame) -> list[Table]:
-    """Paper Table 1 (ILSVRC12 top-1): paper FP32 and mixed next to ours, one table per setting."""
+def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
+    """Paper Table 1 (ILSVRC12 top-1): paper FP32 and mixed next to ours, one table per setting;
+    one row per comparison group of each paper model (its own network only)."""
     ref = table1_reference()
-    mine_all = agg[agg["experiment"].isin(ref["experiment"])]
+    mine_all = agg[
+        agg["experiment"].isin(ref["experiment"]) & (agg["subject"] == agg["experiment"])
+    ]
     conf = _confidence(ref)
     tables = []
     for (budget, data, device), part in by_setting(mine_all):
@@ -209,40 +246,46 @@ def table1(agg: pd.DataFrame) -> list[Table]:
         any_comparable = False
         rows = []
         for _, paper in ref.iterrows():
-            mine = _lookup(part, paper["experiment"])
             ok = comparable(budget, data, paper["experiment"])
             any_comparable |= ok
-            row = {
-                "Model": paper["label"],
-                f"paper fp32 [{conf}]": paper["fp32_text"],
-                f"paper mixed [{conf}]": paper["mixed_text"],
-            }
-            for p in presets:
-                row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
-            fp32, mixed = (
-                _mean(mine.get("fp32"), "metric_top1"),
-                _mean(mine.get("mixed"), "metric_top1"),
-            )
-            for name, ours, theirs in (
-                ("fp32", fp32, paper["fp32"]),
-                ("mixed", mixed, paper["mixed"]),
-            ):
-                row[f"Δ {name} vs paper"] = (
-                    fmt_signed(_diff(ours, theirs), 2)
-                    if ok
-                    else (NOT_COMPARABLE if not _nan(ours) else "")
+            groups = group_rows(part, paper["experiment"], own_model_only=True)
+            for group in groups or [Row("", {}, ())]:
+                mine = group.presets
+                label = group.label.replace(paper["experiment"], paper["label"], 1)
+                row = {
+                    "Model": label or paper["label"],
+                    f"paper fp32 [{conf}]": paper["fp32_text"],
+                    f"paper mixed [{conf}]": paper["mixed_text"],
+                }
+                for p in presets:
+                    row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
+                fp32, mixed = (
+                    _mean(mine.get("fp32"), "metric_top1"),
+                    _mean(mine.get("mixed"), "metric_top1"),
                 )
-            row["Δ mixed − fp32 (ours)"] = fmt_signed(_diff(mixed, fp32), 2)
-            rows.append(row)
+                for name, ours, theirs in (
+                    ("fp32", fp32, paper["fp32"]),
+                    ("mixed", mixed, paper["mixed"]),
+                ):
+                    row[f"Δ {name} vs paper"] = (
+                        fmt_signed(_diff(ours, theirs), 2)
+                        if ok
+                        else (NOT_COMPARABLE if not _nan(ours) else "")
+                    )
+                delta = _delta(deltas, group, "mixed")
+                row["Δ mixed − fp32 (ours, 95% CI)"] = delta_text(delta, 2)
+                row["mixed vs fp32"] = delta.verdict if delta else ""
+                rows.append(row)
         notes = [
             f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, single-crop "
             "top-1 on ILSVRC12 val (Caffe on V100; ResNet-50 in PyTorch); no loss scaling was "
-            "needed."
+            "needed.",
+            DELTA_NOTE,
         ]
         if not any_comparable:
             notes.append(
                 f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
-                "difference is shown."
+                "difference with the paper is shown."
             )
         notes += recipe_notes(part, ref)
         tables.append(
@@ -255,6 +298,15 @@ def table1(agg: pd.DataFrame) -> list[Table]:
             )
         )
     return tables
+
+
+# what a "Δ ... (95% CI)" cell is, said under every table that has one
+DELTA_NOTE = (
+    "Δ ... − fp32: the mean over seeds run under both presets of (preset − fp32), with its 95% "
+    "confidence interval (Student t) and the number of paired seeds; only runs whose "
+    "configurations are equal but for the preset and the seed are compared (a row with [keys] is "
+    "its own group). Verdicts and their tolerances: docs/report.md."
+)
 
 
 # the metric Table 2 compares, as the detection task writes it: VOC2007 11-point mAP@0.5, in %
@@ -289,14 +341,14 @@ def versus_paper(entry: pd.Series, group: pd.Series | None, column: str, ok: boo
     return ""
 
 
-def table2(agg: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
+def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
     """Paper Table 2 (PASCAL VOC 2007 test mAP): the paper's three columns (FP32 baseline, mixed
     without loss scaling, mixed with loss scaling) beside ours, every preset that ran, with
     "diverged at step N" where a run diverged; per-class AP in a second table."""
     ref = paper_table("table2")
     paper_rows = list(dict.fromkeys(ref["row"]))
     paper_columns = list(dict.fromkeys(ref["column"]))
-    mine_all = agg[agg["experiment"].isin(paper_rows)]
+    mine_all = agg[agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])]
     conf = _confidence(ref)
     col = f"metric_{DETECTION_METRIC}"
     tables = []
@@ -306,35 +358,40 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
         rows = []
         for row_key in paper_rows:
             entries = ref[ref["row"] == row_key].set_index("column")
-            mine = _lookup(part, row_key)
             ok = comparable(budget, data, row_key)
             any_comparable |= ok
-            row = {"Model": entries["row_label"].iloc[0]}
-            for column in paper_columns:
-                e = entries.loc[column]
-                heading = TABLE2_HEADINGS.get(column, column)
-                row[f"paper: {heading} [{conf}]"] = e["outcome"] or e["value_text"]
-            for p in presets:
-                row[f"ours {p}"] = result_cell(mine.get(p), col, 1)
-            for column in paper_columns:
-                row[f"{column} vs paper"] = versus_paper(
-                    entries.loc[column], mine.get(column), col, ok
-                )
-            fp32, mixed = _mean(mine.get("fp32"), col), _mean(mine.get("mixed"), col)
-            row["Δ mixed − fp32 (ours)"] = fmt_signed(_diff(mixed, fp32), 1)
-            rows.append(row)
+            paper_label = entries["row_label"].iloc[0]
+            for group in group_rows(part, row_key, own_model_only=True) or [Row("", {}, ())]:
+                mine = group.presets
+                label = group.label.replace(row_key, paper_label, 1) or paper_label
+                row = {"Model": label}
+                for column in paper_columns:
+                    e = entries.loc[column]
+                    heading = TABLE2_HEADINGS.get(column, column)
+                    row[f"paper: {heading} [{conf}]"] = e["outcome"] or e["value_text"]
+                for p in presets:
+                    row[f"ours {p}"] = result_cell(mine.get(p), col, 1)
+                for column in paper_columns:
+                    row[f"{column} vs paper"] = versus_paper(
+                        entries.loc[column], mine.get(column), col, ok
+                    )
+                delta = _delta(deltas, group, "mixed")
+                row["Δ mixed − fp32 (ours, 95% CI)"] = delta_text(delta, 1)
+                row["mixed vs fp32"] = delta.verdict if delta else ""
+                rows.append(row)
         meaning = ", ".join(f"{TABLE2_HEADINGS.get(c, c)} = our {c}" for c in paper_columns)
         notes = [
             f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, mAP (%) on "
             "PASCAL VOC 2007 test, VGG-16 backbones; ours: VOC2007 11-point mAP@0.5 (%), the "
             "metric of the paper's era. Paper columns: "
             f"{meaning}. `vs paper`: our mean minus the paper's value.",
+            DELTA_NOTE,
         ]
         notes += [n for r in paper_rows for n in claim_notes(r)]
         if not any_comparable:
             notes.append(
                 f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
-                "difference is shown."
+                "difference with the paper is shown."
             )
         tables.append(
             Table(
@@ -360,6 +417,7 @@ def per_class_table(
         return None
     part = runs[
         runs["experiment"].isin(experiments)
+        & (runs["subject"] == runs["experiment"])
         & (runs["budget"] == budget)
         & (runs["data"] == data)
         & (runs["device"] == device)
@@ -371,14 +429,15 @@ def per_class_table(
         per_class = detail.get(PER_CLASS_AP) if isinstance(detail, dict) else None
         if not isinstance(per_class, dict):
             continue
-        cell = values.setdefault((run["experiment"], run["precision"]), {})
+        cell = values.setdefault((run["row_label"], run["precision"]), {})
         for name, ap in per_class.items():
             if isinstance(ap, (int, float)) and not isinstance(ap, bool) and math.isfinite(ap):
                 cell.setdefault(str(name), []).append(float(ap))
     if not values:
         return None
     presets = preset_order({p for _, p in values}, part)
-    columns = [(e, p) for e in experiments for p in presets if (e, p) in values]
+    labels = sorted({label for label, _ in values})
+    columns = [(e, p) for e in labels for p in presets if (e, p) in values]
     classes = list(dict.fromkeys(c for key in columns for c in values[key]))
     rows = []
     for name in classes:
@@ -405,73 +464,37 @@ def per_class_table(
 
 
 def metric_table(
-    part_all: pd.DataFrame, title: str, slug: str, decimals: int = 2, notes_for=None
+    part_all: pd.DataFrame,
+    title: str,
+    slug: str,
+    deltas: Deltas,
+    decimals: int = 2,
+    notes_for=None,
 ) -> list[Table]:
-    """Experiments as rows, presets as columns, each cell the primary metric (or 'diverged')."""
+    """One row per comparison group of each subject, presets as columns, each cell the primary
+    metric (or what happened instead), and mixed's paired difference to fp32 with its CI."""
     tables = []
     for (budget, data, device), part in by_setting(part_all):
         presets = preset_order(part["precision"], part)
         rows, notes = [], []
         for experiment in sorted(part["experiment"].unique()):
-            mine = _lookup(part, experiment)
-            metric = next(
-                (
-                    g["primary_metric"]
-                    for g in mine.values()
-                    if isinstance(g["primary_metric"], str)
-                ),
-                None,
-            )
-            col = f"metric_{metric}"
-            row = {"Experiment": experiment, "Metric": metric or ""}
-            for p in presets:
-                row[p] = result_cell(mine.get(p), col, decimals)
-            row["Δ mixed − fp32"] = fmt_signed(
-                _diff(_mean(mine.get("mixed"), col), _mean(mine.get("fp32"), col)), decimals
-            )
-            rows.append(row)
-            if notes_for:
-                notes += notes_for(experiment)
-        tables.append(
-            Table(
-                slugify(slug, budget, data, device),
-                title,
-                caption(budget, data, device),
-                pd.DataFrame(rows),
-                notes,
-            )
-        )
-    return tables
-
-
-def all_metrics_table(part_all: pd.DataFrame, title: str, slug: str, notes_for=None) -> list[Table]:
-    """One row per experiment and preset: what happened (completed / diverged at step N) and
-    every numeric final metric the records hold, in the order the records list them."""
-    tables = []
-    for (budget, data, device), part in by_setting(part_all):
-        metrics = [
-            c[len("metric_") : -len("_mean")]
-            for c in part.columns
-            if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()
-        ]
-        rows, notes = [], []
-        for experiment in sorted(part["experiment"].unique()):
-            exp = part[part["experiment"] == experiment]
-            mine = _lookup(part, experiment)
-            for p in preset_order(mine, exp):
-                g = mine[p]
-                n_done = int(g["n_completed"])
-                outcome = [f"{n_done} completed"] if n_done else []
-                if g["n_diverged"]:
-                    outcome.append(f"{int(g['n_diverged'])} {group_diverged_text(g)}")
-                row = {"Experiment": experiment, "Preset": p, "Outcome": "; ".join(outcome)}
-                for m in metrics:
-                    row[m] = fmt_stat(
-                        g.get(f"metric_{m}_mean"),
-                        g.get(f"metric_{m}_std"),
-                        g.get(f"metric_{m}_count"),
-                        3,
-                    )
+            for group in group_rows(part, experiment):
+                mine = group.presets
+                metric = next(
+                    (
+                        g["primary_metric"]
+                        for g in mine.values()
+                        if isinstance(g["primary_metric"], str)
+                    ),
+                    None,
+                )
+                col = f"metric_{metric}"
+                row = {"Experiment": group.label, "Metric": metric or ""}
+                for p in presets:
+                    row[p] = result_cell(mine.get(p), col, decimals)
+                delta = _delta(deltas, group, "mixed")
+                row["Δ mixed − fp32 (95% CI)"] = delta_text(delta, decimals)
+                row["mixed vs fp32"] = delta.verdict if delta else ""
                 rows.append(row)
             if notes_for:
                 notes += notes_for(experiment)
@@ -481,7 +504,101 @@ def all_metrics_table(part_all: pd.DataFrame, title: str, slug: str, notes_for=N
                 title,
                 caption(budget, data, device),
                 pd.DataFrame(rows),
-                notes,
+                [*notes, DELTA_NOTE],
+            )
+        )
+    return tables
+
+
+def all_metrics_table(
+    part_all: pd.DataFrame, title: str, slug: str, deltas: Deltas, notes_for=None
+) -> list[Table]:
+    """One row per comparison group and preset: what happened (completed / diverged at step N)
+    and every numeric final metric the records hold, in the order the records list them."""
+    tables = []
+    for (budget, data, device), part in by_setting(part_all):
+        metrics = [
+            c[len("metric_") : -len("_mean")]
+            for c in part.columns
+            if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()
+        ]
+        rows, notes = [], []
+        for experiment in sorted(part["experiment"].unique()):
+            for group in group_rows(part, experiment):
+                exp = pd.DataFrame(list(group.presets.values()))
+                for p in preset_order(group.presets, exp):
+                    g = group.presets[p]
+                    n_done = int(g["n_completed"])
+                    outcome = [f"{n_done} completed"] if n_done else []
+                    if g["n_diverged"]:
+                        outcome.append(f"{int(g['n_diverged'])} {group_diverged_text(g)}")
+                    flagged = g.get("flagged") or {}
+                    outcome += [f"{n} of {k} non-finite" for n, k in sorted(flagged.items())]
+                    row = {"Experiment": group.label, "Preset": p, "Outcome": "; ".join(outcome)}
+                    for m in metrics:
+                        row[m] = fmt_stat(
+                            g.get(f"metric_{m}_mean"),
+                            g.get(f"metric_{m}_std"),
+                            g.get(f"metric_{m}_count"),
+                            3,
+                        )
+                    delta = _delta(deltas, group, p)
+                    row["Δ to fp32 (95% CI)"] = delta_text(delta, 3)
+                    row["vs fp32"] = delta.verdict if delta else ""
+                    rows.append(row)
+            if notes_for:
+                notes += notes_for(experiment)
+        tables.append(
+            Table(
+                slugify(slug, budget, data, device),
+                title,
+                caption(budget, data, device),
+                pd.DataFrame(rows),
+                [*notes, DELTA_NOTE],
+            )
+        )
+    return tables
+
+
+def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
+    """Every preset against fp32, per setting: the paired difference of the primary metric with
+    its confidence interval and the verdict against the paper's claim that mixed precision
+    matches FP32."""
+    tables = []
+    for (budget, data, device), part in by_setting(agg):
+        rows = []
+        for experiment in sorted(part["experiment"].unique()):
+            for group in group_rows(part, experiment):
+                found = deltas.get(group.key) or {}
+                for p in preset_order(found, pd.DataFrame(list(group.presets.values()))):
+                    d = found[p]
+                    rows.append(
+                        {
+                            "Experiment": group.label,
+                            "Metric": d.metric
+                            + ("" if d.higher_is_better else " (lower is better)"),
+                            "Preset": p,
+                            "Seeds paired": str(d.n),
+                            f"Δ to {settings.reference} ({settings.confidence:.0%} CI)": delta_text(
+                                d, 3
+                            ),
+                            "Tolerance": "" if d.tolerance is None else f"±{d.tolerance:.3g}",
+                            "Verdict": d.verdict,
+                        }
+                    )
+        if not rows:
+            continue
+        tables.append(
+            Table(
+                slugify("vs_fp32", budget, data, device),
+                f"Each preset against {settings.reference}: paired differences and verdicts",
+                caption(budget, data, device),
+                pd.DataFrame(rows),
+                [
+                    DELTA_NOTE,
+                    "The paper's claim is that mixed precision matches FP32. A verdict needs at "
+                    "least two seeds of both presets (mpt-run -m ... seed=0,1,2).",
+                ],
             )
         )
     return tables
@@ -517,73 +634,113 @@ PRESENTATION = {
 }
 
 
-def task_tables(agg: pd.DataFrame, paper_rows: set[str]) -> list[Table]:
-    """One table (per setting) for every task the records name, the paper's rows left out."""
+def task_tables(agg: pd.DataFrame, paper_rows: set[str], deltas: Deltas) -> list[Table]:
+    """One table (per setting) for every task the records name, the paper's own rows left out
+    (a custom model trained with a paper experiment's recipe is not the paper's row: it is here)."""
     tables = []
+    paper_own = agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])
     for task in sorted(agg["task"].dropna().unique()):
-        part = agg[(agg["task"] == task) & ~agg["experiment"].isin(paper_rows)]
+        part = agg[(agg["task"] == task) & ~paper_own]
         if part.empty:
             continue
         shown = PRESENTATION.get(
             task, Presentation(f"{task}: every final metric per preset", slugify(task))
         )
-        tables += shown.view(part, shown.title, shown.slug, notes_for=claim_notes)
+        tables += shown.view(part, shown.title, shown.slug, deltas, notes_for=claim_notes)
     return tables
 
 
 # ---------------------------------------------------------------- cost
 
 
+# peak-memory kinds whose figure is the run's own (a ratio between runs means something);
+# host_max_rss_process is the process's lifetime peak, which a sweep's later jobs inherit
+OWN_PEAK = ("cuda_max_allocated", "host_peak_rss")
+
+
 def cost_table(agg: pd.DataFrame) -> list[Table]:
-    """Wall time, throughput and peak memory, and their ratio to the same experiment's FP32."""
+    """Per comparison group: throughput, peak memory and the bytes saved for backward, each
+    absolute and as a ratio to the same group's fp32 (a ratio only between runs that differ in
+    precision alone)."""
     tables = []
     for (budget, device), part in by_setting(agg, ("budget", "device")):
         rows = []
+        kinds: set[str] = set()
         for (experiment, data), exp in part.groupby(["experiment", "data"], sort=True):
-            mine = {r["precision"]: r for _, r in exp.iterrows()}
-            fp32 = mine.get("fp32")
-            for p in preset_order(mine, exp):
-                g = mine[p]
-                speed, memory = _mean(g, "samples_per_s"), _mean(g, "peak_memory_bytes")
-                rows.append(
-                    {
-                        "Experiment": experiment,
-                        "Data": data,
-                        "Preset": p,
-                        "Runs": _runs_text(g),
-                        "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
-                        "Samples/s": fmt_stat(
-                            speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1
-                        ),
-                        "Samples/s ÷ fp32": fmt_num(_ratio(speed, _mean(fp32, "samples_per_s")), 2),
-                        "Peak memory (MiB)": fmt_num(None if _nan(memory) else memory / 2**20, 1),
-                        "Memory ÷ fp32": fmt_num(
-                            _ratio(memory, _mean(fp32, "peak_memory_bytes")), 2
-                        ),
-                    }
-                )
-        kinds = sorted(set(part.get("peak_memory_kind", pd.Series(dtype=str)).dropna()) - {""})
+            for group in group_rows(exp, experiment):
+                mine = group.presets
+                fp32 = mine.get("fp32")
+                for p in preset_order(mine, pd.DataFrame(list(mine.values()))):
+                    g = mine[p]
+                    kind = str(g.get("peak_memory_kind") or "")
+                    kinds.add(kind)
+                    speed, memory = _mean(g, "samples_per_s"), _mean(g, "peak_memory_bytes")
+                    saved = _mean(g, "saved_bytes_per_sample")
+                    own = (
+                        kind in OWN_PEAK
+                        and str((fp32 if fp32 is not None else g).get("peak_memory_kind") or "")
+                        in OWN_PEAK
+                    )
+                    rows.append(
+                        {
+                            "Experiment": group.label,
+                            "Data": data,
+                            "Preset": p,
+                            "Runs": _runs_text(g),
+                            "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
+                            "Samples/s": fmt_stat(
+                                speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1
+                            ),
+                            "Samples/s ÷ fp32": fmt_num(
+                                _ratio(speed, _mean(fp32, "samples_per_s")), 2
+                            ),
+                            "Peak memory (MiB)": fmt_num(
+                                None if _nan(memory) else memory / 2**20, 1
+                            )
+                            + (f" ({kind})" if kind and not _nan(memory) else ""),
+                            "Peak memory ÷ fp32": fmt_num(
+                                _ratio(memory, _mean(fp32, "peak_memory_bytes")), 2
+                            )
+                            if own
+                            else ("n/a" if not _nan(memory) else ""),
+                            "Saved for backward (MiB/sample)": fmt_num(
+                                None if _nan(saved) else saved / 2**20, 2
+                            ),
+                            "Saved ÷ fp32": fmt_num(
+                                _ratio(saved, _mean(fp32, "saved_bytes_per_sample")), 2
+                            ),
+                        }
+                    )
         notes = [
-            "Completed runs only; means over seeds. Ratios divide by the fp32 run of the same "
-            "experiment, data and device."
+            "Completed runs only; means over seeds. Each ratio divides by the fp32 runs of the "
+            "same comparison group (equal configuration but for the preset and seed), data and "
+            "device.",
+            "Saved for backward: the bytes autograd keeps for the backward pass in one training "
+            "step, per sample, counted on the run's first step (activations and weight copies); "
+            "the same on any device, so it shows a recipe's memory effect on a CPU as well.",
         ]
         if names.budgets().get(budget) is None or names.budgets()[budget].trims:
             notes.append(
                 "Below the full recipe start-up and first steps weigh heavily: compare ratios, "
                 "not absolute speed (mpt-bench measures speed properly)."
             )
-        if device.startswith("cpu"):
+        if "host_peak_rss" in kinds:
             notes.append(
-                "On a CPU, peak memory is the process's maximum resident set size (Python and "
-                "libraries included); a Hydra multirun runs its jobs in one process, so a later "
-                "job carries the peak of the jobs before it."
+                "host_peak_rss: the process's peak resident set since the run began (Python and "
+                "the libraries included), reset at each run's start, so a sweep's jobs do not "
+                "inherit each other's peaks."
             )
-        memory = f"; memory measured as {', '.join(kinds)}" if kinds else ""
+        if "host_max_rss_process" in kinds:
+            notes.append(
+                "host_max_rss_process: the process's lifetime peak (older records, or a system "
+                "without /proc/self/clear_refs); a Hydra multirun's later jobs carry the peaks of "
+                "the jobs before them, so no ratio is shown (n/a)."
+            )
         tables.append(
             Table(
                 slugify("cost", budget, device),
                 "Cost: time, throughput and memory",
-                f"budget={budget}, device {device}, data set per row{memory}.",
+                f"budget={budget}, device {device}, data set per row.",
                 pd.DataFrame(rows),
                 notes,
             )
@@ -645,13 +802,16 @@ def reference_tables() -> list[Table]:
     ]
 
 
-def all_tables(agg: pd.DataFrame, runs: pd.DataFrame) -> list[Table]:
+def all_tables(agg: pd.DataFrame, runs: pd.DataFrame, settings=None) -> list[Table]:
+    settings = settings or default_settings()
     ref = load_reference()
     paper_rows = set(ref.loc[ref["table"].isin(["table1", "table2"]), "row"])
+    deltas = group_deltas(runs, settings)
     return [
-        *table1(agg),
-        *table2(agg, runs),
-        *task_tables(agg, paper_rows),
+        *table1(agg, deltas),
+        *table2(agg, runs, deltas),
+        *task_tables(agg, paper_rows, deltas),
+        *deltas_table(agg, deltas, settings),
         *cost_table(agg),
         *reference_tables(),
     ]

@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from mpt_repro import distributed
+from mpt_repro.identity import is_custom_model
 
 TASKS: dict[str, type[Task]] = {}
 
@@ -89,11 +90,14 @@ class Task:
 
     def describe_model(self) -> dict:
         params = sum(p.numel() for m in self.models.values() for p in m.parameters())
-        return {
-            "name": self.cfg.model.name,
+        described = {
+            "name": self.cfg.model.name,  # a custom model's own name (model.name)
             "variant": self.cfg.model.variant or None,
             "parameters": params,
         }
+        if is_custom_model(self.cfg.model):
+            described["target"] = self.cfg.model.target
+        return described
 
 
 def chunked(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
