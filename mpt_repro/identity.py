@@ -35,7 +35,9 @@ from typing import Any
 # Left out of the variant folder (an entry ending in "." covers every key under it; the others
 # are exact, so `precision=mixed` is left out and `precision.init_scale=1024` is not): already in
 # the path (experiment, precision, budget, seed, the custom model's identity), run controls, where
-# things are, and switches that do not change what is trained. data.root and
+# things are, and switches that do not change what is trained. Telemetry does not change what is
+# trained either, but a diagnostic run gets a folder of its own, so that it can sit beside the
+# same run without telemetry (the reporter counts the two once). data.root and
 # model.backbone_weights are long paths: they are not in the name, and a resume refuses a
 # directory whose run used other data (run.py); the reporter still compares them.
 VARIANT_LEFT_OUT = (
@@ -51,8 +53,6 @@ VARIANT_LEFT_OUT = (
     "data.root",
     "data.num_workers",
     "hydra.",
-    "telemetry",
-    "telemetry.",
     "model.backbone_weights",
 )
 # ... and for a custom model, the keys that name it (they are in the study folder)

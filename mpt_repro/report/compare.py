@@ -158,7 +158,7 @@ def verdict(d: Delta) -> str:
     if d.low is None or d.high is None:
         return f"too few seeds (n={d.n})"
     tol = d.tolerance
-    shown = "?" if tol is None else f"{tol:.3g}"
+    shown = "?" if tol is None else f"{tol:g}"
     if tol is not None and -tol <= d.low and d.high <= tol:
         return f"matches FP32 (CI within ±{shown})"
     better_side = d.low > 0 if d.higher_is_better else d.high < 0

@@ -582,7 +582,7 @@ def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
                             f"Δ to {settings.reference} ({settings.confidence:.0%} CI)": delta_text(
                                 d, 3
                             ),
-                            "Tolerance": "" if d.tolerance is None else f"±{d.tolerance:.3g}",
+                            "Tolerance": "" if d.tolerance is None else f"±{d.tolerance:g}",
                             "Verdict": d.verdict,
                         }
                     )
