@@ -429,8 +429,7 @@ def validate_model_optim(cfg: DictConfig) -> None:
     _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
     _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
     if is_custom_model(m):
-        target = None if OmegaConf.is_missing(m, "target") else m.target
-        _check(bool(target), "model.target", target, "must name a factory (package.module:fn)")
+        _check(bool(m.target), "model.target", m.target, "must name a factory (package.module:fn)")
         builtin = set(options("model")) - {"custom"}
         _check(
             m.name not in builtin,

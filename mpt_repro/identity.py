@@ -139,25 +139,23 @@ def variant_name(overrides: Iterable[str], custom_model: bool = False) -> str:
 
 
 def is_custom_model(model: Mapping[str, Any] | Any) -> bool:
-    """Whether a model config is the user's own (model=custom): it names a factory. A missing
-    target (model=custom without model.target) counts: validation then says what to set."""
-    from omegaconf import DictConfig, OmegaConf
-
-    if isinstance(model, DictConfig):
-        return OmegaConf.is_missing(model, "target") or bool(model.get("target"))
-    return bool((model or {}).get("target"))
+    """Whether a model config is the user's own (model=custom): it names a factory, or its name
+    is its (empty) target, as conf/model/custom.yaml's `name: ${.target}` makes it when no target
+    was given (validation then says what to set)."""
+    if isinstance(model, Mapping) or hasattr(model, "get"):
+        target, name = model.get("target"), model.get("name")
+    else:
+        target, name = getattr(model, "target", None), getattr(model, "name", None)
+    return bool(target) or (target is not None and name == target)
 
 
 def study_name(experiment: str, model: Mapping[str, Any] | Any) -> str:
     """The first folder of a run: the experiment, or `<experiment>-<model.name>` for a custom
     model (escaped like a variant)."""
-    from omegaconf import DictConfig, OmegaConf
-
     if not is_custom_model(model):
         return str(experiment)
-    if isinstance(model, DictConfig) and OmegaConf.is_missing(model, "target"):
-        return f"{experiment}-custom"  # refused by validation before anything is written
-    return f"{experiment}-{escape(str(model.get('name') or model.get('target')))}"
+    name = model.get("name") or model.get("target") or "custom"  # "": refused by validation
+    return f"{experiment}-{escape(str(name))}"
 
 
 def run_path(

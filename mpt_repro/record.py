@@ -148,6 +148,8 @@ class RunRecord:
             "hint": None,
             "diverged_at_step": None,
             "diverged_layer": None,
+            "metrics": None,  # every record has it: null until a run completes with a result
+            "metrics_detail": None,
             "started_at": now_iso(),
             "finished_at": None,
             "command": " ".join(sys.argv),

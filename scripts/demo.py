@@ -77,7 +77,7 @@ def format_table(records: list[dict]) -> str:
         "top-1 %",
         "top-5 %",
         "eval loss",
-        "Δ top-1 vs fp32",
+        "Δ top-1 vs fp32 (one seed)",
         "steps",
         "skipped",
         "final loss scale",
@@ -109,6 +109,12 @@ def format_table(records: list[dict]) -> str:
         f"\nbudget={first['budget']}, data=scikit-learn digits ({first['data']['eval_size']} "
         "validation images), "
         f"device={first['device']['type']}"
+    )
+    lines.append(
+        "One seed per preset: a difference this small can be noise. For the difference with its "
+        "95% confidence interval and a verdict, run seeds and report them:\n"
+        "  mpt-run -m experiment=demo precision=fp32,amp,mixed budget=short seed=0,1,2\n"
+        "  mpt-report results/runs"
     )
     return "\n".join(lines)
 

@@ -136,7 +136,9 @@ def test_hparams_values_and_outcomes(tensorboard):
     by_name = {g["name"]: g for g in groups}
     done, div = real_record("completed"), real_record("diverged")
     fp32 = by_name["demo/fp32-smoke/seed0"]
-    assert (fp32["hparams"]["precision"], fp32["hparams"]["seed"]) == ("fp32", 0)
+    # the seed as text ("0", not the 0.0000 of a number), the status as words
+    assert (fp32["hparams"]["precision"], fp32["hparams"]["seed"]) == ("fp32", "0")
+    assert fp32["hparams"]["status"] == "completed" and fp32["hparams"]["variant"] == "(none)"
     assert fp32["hparams"]["experiment"] == "demo" and fp32["hparams"]["budget"] == "smoke"
     assert fp32["hparams"]["device"].startswith("cpu")
     assert fp32["hparams"]["loss_scaling"] == "none"  # the enum's name, not "LossScaling.none"
@@ -160,7 +162,8 @@ def test_custom_scalars_put_the_presets_on_one_chart(tensorboard):
     wait_for_runs(url, 2)
     layout = get(url, "data/plugin/custom_scalars/layout")
     (category,) = layout["category"]
-    assert category["title"] == "demo-smoke: presets compared"
+    # one study, budget and data set (and no other overrides): the runs that may be compared
+    assert category["title"] == "demo-smoke-digits: presets compared"
     charts = {c["title"]: c["multiline"]["tag"] for c in category["chart"]}
     assert list(charts)[:3] == ["train loss", "loss scale", "samples/s"]
     assert "eval top1" in charts

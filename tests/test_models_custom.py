@@ -16,7 +16,7 @@ TARGET = "helpers_custom_model:tiny_classifier"
 
 
 def custom(target: str, **kwargs):
-    cfg = OmegaConf.structured(ModelConfig(name="custom", target=target, kwargs=kwargs))
+    cfg = OmegaConf.structured(ModelConfig(name=target, target=target, kwargs=kwargs))
     return build_model(cfg, num_classes=5, channels=1, image_size=8)
 
 
@@ -77,4 +77,6 @@ def test_custom_model_trains_through_mpt_run(tmp_path):
     )
     record = read_run(run_dir)
     assert record["status"] == "completed" and record["steps"] == 6
-    assert record["model"]["name"] == "custom"
+    # your model under its own name (the factory's import path), not the demo's
+    assert record["model"]["name"] == record["model"]["target"] == TARGET
+    assert record["study"] == f"demo-{TARGET}"

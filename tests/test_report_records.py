@@ -178,7 +178,7 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     assert div["status"] == "diverged" and div["metrics"] is None  # schema 3: no result
     assert div["schema_version"] == 3 and done["package_version"]
     assert div["diverged_at_step"] == 2 and div["reason"].startswith("loss was non-finite")
-    assert fail["status"] == "failed" and "metrics" not in fail and "primary_metric" not in fail
+    assert fail["status"] == "failed" and fail["metrics"] is None and "primary_metric" not in fail
     assert fail["reason"].startswith("DataError: data.root=/nonexistent/imagenet does not exist")
     det = real_record("detection")
     assert (det["task"], det["primary_metric"], det["status"]) == ("detection", "map", "completed")

@@ -50,7 +50,7 @@ def test_smoke_run_leaves_a_complete_record(tmp_path: Path, precision: str) -> N
     run_cli("experiment=demo", "budget=smoke", f"precision={precision}", run_dir=tmp_path)
     rec = read_run(tmp_path)
     assert REQUIRED_FIELDS <= rec.keys()
-    assert rec["schema_version"] == 2
+    assert rec["schema_version"] == 3
     assert rec["status"] == "completed" and rec["reason"] is None and rec["hint"] is None
     assert (
         rec["experiment"] == "demo" and rec["precision"] == precision and rec["budget"] == "smoke"
@@ -215,7 +215,7 @@ def test_divergence_is_a_result_and_the_sweep_goes_on(tmp_path: Path) -> None:
     healthy = read_run(next(sweep.glob("optim.lr=0.05,*")))
     assert diverged["status"] == "diverged" and diverged["diverged_at_step"] >= 1
     assert "non-finite" in diverged["reason"] and "overwrite=true" in diverged["hint"]
-    assert "diverged_layer" in diverged and "metrics" not in diverged
+    assert "diverged_layer" in diverged and diverged["metrics"] is None  # no result
     assert healthy["status"] == "completed"
 
 

@@ -29,10 +29,14 @@ def _written(tmp_path: Path, status: str = "completed", **extra) -> Path:
     return tmp_path / "run.json"
 
 
-def test_the_writer_writes_schema_2_with_who_ran_it(tmp_path: Path) -> None:
+def test_the_writer_writes_schema_3_with_who_ran_it(tmp_path: Path) -> None:
     path = _written(tmp_path, "diverged", reason="loss non-finite", diverged_at_step=7)
     rec = json.loads(path.read_text())
-    assert rec["schema_version"] == SCHEMA_VERSION == 2
+    assert rec["schema_version"] == SCHEMA_VERSION == 3
+    # which code ran, also for a wheel install (no git checkout): the installed version
+    from importlib.metadata import version
+
+    assert rec["package_version"] == version("mpt-repro")
     assert rec["status"] == "diverged" and rec["diverged_at_step"] == 7
     assert rec["host"] == socket.gethostname() and rec["pid"] == os.getpid()
     # every v2 field is there from the start, null until known
@@ -72,8 +76,8 @@ def test_no_record_reads_as_none(tmp_path: Path) -> None:
         (lambda b: b"", "empty file"),
         (lambda b: b"\xff\xfe" + b, "not UTF-8"),
         (lambda b: b"[1, 2]", "JSON list, not an object"),
-        (lambda b: b.replace(b'"schema_version": 2', b'"schema_version": 99'), "schema_version 99"),
-        (lambda b: b.replace(b'"schema_version": 2', b'"schema_version": true'), "schema_version"),
+        (lambda b: b.replace(b'"schema_version": 3', b'"schema_version": 99'), "schema_version 99"),
+        (lambda b: b.replace(b'"schema_version": 3', b'"schema_version": true'), "schema_version"),
         (lambda b: b.replace(b'"status": "completed"', b'"status": "paused"'), "unknown status"),
         (lambda b: b.replace(b'"experiment"', b'"experimnet"'), "missing fields: experiment"),
     ],
@@ -87,19 +91,42 @@ def test_a_damaged_record_is_a_record_error_that_names_the_problem(tmp_path, mak
     assert str(path) in str(err.value)
 
 
+ADDED_IN_3 = ("package_version", "study", "overrides", "saved_bytes_per_sample")
+
+
+def _as_version_2(rec: dict) -> dict:
+    """What the schema-2 writer wrote: the same fields less those schema 3 added; a diverged run
+    had no `metrics` key."""
+    v2 = {k: v for k, v in rec.items() if k not in ADDED_IN_3}
+    if v2["status"] == "diverged":
+        v2.pop("metrics", None)
+    v2["schema_version"] = 2
+    return v2
+
+
 def _as_version_1(rec: dict) -> dict:
-    """What the schema-1 writer wrote: the same fields less those schema 2 added."""
-    v1 = {k: v for k, v in rec.items() if k not in ("hint", "diverged_layer", "host", "pid")}
+    """What the schema-1 writer wrote: the same fields less those schemas 2 and 3 added."""
+    v1 = {k: v for k, v in _as_version_2(rec).items()
+          if k not in ("hint", "diverged_layer", "host", "pid")}  # fmt: skip
     v1["schema_version"] = 1
     return v1
 
 
-def test_a_version_1_record_reads_as_version_2(tmp_path: Path) -> None:
+def test_a_version_1_record_reads_as_version_3(tmp_path: Path) -> None:
     rec = json.loads(_written(tmp_path).read_text())
     up = upgrade(_as_version_1(rec))
-    assert up["schema_version"] == 2 and up["upgraded_from"] == 1
+    assert up["schema_version"] == 3 and up["upgraded_from"] == 1
     assert up["status"] == "completed"
     assert up["hint"] is None and up["host"] is None and up["diverged_layer"] is None
+    assert up["package_version"] is None and up["study"] is None
+
+
+def test_a_version_2_diverged_record_reads_with_null_metrics(tmp_path: Path) -> None:
+    rec = json.loads(_written(tmp_path, "diverged", reason="loss non-finite").read_text())
+    v2 = _as_version_2(rec)
+    assert "metrics" not in v2
+    up = upgrade(v2)
+    assert up["schema_version"] == 3 and up["upgraded_from"] == 2 and up["metrics"] is None
 
 
 def test_a_version_1_sigterm_stop_reads_as_interrupted(tmp_path: Path) -> None:

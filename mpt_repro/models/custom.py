@@ -53,7 +53,7 @@ def resolve_target(target: str) -> Callable[..., Any]:
 
 @register_model("custom")
 def custom(cfg: Any, num_classes: int, **_: Any) -> nn.Module:
-    target = None if OmegaConf.is_missing(cfg, "target") else cfg.target
+    target = cfg.target
     if not target:
         raise ConfigError(
             "model=custom needs model.target=package.module:factory, a function returning your "
