@@ -814,3 +814,55 @@ def test_cost_bars_linear_from_zero():
     assert "saved for backward" in demo_memory.get_title()
     assert [p.get_height() for p in lm_speed.patches] == [1.0, 0.5]
     assert lm_speed.get_title().startswith("lstm_lm (corpus)")
+
+
+def test_every_preset_has_its_own_colour():
+    from mpt_repro.report.plots import preset_styles
+
+    presets = list(names.presets())
+    assert len(presets) >= 13
+    colours = [tuple(s["color"]) for s in preset_styles(presets).values()]
+    assert len(set(colours)) == len(presets)
+
+
+def test_percent_axes_from_zero_integer_steps_and_the_difference_panel():
+    from mpt_repro.report.plots import curves_figure
+
+    def evals(values):
+        return pd.DataFrame({"step": [3, 7], "split": "eval", "top1": values})
+
+    by_seed = {
+        "fp32": {0: evals([40.0, 60.0]), 1: evals([42.0, 62.0])},
+        "mixed": {0: evals([41.0, 61.0]), 1: evals([45.0, 65.0])},
+    }
+    train = {p: _band_frames([[3.0, 2.0, 1.0]]) for p in by_seed}
+    fig = curves_figure(
+        train, {p: list(f.values()) for p, f in by_seed.items()}, {}, "top1", "t", by_seed
+    )
+    loss, metric, delta = fig.axes
+    fig.canvas.draw()
+    assert metric.get_ylim()[0] == 0 and metric.get_ylabel() == "top1 (%)"
+    for ax in (loss, metric, delta):
+        assert all(float(t).is_integer() for t in ax.get_xticks()), ax.get_title()
+    # mixed − fp32 per seed: (1, 1) and (3, 3): mean 2 at both steps, band t(0.975,1)·√2/√2
+    [line] = delta.get_lines()[:1]
+    assert list(line.get_ydata()) == [2.0, 2.0]
+    assert delta.get_title().startswith("Δ top1 to fp32")
+
+
+def test_nothing_of_a_diverged_run_is_drawn_from_the_step_it_diverged_at(tmp_path):
+    """A garbage evaluation logged between the first NaN and the divergence is not a point."""
+    from mpt_repro.report.collect import load_runs
+    from mpt_repro.report.plots import group_curves
+
+    write_run(tmp_path, rec("demo", "fp32", 0, data="digits", metrics={"top1": 90.0}))
+    div = write_run(
+        tmp_path, rec("demo", "mixed", 0, data="digits", status="diverged", diverged_at_step=4)
+    )
+    rows = "step,epoch,split,loss,top1\n2,0,train,1.0,\n2,0,eval,1.0,50.0\n6,1,eval,nan,10.94\n"
+    (div / "metrics.csv").write_text(rows)
+    runs, _ = load_runs(tmp_path)
+    curves = group_curves(runs, [])
+    assert curves.diverged == {"mixed": [4]}
+    assert curves.by_seed["mixed"][0]["step"].tolist() == [2]  # not step 6's 10.94
+    assert curves.by_seed["fp32"][0]["step"].tolist() == [6]  # fp32's own evaluation stays

@@ -15,6 +15,7 @@ must work over SSH and in CI.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
@@ -291,42 +292,56 @@ def _until(frame: pd.DataFrame, step) -> pd.DataFrame:
     return frame if step is None or step != step else frame[frame["step"] < int(step)]
 
 
+@dataclass
+class GroupCurves:
+    """The curves of one comparison group, per preset in display order: train rows and eval rows
+    per seed, each cut before the step its run diverged at, and those steps."""
+
+    train: dict[str, list[pd.DataFrame]] = field(default_factory=dict)
+    evals: dict[str, list[pd.DataFrame]] = field(default_factory=dict)
+    by_seed: dict[str, dict[int, pd.DataFrame]] = field(default_factory=dict)
+    diverged: dict[str, list[int]] = field(default_factory=dict)
+
+
+def group_curves(part: pd.DataFrame, problems: list[Problem]) -> GroupCurves:
+    """Read the metrics.csv of each run of one comparison group (runs without one are added to
+    `problems`)."""
+    found = GroupCurves()
+    for _, run in part.sort_values(["precision", "seed"]).iterrows():
+        frame = load_metrics_csv(run["path"])
+        if frame is None or "step" not in frame or "split" not in frame:
+            problems.append(Problem(run["path"], "no curves", "metrics.csv missing or unreadable"))
+            continue
+        preset = run["precision"]
+        step = run.get("diverged_at_step") if run["status"] == "diverged" else None
+        frame = _until(frame, step)
+        found.train.setdefault(preset, []).append(frame[frame["split"] == "train"])
+        found.evals.setdefault(preset, []).append(frame[frame["split"] == "eval"])
+        found.by_seed.setdefault(preset, {})[int(run["seed"])] = frame[frame["split"] == "eval"]
+        if step is not None and step == step:
+            found.diverged.setdefault(preset, []).append(int(step))
+    order = preset_order(found.train, part)
+    found.train = {p: found.train[p] for p in order}
+    found.evals = {p: found.evals[p] for p in order}
+    return found
+
+
 def experiment_plots(
     runs: pd.DataFrame, folder: Path, reference: str = "fp32", level: float = 0.95
 ) -> tuple[list[Path], list[Problem]]:
     """Curves and loss-scale trace per comparison group (subject, configuration) and setting,
     from each metrics.csv."""
-    written, problems = [], []
+    written: list[Path] = []
+    problems: list[Problem] = []
     keys = ["subject", "comparison", "budget", "data", "device"]
     groups_per_subject = runs.groupby(["subject", "budget", "data", "device"])[
         "comparison"
     ].nunique()
     for (subject, comparison, budget, data, device), part in runs.groupby(keys, sort=True):
-        train: dict[str, list[pd.DataFrame]] = {}
-        evals: dict[str, list[pd.DataFrame]] = {}
-        by_seed: dict[str, dict[int, pd.DataFrame]] = {}
-        diverged: dict[str, list[int]] = {}
-        for _, run in part.sort_values(["precision", "seed"]).iterrows():
-            frame = load_metrics_csv(run["path"])
-            if frame is None or "step" not in frame or "split" not in frame:
-                problems.append(
-                    Problem(run["path"], "no curves", "metrics.csv missing or unreadable")
-                )
-                continue
-            preset = run["precision"]
-            step = run.get("diverged_at_step") if run["status"] == "diverged" else None
-            frame = _until(frame, step)
-            train.setdefault(preset, []).append(frame[frame["split"] == "train"])
-            evals.setdefault(preset, []).append(frame[frame["split"] == "eval"])
-            by_seed.setdefault(preset, {})[int(run["seed"])] = frame[frame["split"] == "eval"]
-            if step is not None and step == step:
-                diverged.setdefault(preset, []).append(int(step))
-        if not train:
+        curves = group_curves(part, problems)
+        if not curves.train:
             continue
-        order = preset_order(train, part)
-        train = {p: train[p] for p in order}
-        evals = {p: evals[p] for p in order}
-        styles = preset_styles(order)
+        styles = preset_styles(list(curves.train))
         metric = next((m for m in part["primary_metric"] if isinstance(m, str)), "loss")
         label = str(part["row_label"].iloc[0])
         setting = f"{label}: budget={budget}, data={data}, {device}"
@@ -334,11 +349,20 @@ def experiment_plots(
         if groups_per_subject[(subject, budget, data, device)] > 1:  # the label, then the key
             group = slugify(str(part["group_label"].iloc[0]))[:60]
             stem += f"_{group}_{comparison[:6]}" if group else f"_{comparison or 'unrecorded'}"
-        fig = curves_figure(train, evals, diverged, metric, setting, by_seed, reference, level)
+        fig = curves_figure(
+            curves.train,
+            curves.evals,
+            curves.diverged,
+            metric,
+            setting,
+            curves.by_seed,
+            reference,
+            level,
+        )
         written.append(_save(fig, folder / f"{stem}_curves.png"))
 
         fig, ax = plt.subplots(figsize=(6, 4))
-        if plot_presets(ax, train, "loss_scale", styles):
+        if plot_presets(ax, curves.train, "loss_scale", styles):
             # a scale is a power of two: a log2 axis shows each halving as one step
             ax.set_yscale("log", base=2)
             legend(ax)
