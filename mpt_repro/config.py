@@ -662,6 +662,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     },
     "precision.adaptive_update_interval": ("loss_scaling", ("adaptive",)),
     "precision.adaptive_method": ("loss_scaling", ("adaptive",)),
+    "precision.adaptive_formula": ("loss_scaling", ("adaptive",)),
     "precision.adaptive_plan_cache": ("loss_scaling", ("adaptive",)),
     # telemetry: every knob but the switch itself
     **{
