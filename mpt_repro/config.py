@@ -111,8 +111,11 @@ class ModelConfig:
     proj_size: int = 0  # 0: no projection
     num_layers: int = 2
     num_sampled: int = 0  # sampled-softmax negatives; 0: full softmax
-    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: PyTorch's initialisation
+    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: none (all biases start at 0)
     forget_bias: float | None = None
+    # f-lm's num_shards: the embedding and softmax weights are initialised per shard of
+    # ceil(vocabulary / init_shards) rows, U(+-sqrt(3 / rows)) (mpt_repro/models/lstm_lm.py)
+    init_shards: int = 8
     # GAN
     latent_dim: int = 100
     gen_features: int = 64
@@ -423,6 +426,7 @@ def validate_model_optim(cfg: DictConfig) -> None:
         _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
     _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
     _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
+    _check(m.init_shards >= 1, "model.init_shards", m.init_shards, "must be >= 1")
     _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
     if m.name == "custom":
         target = None if OmegaConf.is_missing(m, "target") else m.target
@@ -586,6 +590,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.aux_weight": ("model.name", ("googlenet", "inception_v2", "inception_v3")),
     "model.aux_dropout": ("model.name", ("googlenet",)),
     "model.forget_bias": ("model.name", ("lstm_lm",)),
+    "model.init_shards": ("model.name", ("lstm_lm",)),
     "model.noise": ("model.name", ("dcgan",)),
     "model.target": ("model.name", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
