@@ -1,5 +1,5 @@
-"""Recipe settings inside the LM and the DCGAN: f-lm's initialisation and forget-gate bias (TF LSTMCell), the
-noise distribution (Radford et al.: uniform)."""
+"""Recipe settings inside the LM and the DCGAN: f-lm's initialisation and forget-gate bias (TF
+LSTMCell), the noise distribution (Radford et al.: uniform)."""
 
 from __future__ import annotations
 
