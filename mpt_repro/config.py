@@ -41,6 +41,14 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def recipes(experiment: str) -> list[str]:
+    """The recipes an experiment has: public (the experiment file's own settings) and every
+    recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""
+    known = options("recipe")
+    files = (CONF_DIR / "experiment_recipe").glob(f"{experiment}_*.yaml")
+    return sorted({"public"} | {r for p in files if (r := p.stem[len(experiment) + 1 :]) in known})
+
+
 def option_name(value: Any) -> str:
     """The name of a config choice, whether OmegaConf hands over an Enum member or a string."""
     return str(getattr(value, "name", value))
@@ -230,6 +238,8 @@ class PathsConfig:
 @dataclass
 class Config:
     experiment_name: str = MISSING
+    # the recipe behind the run (conf/recipe: public | nvcaffe), recorded in run.json's config
+    recipe: str = "public"
     task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     seed: int = 0
     resume: bool = False  # continue the run in its directory from its last checkpoint
@@ -386,6 +396,14 @@ def validate(cfg: DictConfig) -> None:
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
     budgets = options("budget")
     _check(cfg.budget.name in budgets, "budget.name", cfg.budget.name, f"must be one of {budgets}")
+    have = recipes(cfg.experiment_name)
+    _check(
+        cfg.recipe in have,
+        "recipe",
+        cfg.recipe,
+        f"must be one of experiment={cfg.experiment_name}'s recipes: {', '.join(have)} "
+        "(conf/experiment_recipe/ holds them; docs/recipes.md)",
+    )
     tasks = known_tasks()
     _check(cfg.task in tasks, "task", cfg.task, f"must be one of {tasks}")
     if cfg.resume and cfg.overwrite:
