@@ -42,6 +42,14 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def recipes(experiment: str) -> list[str]:
+    """The recipes an experiment has: public (the experiment file's own settings) and every
+    recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""
+    known = options("recipe")
+    files = (CONF_DIR / "experiment_recipe").glob(f"{experiment}_*.yaml")
+    return sorted({"public"} | {r for p in files if (r := p.stem[len(experiment) + 1 :]) in known})
+
+
 def option_name(value: Any) -> str:
     """The name of a config choice, whether OmegaConf hands over an Enum member or a string."""
     return str(getattr(value, "name", value))
@@ -112,8 +120,11 @@ class ModelConfig:
     proj_size: int = 0  # 0: no projection
     num_layers: int = 2
     num_sampled: int = 0  # sampled-softmax negatives; 0: full softmax
-    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: PyTorch's initialisation
+    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: none (all biases start at 0)
     forget_bias: float | None = None
+    # f-lm's num_shards: the embedding and softmax weights are initialised per shard of
+    # ceil(vocabulary / init_shards) rows, U(+-sqrt(3 / rows)) (mpt_repro/models/lstm_lm.py)
+    init_shards: int = 8
     # GAN
     latent_dim: int = 100
     gen_features: int = 64
@@ -228,6 +239,8 @@ class PathsConfig:
 @dataclass
 class Config:
     experiment_name: str = MISSING
+    # the recipe behind the run (conf/recipe: public | nvcaffe), recorded in run.json's config
+    recipe: str = "public"
     task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     seed: int = 0
     resume: bool = False  # continue the run in its directory from its last checkpoint
@@ -387,6 +400,14 @@ def validate(cfg: DictConfig) -> None:
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
     budgets = options("budget")
     _check(cfg.budget.name in budgets, "budget.name", cfg.budget.name, f"must be one of {budgets}")
+    have = recipes(cfg.experiment_name)
+    _check(
+        cfg.recipe in have,
+        "recipe",
+        cfg.recipe,
+        f"must be one of experiment={cfg.experiment_name}'s recipes: {', '.join(have)} "
+        "(conf/experiment_recipe/ holds them; docs/recipes.md)",
+    )
     tasks = known_tasks()
     _check(cfg.task in tasks, "task", cfg.task, f"must be one of {tasks}")
     if cfg.resume and cfg.overwrite:
@@ -427,6 +448,7 @@ def validate_model_optim(cfg: DictConfig) -> None:
         _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
     _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
     _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
+    _check(m.init_shards >= 1, "model.init_shards", m.init_shards, "must be >= 1")
     _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
     if is_custom_model(m):
         _check(bool(m.target), "model.target", m.target, "must name a factory (package.module:fn)")
@@ -597,6 +619,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.aux_weight": ("model", ("googlenet", "inception_v2", "inception_v3")),
     "model.aux_dropout": ("model", ("googlenet",)),
     "model.forget_bias": ("model", ("lstm_lm",)),
+    "model.init_shards": ("model", ("lstm_lm",)),
     "model.noise": ("model", ("dcgan",)),
     "model.target": ("model", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
@@ -673,6 +696,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     },
     "precision.adaptive_update_interval": ("loss_scaling", ("adaptive",)),
     "precision.adaptive_method": ("loss_scaling", ("adaptive",)),
+    "precision.adaptive_formula": ("loss_scaling", ("adaptive",)),
     "precision.adaptive_plan_cache": ("loss_scaling", ("adaptive",)),
     # telemetry: every knob but the switch itself
     **{

@@ -6,7 +6,9 @@ value a config change moved.
     PYTHONPATH=$PWD .venv/bin/python tests/configs_dump.py --write    # after an intended change
 
 `precision` and `telemetry` are left out: experiments and budgets never set them (the config test
-checks that switching presets changes nothing else).
+checks that switching presets changes nothing else). Each experiment's other recipes (those not
+its default: `recipe=nvcaffe` for AlexNet, `recipe=public` for VGG-16, ...) are composed too, and
+one preset, `precision=adaptive`, is kept whole in PRESET_CASES so its knobs show as well.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ ROOT = Path(__file__).resolve().parents[1]
 CONF_DIR = ROOT / "conf"
 GOLDEN = Path(__file__).resolve().parent / "golden" / "composed_configs.json"
 LEFT_OUT = ("precision", "telemetry")
+# cases whose precision node is kept (the preset's knobs, e.g. precision.adaptive_formula)
+PRESET_CASES = [["experiment=scaling_matters", "budget=short", "precision=adaptive"]]
 
 
 def options(group: str) -> list[str]:
@@ -47,7 +51,7 @@ def compose_all() -> dict[str, dict]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
-    from mpt_repro.config import register_configs
+    from mpt_repro.config import recipes, register_configs
 
     register_configs()
     if not GlobalHydra.instance().is_initialized():
@@ -58,12 +62,19 @@ def compose_all() -> dict[str, dict]:
         variants = [overrides]
         if cfg.data.name == "imagenet":  # the shape keys must survive data=synthetic
             variants.append([*overrides, "data=synthetic"])
+        others = [r for r in recipes(cfg.experiment_name) if r != cfg.recipe]
+        variants += [[*overrides, f"recipe={r}"] for r in others]
         for ov in variants:
             c = compose(config_name="config", overrides=ov)
             plain = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
             for key in LEFT_OUT:
                 plain.pop(key, None)
             result[" ".join(ov)] = flatten(plain)
+    for ov in PRESET_CASES:
+        c = compose(config_name="config", overrides=ov)
+        plain = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
+        plain.pop("telemetry", None)
+        result[" ".join(ov)] = flatten(plain)
     return result
 
 

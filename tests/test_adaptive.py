@@ -47,8 +47,12 @@ def exp_of(
     T=1e-3,
     up=2.0**40,
     acc=2.0**40,
+    formula="paper",
+    mean_g=0.0,
 ):
-    return layer_scale_exponent(ms_g, g[0], g[1], ms_w, w[0], w[1], fan_in, prev, T, up, acc)
+    return layer_scale_exponent(
+        ms_g, g[0], g[1], ms_w, w[0], w[1], fan_in, prev, T, up, acc, formula=formula, mean_g=mean_g
+    )
 
 
 def test_underflow_bound_is_u_min_over_sigma_o_sqrt2_erfinv_t():
@@ -86,12 +90,116 @@ def test_zero_statistics_take_the_caps():
     assert exp_of(ms_g=0.0, g=(0.0, 0.0), up=16.0) == 4
 
 
+# -- the authors' code (precision.adaptive_formula=code | code_weights) --------------------------
+# Hand-computed from kumasento/gradient-scaling @911ef2d ada_loss/chainer_impl/ada_loss.py
+# get_loss_scale_by_approx_range and bound_loss_scale_by_heuristics, with its u_min = 6.0e-8,
+# u_max = 65504 and n_uf_threshold = sqrt(2) erfinv(1e-3) = 0.00125331.
+def test_code_weights_widens_sigma_by_sqrt_half_fan_in():
+    # sigma_o = sqrt(1e-20 * 1e-2) * sqrt(0.5 * 16) = 2.8284e-11;
+    # s = 6e-8 / (2.8284e-11 * 0.00125331) = 1.6926e6 = 2^20.69 -> 2^20 (the paper formula: 2^22)
+    assert exp_of(formula="code_weights") == 20
+    assert exp_of() == 22
+    # overflow: u_max / fan_in / o_max = 65504 / 64 / (2e-3 * 0.5) = 1.0235e6 = 2^19.97 -> 2^19
+    assert exp_of(g=(1e-3, -2e-3), fan_in=64, formula="code_weights") == 19
+
+
+def test_code_reads_the_gradient_alone():
+    # W dropped: sigma = std(g) = sqrt(1e-20 - 0) = 1e-10;
+    # s = 6e-8 / (1e-10 * 0.00125331) = 478,731 = 2^18.87 -> 2^18, whatever the weights
+    assert exp_of(formula="code") == 18
+    assert exp_of(formula="code", ms_w=1.0, w=(3.0, -3.0), fan_in=4096) == 18
+    # std, not the root mean square: mean 0.6e-10 leaves sigma = sqrt(1e-20 - 0.36e-20) = 8e-11,
+    # s = 6e-8 / (8e-11 * 0.00125331) = 598,413 = 2^19.19 -> 2^19
+    assert exp_of(formula="code", mean_g=0.6e-10) == 19
+    # overflow from max|g| and the whole u_max: 65504 / 1.0 = 2^15.999 -> 2^15 (the paper
+    # formula divides by fan_in and multiplies by max|W|: 65504 / 16 / 0.5 = 2^12.999 -> 2^12)
+    assert exp_of(g=(1.0, -1e-10), formula="code") == 15
+    assert exp_of(g=(1.0, -1e-10)) == 12
+
+
+@pytest.mark.parametrize("formula", ["code", "code_weights"])
+def test_code_gives_scale_one_for_sigma_zero_then_the_caps(formula):
+    # their early return: s = 1 (the paper formula takes the caps: 16 -> 2^4) ...
+    assert exp_of(ms_g=0.0, g=(0.0, 0.0), up=16.0, formula=formula) == 0
+    assert exp_of(ms_g=0.0, g=(0.0, 0.0), up=16.0) == 4
+    # ... and bound_loss_scale_by_heuristics still applies: min(1, 1024 / 2048) = 2^-1
+    assert exp_of(ms_g=0.0, g=(0.0, 0.0), prev=2048.0, acc=1024.0, formula=formula) == -1
+
+
+class TwoLinear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body, self.head = nn.Linear(8, 16), nn.Linear(16, 32)  # head fan-in 32
+
+    def forward(self, x):
+        return self.head(torch.relu(self.body(x)))
+
+
+@pytest.mark.parametrize("formula", ["paper", "code", "code_weights"])
+def test_a_layer_scale_equals_the_formula_on_the_gradient_it_saw(formula):
+    """The head's scale at step 2 comes from the gradient that reached it at step 1 (the loss
+    is at scale 1, so that gradient carries none), recomputed here from the authors' formulas
+    in float64 with numpy-style statistics."""
+    torch.manual_seed(0)
+    base, x, y = TwoLinear(), torch.randn(32, 8), torch.randint(0, 32, (32,))
+    pol = fp16_policy(
+        "adaptive",
+        adaptive_formula=formula,
+        adaptive_scale_upper_bound=2.0**30,
+        adaptive_accum_upper_bound=2.0**30,
+    )
+    model = pol.prepare_model(copy.deepcopy(base))
+    seen = []
+    model.head.register_full_backward_hook(lambda m, gi, go: seen.append(go[0].double()))
+    opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.0))
+    for _ in range(2):
+        opt.zero_grad()
+        with pol.autocast():
+            loss = nn.functional.cross_entropy(model(pol.cast_inputs(x)), y) * 2.0**-14
+        opt.backward(loss)
+        opt.step()
+    g, w = seen[0], model.head.weight.detach().double()
+    t = math.sqrt(2.0) * torch.special.erfinv(torch.tensor(1e-3, dtype=torch.float64)).item()
+    extremes = [a * b for a in (g.max(), g.min()) for b in (w.max(), w.min())]
+    if formula == "paper":
+        sigma = math.sqrt(g.pow(2).mean() * w.pow(2).mean())
+        s = min(max(U_MIN / (sigma * t), 1.0), U_MAX / 32 / max(abs(float(e)) for e in extremes))
+    elif formula == "code":
+        sigma = float(g.std(unbiased=False))  # numpy's std
+        s = min(max(6.0e-8 / (sigma * t), 1.0), 65504 / float(g.abs().max()))
+    else:
+        sigma = math.sqrt(g.pow(2).mean() * w.pow(2).mean()) * math.sqrt(0.5 * 32)
+        s = min(max(6.0e-8 / (sigma * t), 1.0), 65504 / 32 / max(abs(float(e)) for e in extremes))
+    want = 2.0 ** math.floor(math.log2(s))
+    assert pol.layer_scales()["head"] == want
+    assert 2.0**4 < want < 2.0**30  # the formula decided, not a cap
+
+
+def test_the_formulas_disagree_on_that_layer():
+    """The switch changes the scale a real gradient gets (else the test above proves little):
+    each code formula differs from the paper's here (2^7 against 2^9)."""
+    scales = {}
+    for formula in ("paper", "code", "code_weights"):
+        torch.manual_seed(0)
+        base, x, y = TwoLinear(), torch.randn(32, 8), torch.randint(0, 32, (32,))
+        pol = fp16_policy(
+            "adaptive",
+            adaptive_formula=formula,
+            adaptive_scale_upper_bound=2.0**30,
+            adaptive_accum_upper_bound=2.0**30,
+        )
+        grads_after(pol, base, x, y, steps=2, loss_weight=2.0**-14)
+        scales[formula] = pol.layer_scales()["head"]
+    assert scales["code"] != scales["paper"] != scales["code_weights"], scales
+
+
 def test_validation_of_the_knobs():
     for bad in (
         dict(adaptive_underflow_threshold=0.0),
         dict(adaptive_scale_upper_bound=12.0),
         dict(adaptive_update_interval=0),
         dict(adaptive_method="element_wise_range"),
+        dict(adaptive_formula="authors"),
     ):
         with pytest.raises(ConfigError, match="precision.adaptive_"):
             fp16_policy("adaptive", **bad)

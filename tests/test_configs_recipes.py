@@ -43,7 +43,7 @@ def test_caffe_biases_train_at_twice_the_lr_without_decay(experiment, wd):
 
 
 def test_bn_inception_classifier_biases_x2_and_bn_decayed_as_caffes_scale_layers():
-    cfg, model, opt = built("inception_v2")
+    cfg, model, opt = built("inception_v2", "recipe=public")  # Intel's prototxt
     seen = settings(opt)
     lr, wd = cfg.optim.lr, cfg.optim.weight_decay
     classifier_biases = sorted(n for n in seen if seen[n] == (2 * lr, 0.0))
@@ -52,8 +52,8 @@ def test_bn_inception_classifier_biases_x2_and_bn_decayed_as_caffes_scale_layers
     assert bn and all(seen[n] == (lr, wd) for n in bn if n != "fc.bias")
 
 
-def test_inception_v3_trains_with_tf_rmsprop_smoothing_and_an_ema():
-    cfg, model, opt = built("inception_v3")
+def test_inception_v3_public_recipe_trains_with_tf_rmsprop_smoothing_and_an_ema():
+    cfg, model, opt = built("inception_v3", "recipe=public")
     assert isinstance(opt, RMSpropTF)
     d = opt.defaults
     assert (d["lr"], d["decay"], d["momentum"], d["eps"]) == (0.045, 0.9, 0.9, 1.0)

@@ -44,6 +44,21 @@ NO_BOX = {"boxes": torch.zeros(0, 4), "labels": torch.zeros(0, dtype=torch.long)
 
 
 # -- SSD -----------------------------------------------------------------------------------------
+def test_ssd_added_layers_use_caffes_xavier_as_model_libs() -> None:
+    """fc6, fc7, the extra layers and the heads: U(+-sqrt(3 / fan_in)), zero bias (Caffe's xavier
+    in weiliu89/caffe model_libs.py), which PyTorch's xavier_uniform_ (sqrt(6 / (fan_in +
+    fan_out))) would not fill: e.g. conv8_1 (1x1, 1024 -> 256) 0.0541 against 0.0685."""
+    m = ssd(width=64)
+    convs = [c for part in (m.fc6, m.fc7, m.extras, m.head) for c in part.modules()]
+    convs = [c for c in convs if isinstance(c, torch.nn.Conv2d)]
+    assert len(convs) == 2 + 8 + 12  # fc6, fc7, 4 x 2 extras, 6 x 2 heads
+    for c in convs:
+        bound = (3 / c.weight[0].numel()) ** 0.5
+        top = float(c.weight.detach().abs().max())
+        assert 0.95 * bound < top <= bound * (1 + 1e-6), c
+        assert float(c.bias.detach().abs().max()) == 0.0
+
+
 def test_ssd300_has_the_papers_six_maps_and_8732_default_boxes() -> None:
     m = ssd()
     maps = m.features(torch.zeros(1, 3, 300, 300))

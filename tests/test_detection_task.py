@@ -44,17 +44,36 @@ def drops(cfg, steps_per_epoch: int) -> list[int]:
     [
         # ssd_pascal.py: batch 32 on 07+12 trainval (16,551 images): x0.1 at 80k, 100k of 120k
         (["experiment=ssd"], 16551, [80000, 100000], 120000),
-        # py-faster-rcnn end2end: batch 1 on VOC07 trainval (5,011 images): x0.1 at 50k of 70k
+        # py-faster-rcnn end2end: iter_size 2 of one image on VOC07 trainval (5,011 images):
+        # x0.1 at update 50k of 70k
         (["experiment=faster_rcnn"], 5011, [50000], 70000),
         (["experiment=ssd", "budget=short"], 5011, [8000, 10000], 12000),
-        (["experiment=faster_rcnn", "budget=short"], 5011, [14000], 20000),
+        (["experiment=faster_rcnn", "budget=short"], 5011, [7000], 10000),
     ],
 )
 def test_schedules_fall_on_the_originals_iterations(overrides, images, expected_drops, total):
     cfg = compose(overrides)
-    spe = images // cfg.data.batch_size
+    # as SampledTask.steps_per_epoch: batches per epoch, then trainer.accumulate per update
+    spe = images // cfg.data.batch_size // cfg.trainer.accumulate
     assert drops(cfg, spe) == expected_drops
     assert cfg.trainer.max_steps == total and cfg.trainer.epochs * spe >= total
+
+
+@pytest.mark.parametrize(
+    ("budget", "images", "drop_at"), [("paper", 140000, 100000), ("short", 20000, 14000)]
+)
+def test_faster_rcnn_updates_on_two_images_and_keeps_the_schedule_in_images(
+    budget, images, drop_at
+):
+    """py-faster-rcnn's solver has iter_size 2 with one image per pass: 70k updates see 140k
+    images, the drop at update 50k after 100k images. The short budget keeps its schedule in
+    images (20k images, the drop after 14k) as it was at one image per update."""
+    cfg = compose(["experiment=faster_rcnn", f"budget={budget}"])
+    per_update = cfg.data.batch_size * cfg.trainer.accumulate
+    assert (cfg.data.batch_size, per_update) == (1, 2)
+    assert cfg.trainer.max_steps * per_update == images
+    spe = 5011 // cfg.data.batch_size // cfg.trainer.accumulate
+    assert drops(cfg, spe) == [drop_at // per_update]
 
 
 @pytest.fixture

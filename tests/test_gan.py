@@ -176,6 +176,20 @@ def test_paper_config():
     assert cfg.paper_loss_scale == 1.0  # §4.6: no loss scaling
 
 
+def test_both_optimizers_decay_every_parameter_as_radfords_code():
+    """dcgan_code's Adam adds l2 = 1e-5 times each parameter to its gradient (coupled L2), for
+    every generator and discriminator parameter, BN gains and biases included."""
+    task, _ = build("precision=fp32")
+    for opt, model in (
+        (task.opt_g, task.models["generator"]),
+        (task.opt_d, task.models["discriminator"]),
+    ):
+        groups = opt.param_groups
+        assert {g["weight_decay"] for g in groups} == {1e-5}
+        assert sum(len(g["params"]) for g in groups) == len(list(model.parameters()))
+        assert not any(g.get("decoupled_weight_decay") for g in groups)  # L2, not AdamW
+
+
 def test_mpt_run_smoke(tmp_path):
     run_dir = tmp_path / "run"
     conftest.run_cli("experiment=dcgan", "budget=smoke", "precision=fp32", run_dir=run_dir)

@@ -308,7 +308,7 @@ def test_captions_state_setting_and_comparability(results):
     _, out = results
     report = (out / "report.md").read_text()
     # which network and optimizer produced the numbers (the records' model and config)
-    assert "Networks and optimizers behind our numbers: " in report
+    assert "Networks, optimizers and recipes behind our numbers: " in report
     assert (
         "*budget=smoke on synthetic data, device cpu: x86_64 ×2: random inputs check the pipeline"
         in report

@@ -108,6 +108,7 @@ class LSTMLanguageModel(nn.Module):
         proj_size: int = 0,
         dropout: float = 0.0,
         forget_bias: float | None = None,
+        init_shards: int = 8,
     ):
         super().__init__()
         self.vocab_size, self.num_layers, self.hidden_size = vocab_size, num_layers, hidden_size
@@ -124,11 +125,43 @@ class LSTMLanguageModel(nn.Module):
             proj_size=proj_size,
         )
         self.decoder = nn.Linear(self.out_dim, vocab_size)
-        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
-        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
-        nn.init.zeros_(self.decoder.bias)
+        self.init_f_lm(init_shards)
         if forget_bias is not None:
             self.set_forget_bias(forget_bias)
+
+    @torch.no_grad()
+    def init_f_lm(self, shards: int) -> None:
+        """f-lm's initialisation (okuchaiev/f-lm @be03b50; TensorFlow's initialisers):
+
+        - embedding and softmax weights: `sharded_variable` (model_utils.py L33-42) splits each
+          into `shards` shards of ceil(V / shards) rows, every shard initialised by
+          `uniform_unit_scaling_initializer`: U(+-sqrt(3 / rows of the shard));
+        - softmax bias: `tf.get_variable` without an initialiser (language_model.py L134), i.e.
+          Glorot uniform, which for a vector of V takes fan_in = fan_out = V: U(+-sqrt(3 / V));
+        - each LSTM layer (`tf.nn.rnn_cell.LSTMCell`, language_model.py L109-111): its kernel is
+          one [input + output, 4H] matrix under Glorot uniform, U(+-sqrt(6 / (input + output +
+          4H))), which nn.LSTM keeps as weight_ih and weight_hh; the projection [H, P] Glorot,
+          U(+-sqrt(6 / (H + P))); the biases zero (the forget-gate offset: set_forget_bias).
+        """
+        rows = math.ceil(self.vocab_size / shards)
+        a = math.sqrt(3.0 / rows)
+        self.embedding.weight.uniform_(-a, a)
+        self.decoder.weight.uniform_(-a, a)
+        b = math.sqrt(3.0 / self.vocab_size)
+        self.decoder.bias.uniform_(-b, b)
+        for layer in range(self.num_layers):
+            w_ih = getattr(self.lstm, f"weight_ih_l{layer}")
+            w_hh = getattr(self.lstm, f"weight_hh_l{layer}")
+            fan = w_ih.shape[1] + w_hh.shape[1] + w_ih.shape[0]  # input + output + 4H
+            c = math.sqrt(6.0 / fan)
+            w_ih.uniform_(-c, c)
+            w_hh.uniform_(-c, c)
+            getattr(self.lstm, f"bias_ih_l{layer}").zero_()
+            getattr(self.lstm, f"bias_hh_l{layer}").zero_()
+            if self.lstm.proj_size:
+                w_hr = getattr(self.lstm, f"weight_hr_l{layer}")
+                d = math.sqrt(6.0 / (w_hr.shape[0] + w_hr.shape[1]))
+                w_hr.uniform_(-d, d)
 
     @torch.no_grad()
     def set_forget_bias(self, value: float) -> None:
@@ -137,7 +170,7 @@ class LSTMLanguageModel(nn.Module):
         that starts at 0; a trainable bias that starts at 1.0 is the same function and receives
         the same gradient (the LM trains without weight decay). nn.LSTM has two biases per layer
         (gates i, f, g, o): the forget slice of bias_ih is set to `value`, that of bias_hh to 0,
-        so their sum is `value`; the other gates keep PyTorch's initialisation."""
+        so their sum is `value`; the other gates keep their zero initialisation."""
         h = self.hidden_size
         for layer in range(self.num_layers):
             getattr(self.lstm, f"bias_ih_l{layer}")[h : 2 * h].fill_(value)
@@ -208,4 +241,5 @@ def lstm_lm(cfg: Any, vocab_size: int, **_: Any) -> nn.Module:
         cfg.proj_size,
         cfg.dropout,
         forget_bias=cfg.forget_bias,
+        init_shards=cfg.init_shards,
     )

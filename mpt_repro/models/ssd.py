@@ -8,7 +8,13 @@ to 20; extra layers conv8_2 (stride 2), conv9_2 (stride 2), conv10_2, conv11_2 (
 source maps 38, 19, 10, 5, 3, 1 with 4, 6, 6, 6, 4, 4 default boxes per position = 8,732
 boxes. Default-box scales for VOC (ssd_pascal.py: min_ratio 20, max_ratio 90; conv4_3 at 0.1):
 0.1, 0.2, 0.37, 0.54, 0.71, 0.88 plus the extra sqrt(s_k s_k+1) box (s_7 = 1.05), steps 8, 16,
-32, 64, 100, 300, not clipped. 3x3 convolutional heads per source map (xavier init).
+32, 64, 100, 300, not clipped. 3x3 convolutional heads per source map.
+
+Initialisation of the layers ssd_pascal.py adds to VGG-16 (fc6 and fc7 when no weights file
+supplies them, the extra layers, the heads): Caffe's "xavier" filler, U(+-sqrt(3 / fan_in)),
+biases 0, as weiliu89/caffe's python/caffe/model_libs.py gives every convolution it builds
+(ConvBNLayer without batch norm, VGGNetBody; branch ssd @4817bf8b4200 L84-90, L310-313), not
+PyTorch's xavier_uniform_ (fan_in + fan_out) that torchvision's SSDHead uses.
 
 Training loss (MultiBoxLoss): matching first gives each ground-truth box its best default box,
 then every default box with IoU >= 0.5 to a box is matched to it (torchvision's SSDMatcher);
@@ -45,6 +51,7 @@ from torchvision.ops import batched_nms, box_iou, clip_boxes_to_image
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import register_model
+from mpt_repro.models.caffe import xavier_
 from mpt_repro.models.detection_backbone import (
     CONV4_3_RELU,
     NO_WEIGHTS_WARNING,
@@ -126,10 +133,6 @@ class SSD300(nn.Module):
                 _extra(c(256), c(128), c(256), stride=1, padding=0),  # conv11_2: 1x1
             ]
         )
-        for m in [self.fc6, self.fc7, *self.extras.modules()]:
-            if isinstance(m, nn.Conv2d):  # Caffe's "xavier" filler, zero bias
-                nn.init.xavier_uniform_(m.weight)
-                nn.init.zeros_(m.bias)
         sources = [c(512), c(1024), c(512), c(256), c(256), c(256)]
         self.box_generator = DefaultBoxGenerator(
             ASPECT_RATIOS,
@@ -138,6 +141,10 @@ class SSD300(nn.Module):
             clip=False,
         )
         self.head = SSDHead(sources, self.box_generator.num_anchors_per_location(), num_classes)
+        for m in [self.fc6, self.fc7, *self.extras.modules(), *self.head.modules()]:
+            if isinstance(m, nn.Conv2d):  # Caffe's "xavier" filler, zero bias (model_libs.py)
+                xavier_(m.weight)
+                nn.init.zeros_(m.bias)
         self.box_coder = BoxCoder(weights=(10.0, 10.0, 5.0, 5.0))
         self.matcher = SSDMatcher(MATCH_IOU)
         self._default_boxes: dict[tuple, torch.Tensor] = {}

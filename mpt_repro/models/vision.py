@@ -7,7 +7,8 @@ torchvision's stays available as `model.variant=torchvision`:
 - googlenet: `caffe` = BVLC GoogLeNet (models/caffe_googlenet.py) | `torchvision` (adds BN);
 - inception_v2: BN-Inception as the public Caffe prototxt defines it (models/bn_inception.py);
 - resnet50: `preact` (models/preact_resnet.py) | `torchvision` (v1.5);
-- vgg16 and inception_v3: torchvision's (the same networks).
+- vgg16: torchvision's (the same network); `caffe` gives it NVIDIA's Caffe prototxt fillers;
+- inception_v3: torchvision's (the TF-slim network).
 
 Every builder takes (cfg, num_classes, channels, image_size, **_) like the rest of the registry.
 The ImageNet models take RGB input only; `image_size` is checked against each architecture's
@@ -83,10 +84,26 @@ def alexnet(
 def vgg16(
     cfg: Any, num_classes: int, channels: int = 3, image_size: int = 224, **_: Any
 ) -> nn.Module:
-    """VGG-D (Simonyan & Zisserman 2014, configuration D, no batch norm): 138.4 M parameters."""
-    variant(cfg, "vgg16", ("torchvision",))
+    """VGG-D (Simonyan & Zisserman 2014, configuration D, no batch norm): 138,357,544 parameters
+    at 1000 classes. variant=torchvision (default): torchvision's initialisation (Kaiming
+    normal convolutions, N(0, 0.01) classifier). variant=caffe: the same network with NVIDIA's
+    Caffe prototxt fillers (NVIDIA/caffe caffe-0.16 models/vgg16/train_val_fp16.prototxt):
+    convolutions Caffe "xavier" U(+-sqrt(3 / fan_in)) with bias 0.1, fully connected layers
+    N(0, 0.01) with bias 0 (the recipe=nvcaffe setting)."""
+    chosen = variant(cfg, "vgg16", ("torchvision", "caffe"))
     check_input("vgg16", channels, image_size)
-    return torchvision.models.vgg16(weights=None, num_classes=num_classes, dropout=cfg.dropout)
+    model = torchvision.models.vgg16(weights=None, num_classes=num_classes, dropout=cfg.dropout)
+    if chosen == "caffe":
+        from mpt_repro.models.caffe import xavier_
+
+        for m in model.modules():
+            if isinstance(m, nn.Conv2d):
+                xavier_(m.weight)
+                nn.init.constant_(m.bias, 0.1)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0.0, 0.01)
+                nn.init.zeros_(m.bias)
+    return model
 
 
 @register_model("googlenet")

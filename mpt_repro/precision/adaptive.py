@@ -43,6 +43,9 @@ from mpt_repro.precision.scalers import LossScaler, register_scaler, unscale_and
 
 U_MIN = 2.0**-24  # FP16's smallest subnormal (the reference writes 6e-8)
 U_MAX = 65504.0  # FP16's largest finite number
+# The range constants of the authors' final code (kumasento/gradient-scaling @911ef2d,
+# ada_loss/ada_loss.py get_u_min / get_u_max), used by the formulas that follow that code
+CODE_U_MIN, CODE_U_MAX = 6.0e-8, 65504.0
 WEIGHTED = (
     nn.Linear,
     nn.Conv1d,
@@ -54,6 +57,13 @@ WEIGHTED = (
     nn.RNNBase,
 )
 METHODS = ("approx_range",)
+# precision.adaptive_formula (docs/adaptive.md "Which formula"):
+#   paper        the paper's approx_range formula (what the ada-loss Init commit computes)
+#   code         what the authors' final code computes: its get_loss_scale drops W, so the
+#                scale comes from std(g) and max|g| alone; sigma 0 gives scale 1
+#   code_weights the final code's weight branch as written: sigma_o x sqrt(0.5 fan_in),
+#                u_max / fan_in, sigma 0 gives scale 1
+FORMULAS = ("paper", "code", "code_weights")
 
 
 # -- the per-layer scale formula ---------------------------------------------------------------
@@ -77,13 +87,20 @@ def layer_scale_exponent(
     threshold: float,
     scale_upper_bound: float,
     accum_upper_bound: float,
+    formula: str = "paper",
+    mean_g: float = 0.0,
 ) -> int:
-    """log2 of the layer's scale s (approx_range, as the authors' code computes it).
+    """log2 of the layer's scale s (approx_range) by ``formula`` (FORMULAS).
 
     The statistics are those of the gradient *as it arrives* at the layer (already carrying the
     accumulated scale ``prev_scale``) and of the weights: ``ms_*`` is the mean square
-    (sigma^2 + mu^2), ``*_max``/``*_min`` the extreme elements.
+    (sigma^2 + mu^2), ``*_max``/``*_min`` the extreme elements, ``mean_g`` the gradient's mean
+    (read only by ``code``).
     """
+    if formula != "paper":
+        s = _code_scale(ms_g, mean_g, g_max, g_min, ms_w, w_max, w_min, fan_in, threshold, formula)
+        s = min(s, scale_upper_bound, accum_upper_bound / prev_scale)  # their bound_by_heuristics
+        return math.floor(math.log2(s))
     # A gradient that underflowed entirely has zero statistics: both bounds are then infinite
     # and the caps decide, as in the reference (its divisions by zero give inf).
     sigma_o = math.sqrt(ms_g * ms_w)  # std of one product term g_i*w_ij, modelled as zero-mean
@@ -96,6 +113,33 @@ def layer_scale_exponent(
         s = min(s, (U_MAX / fan_in) / o_max)
     s = min(s, scale_upper_bound, accum_upper_bound / prev_scale)  # the heuristic caps
     return math.floor(math.log2(s))  # a power of two, rounded down: scaling is exact
+
+
+def _code_scale(
+    ms_g: float,
+    mean_g: float,
+    g_max: float,
+    g_min: float,
+    ms_w: float,
+    w_max: float,
+    w_min: float,
+    fan_in: int,
+    threshold: float,
+    formula: str,
+) -> float:
+    """The unbounded scale of the authors' final code (gradient-scaling @911ef2d,
+    ada_loss/chainer_impl/ada_loss.py get_loss_scale_by_approx_range), before its caps."""
+    if formula == "code":  # W=None: the gradient's own spread and extreme
+        sigma = math.sqrt(max(ms_g - mean_g * mean_g, 0.0))  # numpy's std (population)
+        o_max, u_max = max(abs(g_max), abs(g_min)), CODE_U_MAX
+    else:  # code_weights: the product model, widened by the fan-in ("assuming ReLU")
+        sigma = math.sqrt(ms_g * ms_w) * math.sqrt(0.5 * fan_in)
+        o_max = max(abs(g_max * w_max), abs(g_min * w_min), abs(g_max * w_min), abs(g_min * w_max))
+        u_max = CODE_U_MAX / fan_in
+    if sigma == 0:  # their early return: an all-zero (or constant) gradient keeps scale 1
+        return 1.0
+    s = max(CODE_U_MIN / (sigma * erfinv_sqrt2(threshold)), 1.0)
+    return min(s, u_max / o_max) if o_max > 0 else s
 
 
 def fan_in(module: nn.Module) -> int:
@@ -161,7 +205,10 @@ def _scale_incoming(cell: _OutCell, grads):
                 # plan squares, and divides by the scale g carries and by its size.
                 lo, hi = torch.aminmax(g)
                 norm = torch.linalg.vector_norm(g, dtype=torch.float32)
-                cell.layer.g_stats = torch.stack([norm, hi, lo])  # promoted to FP32
+                stats = [norm, hi, lo]
+                if cell.layer.owner.formula == "code":  # std(g) needs the mean as well
+                    stats.append(g.sum(dtype=torch.float32))
+                cell.layer.g_stats = torch.stack(stats)  # promoted to FP32
                 cell.layer.g_scale = (cell.record_scale, g.numel())
     if cell.factor == 1.0:
         return None
@@ -357,6 +404,7 @@ class AdaptiveScaler(LossScaler):
         self.growth_tracker = 0  # host-side: the cap moves on the host
         a = cfg
         self.threshold = float(a.adaptive_underflow_threshold)
+        self.formula = str(a.adaptive_formula)
         self.scale_upper_bound = float(a.adaptive_scale_upper_bound)
         self.max_cap_exp = math.floor(math.log2(a.adaptive_accum_upper_bound))
         self.cap_exp = self.max_cap_exp  # log2 of the current accumulation cap
@@ -554,8 +602,10 @@ class AdaptiveScaler(LossScaler):
             grads[:, 0] = grads[:, 0].square()  # sums of squares (one kernel for all layers)
             # Under DDP every rank must plan the same scales: DDP averages gradients that must all
             # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of
-            # the sums of squares, max of the maxima, min of the minima. Weights are identical.
-            distributed.all_reduce_columns_(grads, ["mean", "max", "min"])
+            # the sums of squares, max of the maxima, min of the minima (and mean of the sums).
+            # Weights are identical.
+            cols = grads.shape[1]
+            distributed.all_reduce_columns_(grads, ["mean", "max", "min", "mean"][:cols])
             weights = [w for lay in have for w in lay.weights]
             # multi-tensor kernels over all the weights (max -w: there is no _foreach_min), and
             # one copy to the host for everything
@@ -569,18 +619,19 @@ class AdaptiveScaler(LossScaler):
             ).tolist()
         self.force = False
         self.updates += 1
-        n, w = 3 * len(have), len(weights)
+        n, w = cols * len(have), len(weights)
         g_values, w_norms = values[:n], values[n : n + w]
         w_maxes, w_neg_maxes = values[n + w : n + 2 * w], values[n + 2 * w :]
         first = 0  # the layer's first weight tensor in the w_* lists
         for k, layer in enumerate(have):
-            sumsq, g_max, g_min = g_values[3 * k : 3 * k + 3]
+            sumsq, g_max, g_min, *g_sum = g_values[cols * k : cols * k + cols]
             sc, numel = layer.g_scale
             last = first + len(layer.weights)
             ms_w = sum(x * x for x in w_norms[first:last]) / layer.weight_numel
             w_max, w_min = max(w_maxes[first:last]), -max(w_neg_maxes[first:last])
             first = last
             st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, w_min]
+            st += [x / numel / sc for x in g_sum]  # the mean, when the formula reads it
             layer.g_stats = None
             if all(math.isfinite(v) for v in st):  # an overflowing step's: keep the old ones
                 layer.stats = st
@@ -589,7 +640,7 @@ class AdaptiveScaler(LossScaler):
         """log2 s_L for a gradient arriving with scale 2^prev, under the accumulation cap 2^cap."""
         if layer.stats is None:  # no statistics yet: pass through (s = 1), still under the cap
             return min(0, cap - prev)
-        ms_g, g_max, g_min, ms_w, w_max, w_min = layer.stats
+        ms_g, g_max, g_min, ms_w, w_max, w_min, *mean = layer.stats
         p = 2.0**prev  # the formula wants the gradient as it arrives, i.e. carrying its scale
         return layer_scale_exponent(
             ms_g * p * p,
@@ -603,6 +654,8 @@ class AdaptiveScaler(LossScaler):
             self.threshold,
             self.scale_upper_bound,
             2.0**cap,
+            formula=self.formula,
+            mean_g=mean[0] * p if mean else 0.0,
         )
 
     def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
@@ -724,8 +777,8 @@ class AdaptiveScaler(LossScaler):
 
 def describe(cfg) -> str:
     return (
-        f"adaptive layer-wise loss scaling (Zhao et al. 2019: {cfg.adaptive_method}, underflow "
-        "threshold "
+        f"adaptive layer-wise loss scaling (Zhao et al. 2019: {cfg.adaptive_method}, "
+        f"{cfg.adaptive_formula} formula, underflow threshold "
         f"{cfg.adaptive_underflow_threshold:g}, per-layer cap {cfg.adaptive_scale_upper_bound:g}, "
         "accumulated "
         f"cap {cfg.adaptive_accum_upper_bound:g}, recomputed every {cfg.adaptive_update_interval} "

@@ -158,6 +158,10 @@ class PrecisionConfig:
     adaptive_accum_upper_bound: float = 1024.0
     adaptive_update_interval: int = 1
     adaptive_method: str = "approx_range"
+    # which per-layer formula (docs/adaptive.md "Which formula"): paper (the paper's, default) |
+    # code (the authors' final code as it runs: std(g) and max|g|, W dropped) | code_weights
+    # (that code's weight branch: sigma x sqrt(0.5 fan_in), u_max / fan_in)
+    adaptive_formula: str = "paper"
     # reuse the plan's walk of the autograd graph for a forward seen before (audited now and
     # then); false: walk every step, for networks whose graph between layers changes per step
     adaptive_plan_cache: bool = True

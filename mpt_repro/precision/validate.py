@@ -87,7 +87,7 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
 def _validate_adaptive(p, weights: str) -> None:
     import math
 
-    from mpt_repro.precision.adaptive import METHODS
+    from mpt_repro.precision.adaptive import FORMULAS, METHODS
 
     if weights != "low_precision" or not p.master_weights:
         raise ConfigError(
@@ -99,6 +99,11 @@ def _validate_adaptive(p, weights: str) -> None:
         raise ConfigError(
             f"precision.adaptive_method={p.adaptive_method!r} is not implemented (available: "
             f"{', '.join(METHODS)})."
+        )
+    if p.adaptive_formula not in FORMULAS:
+        raise ConfigError(
+            f"precision.adaptive_formula must be one of {', '.join(FORMULAS)} (got "
+            f"{p.adaptive_formula!r}); docs/adaptive.md says what each computes."
         )
     if not 0 < p.adaptive_underflow_threshold < 1:
         raise ConfigError(

@@ -268,8 +268,8 @@ def _check(record, path: Path) -> Problem | None:
 
 
 def recipe_label(record: dict) -> str:
-    """The network and optimizer behind a number, as the caption states them: "alexnet (caffe),
-    sgd" (the variant only when the model has several)."""
+    """The network, optimizer and recipe behind a number, as the caption states them: "alexnet
+    (caffe), sgd, public recipe" (the variant only when the model has several)."""
     model = record.get("model") or {}
     config = record.get("config") or {}
     optim = config.get("optim") if isinstance(config, dict) else None
@@ -278,6 +278,9 @@ def recipe_label(record: dict) -> str:
     label = f"{name} ({variant})" if variant else name
     if isinstance(optim, dict) and optim.get("name"):
         label += f", {optim['name']}"
+    recipe = config.get("recipe") if isinstance(config, dict) else None
+    if recipe:  # public (the experiment file's settings) or nvcaffe (docs/recipes.md)
+        label += f", {recipe} recipe"
     return label
 
 

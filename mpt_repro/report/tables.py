@@ -229,7 +229,7 @@ def recipe_notes(part: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
             shown.append(f"{paper['label']}: {' / '.join(recipes)}")
     if not shown:
         return []
-    return ["Networks and optimizers behind our numbers: " + "; ".join(shown) + "."]
+    return ["Networks, optimizers and recipes behind our numbers: " + "; ".join(shown) + "."]
 
 
 def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
