@@ -37,7 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.detection._utils import BoxCoder, SSDMatcher
+from torchvision.models.detection._utils import SSDMatcher
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.ssd import SSDHead
@@ -45,6 +45,7 @@ from torchvision.ops import batched_nms, box_iou, clip_boxes_to_image
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import register_model
+from mpt_repro.models.box_coder import DeviceBoxCoder
 from mpt_repro.models.detection_backbone import (
     CONV4_3_RELU,
     NO_WEIGHTS_WARNING,
@@ -138,7 +139,7 @@ class SSD300(nn.Module):
             clip=False,
         )
         self.head = SSDHead(sources, self.box_generator.num_anchors_per_location(), num_classes)
-        self.box_coder = BoxCoder(weights=(10.0, 10.0, 5.0, 5.0))
+        self.box_coder = DeviceBoxCoder(weights=(10.0, 10.0, 5.0, 5.0))
         self.matcher = SSDMatcher(MATCH_IOU)
         self._default_boxes: dict[tuple, torch.Tensor] = {}
 
