@@ -382,11 +382,13 @@ def batch_sizes(cfg: Any) -> tuple[int, int]:
 
 def no_sync(model: nn.Module) -> Any:
     """DDP's no_sync (no gradient all-reduce in this backward: an accumulating micro-batch), or
-    nothing for a model that is not DDP-wrapped."""
+    nothing for a model that is not DDP-wrapped. Looks through torch.compile's wrapper
+    (trainer.compile=true), which holds the DDP module as `_orig_mod`."""
     import contextlib
 
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return model.no_sync()
+    inner = getattr(model, "_orig_mod", model)  # the compiled wrapper is no DDP instance itself
+    if isinstance(inner, nn.parallel.DistributedDataParallel):
+        return inner.no_sync()
     return contextlib.nullcontext()
 
 
