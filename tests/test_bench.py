@@ -220,6 +220,22 @@ def test_the_bare_loop_does_the_suites_math(preset, one_thread):
             torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3)
 
 
+def test_the_bare_loop_declines_fp16_grads_it_cannot_clip(one_thread):
+    """no_master keeps FP16 grads: GradScaler's unscale_ (needed before a clip) refuses them, so
+    the bare loop says why there is no overhead figure instead of crashing the worker."""
+    from mpt_repro.bench.step import BareLoop, build_step
+
+    cfg = compose_cpu("no_master", "data.batch_size=16", "optim.grad_clip=1.0")
+    bs = build_step(cfg, CPU)
+    assert BareLoop(cfg, bs, CPU).why_not == (
+        "GradScaler cannot unscale FP16 grads (no master copy) before the clip (optim.grad_clip)"
+    )
+    cfg = compose_cpu("no_master", "data.batch_size=16")  # no clip: the fused kernel unscales
+    bare = BareLoop(cfg, build_step(cfg, CPU), CPU)
+    assert bare.why_not is None
+    assert torch.isfinite(bare.step())
+
+
 def test_trainer_windows_run_the_real_fit_on_the_resident_batch(one_thread):
     from mpt_repro.bench.step import TrainerWindows, build_step
 

@@ -220,10 +220,13 @@ def _no_sync_worker(rank: int, port: int, compile_how: str, out: dict) -> None:
         items = [torch.randn(4, 8, generator=g) for _ in range(3)]
         for x in micro_batches(items, model):  # trainer.accumulate=3
             model(x).square().mean().backward()
+        weight, bias = ddp.module.weight.grad, ddp.module.bias.grad
         out[rank] = {
             "all_reduces": len(reduced),
-            "grad": ddp.module.weight.grad.clone(),
+            "grad": weight.clone(),
             "wrapped": type(model).__name__,
+            # gradient_as_bucket_view: both grads are views into one all-reduce bucket
+            "one_bucket": weight.untyped_storage().data_ptr() == bias.untyped_storage().data_ptr(),
         }
     finally:
         distributed.teardown()
@@ -246,6 +249,7 @@ def _expect_one_all_reduce(out: dict) -> None:
     # the two accumulating micro-batches ran inside no_sync: one all-reduce (one bucket) in all
     assert out[0]["all_reduces"] == out[1]["all_reduces"] == 1
     torch.testing.assert_close(out[0]["grad"], out[1]["grad"])  # the averaged sum, on both
+    assert out[0]["one_bucket"] and out[1]["one_bucket"]
 
 
 def test_no_sync_reaches_ddp_inside_a_compiled_wrapper():

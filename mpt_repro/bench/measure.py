@@ -382,6 +382,14 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
     }
 
 
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the allocator's peaks afresh, after the warm-up: cuDNN's autotuning (benchmark mode
+    tries the algorithms of each new shape once, with their workspaces) is not the step's memory,
+    and would make the presets' peaks differ by what their autotuning tried."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
 # -- energy ----------------------------------------------------------------------------------------
 class EnergyMeter:
     """The GPU's total-energy counter (NVML, millijoules since the driver loaded; Volta and
