@@ -22,11 +22,12 @@ loss runs with autocast off, so the matching, box decoding and loss reductions a
 preset; the L2 normalisation computes its norm in FP32.
 
 From torchvision (torchvision.models.detection): DefaultBoxGenerator, SSDHead, SSDMatcher,
-BoxCoder, box_iou, batched_nms. Differences from torchvision's ssd300_vgg16, which follows the
-later COCO configuration: VOC scales (torchvision: 0.07, 0.15, 0.33, ...), unclipped default
-boxes, fc6/fc7 initialised from the subsampled ImageNet fc layers when a weights file has them
-(torchvision: random), every layer trained (torchvision freezes conv1), the image normalised in
-the data pipeline, and model.width to scale every channel count for smoke runs (64 = the paper).
+BoxCoder (its arithmetic, as models/box_coder.py's DeviceBoxCoder), box_iou, batched_nms.
+Differences from torchvision's ssd300_vgg16, which follows the later COCO configuration: VOC
+scales (torchvision: 0.07, 0.15, 0.33, ...), unclipped default boxes, fc6/fc7 initialised from
+the subsampled ImageNet fc layers when a weights file has them (torchvision: random), every
+layer trained (torchvision freezes conv1), the image normalised in the data pipeline, and
+model.width to scale every channel count for smoke runs (64 = the paper).
 """
 
 from __future__ import annotations
