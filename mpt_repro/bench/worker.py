@@ -2,9 +2,10 @@
 
     python -m mpt_repro.bench.worker SPEC.json      (run by mpt-bench; SPEC names the output)
 
-Order: build the suite's step, warm up (untimed), time `steps` steps, read the memory peaks; then,
-in repeat 0 only, the instrumented steps (saved bytes, host syncs, FLOPs) and the trainer-vs-bare
-windows, which run after the peaks were read so they cannot change them.
+Order: build the suite's step, warm up (untimed), reset the memory peaks (cuDNN's autotuning is
+not the step's), time `steps` steps, read the memory peaks; then, in repeat 0 only, the
+instrumented steps (saved bytes, host syncs, FLOPs) and the trainer-vs-bare windows, which run
+after the peaks were read so they cannot change them.
 Exit status: 0 measured, 2 a configuration or data problem (message on stderr), 3 out of memory.
 """
 
