@@ -137,6 +137,16 @@ def test_the_fp8_presets_convert_a_layer_of_every_experiment_they_accept(name):
         with pytest.raises(ConfigError, match=f"precision={name} converts no layer of"):
             apply_torchao_float8(refused, p)
     assert accepted == ACCEPTED
+    models, p = _paper_models("resnet50", name)
+    with pytest.raises(ConfigError) as refusal:
+        apply_torchao_float8(models[0], p)
+    assert str(refusal.value) == (
+        f"precision={name} converts no layer of PreActResNet to FP8: torchao converts nn.Linear "
+        "layers only (exempt by precision.fp8.exempt: fc), so the run would train in BF16 under "
+        "an FP8 name. Use precision=bf16 for this model, or an experiment with large linear "
+        "layers (alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts the last "
+        "layer where its sizes allow"
+    )
 
 
 @needs_torchao

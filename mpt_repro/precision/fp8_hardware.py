@@ -144,11 +144,11 @@ def nothing_to_convert(model: nn.Module, precision_cfg, plan: dict[str, list[str
     if plan["skipped_dims"]:
         why.append(f"sizes not multiples of 16: {', '.join(plan['skipped_dims'])}")
     linears = "; ".join(why) if why else "it has none"
+    dtype = {"bfloat16": "BF16", "float32": "FP32"}[fp8._name(precision_cfg.compute_dtype)]
     return (
         f"precision={precision_cfg.name} converts no layer of {type(model).__name__} to FP8: "
-        f"torchao converts nn.Linear layers only ({linears}), so the run would train in "
-        f"{fp8._name(precision_cfg.compute_dtype).replace('float', 'FP').upper()} under an FP8 "
-        "name. Use precision=bf16 for this model, or an experiment with large linear layers "
-        "(alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts the last layer "
-        "where its sizes allow"
+        f"torchao converts nn.Linear layers only ({linears}), so the run would train in {dtype} "
+        "under an FP8 name. Use precision=bf16 for this model, or an experiment with large "
+        "linear layers (alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts "
+        "the last layer where its sizes allow"
     )

@@ -68,8 +68,9 @@ class PrecisionOptimizer:
         )
         self.sync_free = self.scaler is None or (self.fused and self.scaler.sync_free)
         self.steps = 0  # step() calls (host count: the host knows it called)
-        # whether the last step was applied, where the host read it anyway (no fused kernel),
-        # so that the LR schedule need not read it a second time; None where it stayed on device
+        # whether the last step was applied, where the host read it anyway (no fused kernel, or
+        # a scaler that plans on the host), so that the LR schedule need not read it a second
+        # time; None where it stayed on the device
         self.host_stepped: bool | None = None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
