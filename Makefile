@@ -56,6 +56,10 @@ ddp: $(STAMP) ## one run over NPROC processes (default: every GPU): make ddp NPR
 reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
 	scripts/reproduce_table.sh
 
+# OUT BATCH DRY_RUN: set on the make command line; defaults and meanings in scripts/gpu_check.sh
+gpu-check: $(STAMP) ## on a GPU machine: mpt-bench ResNet-50, every smoke run, DDP over NCCL (docs/performance.md)
+	VENV=$(VENV) scripts/gpu_check.sh
+
 report: $(STAMP) ## rebuild results/report (tables, CSV, LaTeX, plots) from results/runs
 	$(BIN)/mpt-report results/runs --out results/report
 
@@ -65,4 +69,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install wheel lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp
+.PHONY: help install wheel lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp gpu-check

@@ -81,7 +81,7 @@ class DataConfig:
     # synthetic data: random tensors of the configured shape, for speed measurements
     synthetic_train_size: int = 2048
     synthetic_eval_size: int = 256
-    synthetic_pool: int = 256  # distinct images, generated once on the training device
+    synthetic_pool: int = 256  # distinct images, made once and kept on the training device
     # ImageNet / imagefolder
     decode: str = "cpu"  # cpu: loader workers decode JPEGs | gpu: nvJPEG on the CUDA device
     on_corrupt: str = "fail"  # fail: stop, naming the file | skip: warn, use the next image

@@ -141,8 +141,7 @@ def setup(cfg: Any, device: torch.device) -> torch.device:
     if not env.enabled:
         _ENV, _BACKEND = env, None
         return device
-    if device.type == "cuda" and device.index is None:
-        device = torch.device("cuda", env.local_rank % max(torch.cuda.device_count(), 1))
+    device = rank_device(device, env, torch.cuda.device_count() if device.type == "cuda" else 0)
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL and every later .cuda() use this rank's GPU
     backend = (
@@ -179,6 +178,24 @@ def setup(cfg: Any, device: torch.device) -> torch.device:
         _BACKEND,
         device,
     )
+    return device
+
+
+def rank_device(device: torch.device, env: DistEnv, visible: int) -> torch.device:
+    """This process's device in a distributed run: trainer.device=cuda (or auto) becomes
+    cuda:LOCAL_RANK (modulo the GPUs it can see). An explicit cuda:N is kept only where each
+    process sees one GPU (the launcher bound it); with several visible it is refused on every
+    rank alike: every process would train on GPU N."""
+    if device.type != "cuda":
+        return device
+    if device.index is None:
+        return torch.device("cuda", env.local_rank % max(visible, 1))
+    if visible > 1:
+        raise ConfigError(
+            f"trainer.device={device} under {env.launcher} with {env.world_size} processes would "
+            f"put every process on GPU {device.index}; use trainer.device=cuda (or auto): each "
+            "process then takes its own GPU, cuda:LOCAL_RANK"
+        )
     return device
 
 
@@ -331,6 +348,10 @@ def wrap_model(model: nn.Module, cfg: Any) -> nn.Module:
         device_ids=ids,
         output_device=ids[0] if ids else None,
         find_unused_parameters=bool(cfg.find_unused_parameters),
+        # the grads are views into the all-reduce buckets: no second copy of every gradient in
+        # memory, no copy between the two each step (the optimizer sets grads to None, which
+        # DDP supports; nothing here detaches them in place)
+        gradient_as_bucket_view=True,
     )
 
 
@@ -382,11 +403,13 @@ def batch_sizes(cfg: Any) -> tuple[int, int]:
 
 def no_sync(model: nn.Module) -> Any:
     """DDP's no_sync (no gradient all-reduce in this backward: an accumulating micro-batch), or
-    nothing for a model that is not DDP-wrapped."""
+    nothing for a model that is not DDP-wrapped. Looks through torch.compile's wrapper
+    (trainer.compile=true), which holds the DDP module as `_orig_mod`."""
     import contextlib
 
-    if isinstance(model, nn.parallel.DistributedDataParallel):
-        return model.no_sync()
+    inner = getattr(model, "_orig_mod", model)  # the compiled wrapper is no DDP instance itself
+    if isinstance(inner, nn.parallel.DistributedDataParallel):
+        return inner.no_sync()
     return contextlib.nullcontext()
 
 

@@ -65,7 +65,9 @@ class ParameterEMA:
             decay = torch.minimum(decay, (1 + t) / (10 + t))
         weight = (1.0 - decay) * stepped.float()
         sources = [p if p.dtype == torch.float32 else p.float() for p in self.sources]
-        torch._foreach_lerp_(self.shadow, sources, weight)
+        # one device weight per tensor: a tensor passed as the one weight (a Scalar) is read on
+        # the host, a sync per step; per tensor it is the same lerp, launched once per tensor
+        torch._foreach_lerp_(self.shadow, sources, [weight] * len(sources))
         self.updates += stepped.to(torch.int64)
 
     @contextlib.contextmanager

@@ -214,7 +214,8 @@ class RMSpropTF(torch.optim.Optimizer):
     fused=True: like torch's fused optimizers under torch.amp.GradScaler's protocol, a step reads
     `self.found_inf` (a device tensor, set by the caller for the step) and leaves parameters and
     state unchanged when it is non-zero, without a host sync; `self.grad_scale`, if set, divides
-    the gradients first.
+    the gradients first. The LR may be a 0-d device tensor (the LR schedule's under
+    precision.hold_lr_on_skip): it is applied on the device, never read on the host.
     """
 
     _step_supports_amp_scaling = True
@@ -278,9 +279,20 @@ class RMSpropTF(torch.optim.Optimizer):
                 g = torch.where(keep, g, torch.zeros_like(one))
                 ms.mul_(torch.where(keep, one * decay, one)).addcmul_(g, g, value=1.0 - decay)
                 mom.mul_(torch.where(keep, one * momentum, one))
-                mom.add_(g / (ms + group["eps"]).sqrt(), alpha=lr)
+                add_scaled_(mom, g / (ms + group["eps"]).sqrt(), lr)
                 p.sub_(mom * keep)
         return loss
+
+
+def add_scaled_(acc: Tensor, x: Tensor, factor: float | Tensor) -> Tensor:
+    """acc += factor * x for a number or a 0-d device tensor `factor` (the LR schedule's LR under
+    precision.hold_lr_on_skip). add_'s alpha= takes a number: a tensor there is read on the
+    host, one sync per call; addcmul_ takes it on the device and rounds acc + factor * x once,
+    as add_(alpha=) does (bit for bit in FP32 on the CPU; FP16 state, without a master copy,
+    differs in the last place for about 1 element in 100,000)."""
+    if torch.is_tensor(factor):
+        return acc.addcmul_(x, factor)
+    return acc.add_(x, alpha=factor)
 
 
 def scaled_lr(o: Any, global_batch: int | None) -> float:

@@ -13,8 +13,10 @@ goes on), `interrupted` (a signal stopped it after a checkpoint; resume=true con
 from __future__ import annotations
 
 import logging
+import os
 import time
 import traceback
+from collections.abc import MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +54,17 @@ def pick_device(spec: str) -> torch.device:
     return device
 
 
+def set_backends(t: Any, environ: MutableMapping[str, str] = os.environ) -> None:
+    """cuDNN autotuning and determinism from cfg.trainer, set on every run (a multirun's jobs
+    share one process)."""
+    if t.deterministic:
+        # cuBLAS picks its reductions per run unless its workspace is fixed (CUDA >= 10.2; see
+        # torch.use_deterministic_algorithms); it reads this when it makes its first handle
+        environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.backends.cudnn.benchmark = t.cudnn_benchmark and not t.deterministic
+    torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
+
+
 def describe_device(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         return {
@@ -71,6 +84,7 @@ def describe_device(device: torch.device) -> dict[str, Any]:
 def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train one configuration into run_dir; return the final run record."""
     validate(cfg)  # before any work: bad values are refused with the key's name
+    set_backends(cfg.trainer)  # before CUDA starts (cuBLAS reads its workspace setting then)
     # One process per device under torchrun/SLURM: join the group first; rank 0 then decides
     # for all (the run directory, whether there is anything to do, whether this is a resume),
     # so that no rank reads a run.json or checkpoint that rank 0 is rewriting.
@@ -123,8 +137,6 @@ def _run_planned(
     from mpt_repro.precision import PrecisionPolicy
     from mpt_repro.tasks.base import build_task
 
-    torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
-    torch.use_deterministic_algorithms(cfg.trainer.deterministic, warn_only=True)
     fields = {
         "experiment": cfg.experiment_name,
         "study": study_name(cfg.experiment_name, cfg.model),

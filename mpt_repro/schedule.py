@@ -47,9 +47,15 @@ class LRSchedule:
         """After each optimizer step; ``stepped`` is what PrecisionOptimizer.step returned."""
         if self.on_device:
             self._count_t = (self._count_t + stepped.to(torch.int64)).clamp(max=self._last)
-        elif not self.hold or bool(stepped):
+        elif not self.hold or self._applied_on_host(stepped):
             self._count += 1
         self._apply()
+
+    def _applied_on_host(self, stepped: Tensor | bool) -> bool:
+        # an optimizer without a fused kernel read its overflow flag already: reading `stepped`
+        # again would wait a second time, for the whole update queued since
+        known = self.optimizer.host_stepped
+        return known if known is not None else bool(stepped)
 
     def _apply(self) -> None:
         groups = self.optimizer.param_groups

@@ -147,6 +147,47 @@ def test_host_syncs_are_counted_by_op():
     assert out["host_sync_ops"] == {"nonzero": 1}
 
 
+def test_host_reads_and_host_tensors_are_counted_as_a_gpu_would_see_them():
+    x = torch.randn(6)
+    with measure.SyncCounter() as c:
+        x.tolist()  # no ATen op on a CPU run: a device-to-host copy on a GPU
+        x[:2].numpy()
+        x[x > 0]  # a boolean mask: the output's size is the data's (an internal nonzero)
+        torch.tensor([1.0, 2.0])  # host data: a blocking copy to a GPU
+        torch.as_tensor((3, 4))
+        x[1] = 2.0  # a Python scalar assigned: the kernel takes it by value
+        x[x < 0] = 0.0  # through a mask too (torch's masked_fill path)
+        x[[0, 1]] = 1.0  # but a Python list of indices is host data
+        with torch.profiler.record_function(measure.HOST_MARK + "test"):
+            x.tolist()  # on the host by design
+    assert c.ops == {"tolist": 1, "numpy": 1, measure.MASK_INDEX: 1}
+    assert c.reads == 2
+    assert c.tensors == {"lift_fresh": 3}
+    assert c.sites["lift_fresh at outside mpt_repro"] == 3
+
+
+def test_torch_optim_own_step_counts_are_host_side_but_an_optimizers_reads_are_not():
+    """Adagrad keeps its step counts on the CPU on every device and reads them there; a custom
+    optimizer (RMSpropTF is one) runs under torch.optim's step wrapper too, and its reads count."""
+
+    class ReadsItsLR(torch.optim.Optimizer):
+        def step(self):
+            for group in self.param_groups:
+                for p in group["params"]:
+                    p.data.add_(p.grad, alpha=-group["lr"])  # a tensor LR: read on the host
+
+    params = [torch.nn.Parameter(torch.randn(3)) for _ in range(4)]
+    for p in params:
+        p.grad = torch.randn(3)
+    adagrad = torch.optim.Adagrad(params, lr=0.1, foreach=True)
+    adagrad.step()  # its state is made on the first step
+    ours = ReadsItsLR(params, {"lr": torch.tensor(0.1)})
+    with measure.SyncCounter() as c:
+        adagrad.step()
+        ours.step()
+    assert c.ops == {"_local_scalar_dense": 4} and c.tensors == {}
+
+
 def test_every_dispatched_op_is_counted_once():
     lin = torch.nn.Linear(4, 3)
     x = torch.randn(8, 4)
@@ -218,6 +259,22 @@ def test_the_bare_loop_does_the_suites_math(preset, one_thread):
             assert torch.equal(a, b), name
         else:
             torch.testing.assert_close(a.float(), b.float(), rtol=2e-3, atol=2e-3)
+
+
+def test_the_bare_loop_declines_fp16_grads_it_cannot_clip(one_thread):
+    """no_master keeps FP16 grads: GradScaler's unscale_ (needed before a clip) refuses them, so
+    the bare loop says why there is no overhead figure instead of crashing the worker."""
+    from mpt_repro.bench.step import BareLoop, build_step
+
+    cfg = compose_cpu("no_master", "data.batch_size=16", "optim.grad_clip=1.0")
+    bs = build_step(cfg, CPU)
+    assert BareLoop(cfg, bs, CPU).why_not == (
+        "GradScaler cannot unscale FP16 grads (no master copy) before the clip (optim.grad_clip)"
+    )
+    cfg = compose_cpu("no_master", "data.batch_size=16")  # no clip: the fused kernel unscales
+    bare = BareLoop(cfg, build_step(cfg, CPU), CPU)
+    assert bare.why_not is None
+    assert torch.isfinite(bare.step())
 
 
 def test_trainer_windows_run_the_real_fit_on_the_resident_batch(one_thread):

@@ -133,3 +133,41 @@ def test_synthetic_images_keep_their_channel_count():
     x, y = ds.batch(torch.arange(4))
     assert x.shape == (4, 1, 4, 4) and ds[0][0].shape == (1, 4, 4)
     assert float(x.min()) >= -1.0 and float(x.max()) <= 1.0
+
+
+def test_normalisation_constants_are_made_once_per_device_not_per_batch():
+    """torch.tensor(list, device=cuda) in every batch waits for the GPU's queue each time
+    (pytorch issue 120996): the mean and std are made on the first batch only."""
+    from mpt_repro.bench.measure import SyncCounter
+
+    mean, std = (0.1, 0.2, 0.3), (0.4, 0.5, 0.6)
+    x = torch.randint(0, 256, (2, 3, 4, 4), dtype=torch.uint8)
+    first = normalize_on_device(x, mean, std)
+    with SyncCounter() as counter:
+        again = normalize_on_device(x, mean, std)
+    assert counter.tensors == {} and torch.equal(first, again)
+    with SyncCounter() as counter:  # another mean: both made once more
+        normalize_on_device(x, (0.5,) * 3, std)
+    assert counter.tensors == {"lift_fresh": 2}
+
+
+def test_loader_workers_read_the_synthetic_pool_from_the_cpu():
+    """BN recalibration reads the training set through a DataLoader, with data.num_workers
+    worker processes: those must not touch the pool on the training device (a forked worker
+    that touches CUDA fails). The meta device stands in for a GPU here: a worker reading the
+    device pool would fail the same way (a meta tensor holds no data)."""
+    import pickle
+
+    from torch.utils.data import DataLoader, Subset
+
+    on_device = SyntheticImages(6, 3, 8, 5, pool=4, seed=1)
+    on_device.place(torch.device("meta"))
+    assert on_device.pool.device.type == "meta"
+    reference = SyntheticImages(6, 3, 8, 5, pool=4, seed=1)  # placed on the CPU
+    loader = DataLoader(Subset(on_device, range(6)), batch_size=3, num_workers=1)
+    xs, ys = zip(*loader)
+    assert torch.equal(torch.cat(xs), torch.stack([reference[i][0] for i in range(6)]))
+    assert torch.cat(ys).tolist() == [reference[i][1] for i in range(6)]
+    # pickled for a spawned worker: no tensor of the training device goes along
+    state = pickle.loads(pickle.dumps(on_device)).__dict__
+    assert all(t.device.type == "cpu" for t in state.values() if torch.is_tensor(t))

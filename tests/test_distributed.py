@@ -125,6 +125,21 @@ def test_first_slurm_host(nodelist: str, first: str) -> None:
     assert distributed.first_slurm_host(nodelist) == first
 
 
+def test_each_rank_takes_its_own_gpu_and_a_shared_index_is_refused() -> None:
+    from mpt_repro.errors import ConfigError
+
+    env = distributed.detect_env({"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1"})
+    cuda = torch.device("cuda")
+    assert distributed.rank_device(cuda, env, visible=4) == torch.device("cuda", 1)
+    assert distributed.rank_device(cuda, env, visible=1) == torch.device("cuda", 0)
+    # the launcher bound one GPU to each process: cuda:0 is this process's own
+    assert distributed.rank_device(torch.device("cuda", 0), env, visible=1).index == 0
+    with pytest.raises(ConfigError, match=r"every process on GPU 0; use trainer.device=cuda"):
+        distributed.rank_device(torch.device("cuda", 0), env, visible=4)
+    cpu = torch.device("cpu")
+    assert distributed.rank_device(cpu, env, visible=0) == cpu
+
+
 def test_single_process_helpers_are_no_ops() -> None:
     t = torch.tensor([1.0, 5.0])
     assert distributed.all_reduce_(t, "max") is t and t.tolist() == [1.0, 5.0]

@@ -18,6 +18,7 @@ from mpt_repro.precision import fp8
 from mpt_repro.precision.fp8_hardware import (
     apply_torchao_float8,
     check_fp8_device,
+    torchao_plan,
     validate_hardware,
 )
 from mpt_repro.precision.fp8_modules import apply_fp8
@@ -85,15 +86,84 @@ def mlp():
     )
 
 
+def test_the_plan_respects_exemptions_and_the_multiple_of_16_rule():
+    p = preset("fp8", "precision.fp8.exempt=[first]")
+    # 10 outputs: not a multiple of 16
+    assert torchao_plan(mlp(), p) == {"converted": ["2"], "exempt": ["0"], "skipped_dims": ["4"]}
+
+
+def _paper_models(experiment: str, name: str) -> tuple[list[nn.Module], object]:
+    """The experiment's models at the paper budget, on the meta device (no memory), built as its
+    task builds them; and the preset's precision config."""
+    from mpt_repro.models import build_model
+
+    cfg = compose([f"experiment={experiment}", f"precision={name}"])
+    m, d = cfg.model, cfg.data
+    with torch.device("meta"):
+        if cfg.task == "classification":
+            built = build_model(
+                m, num_classes=d.num_classes, channels=d.channels, image_size=d.image_size
+            )
+            models = [built]
+        elif cfg.task == "detection":  # the background is a class
+            models = [build_model(m, num_classes=d.num_classes + 1, image_size=d.image_size)]
+        elif cfg.task == "gan":
+            pair = build_model(m, channels=d.channels, image_size=d.image_size)
+            models = [pair.generator, pair.discriminator]
+        else:  # the 1B-word benchmark's vocabulary (words seen >= 3 times)
+            models = [build_model(m, vocab_size=793_471)]
+    return models, cfg.precision
+
+
+# experiments whose every model has an nn.Linear torchao converts under the default exemptions
+# (first and last layer): the classifiers' FC layers, the detectors' fc6/fc7, the aux heads' FC
+ACCEPTED = ["alexnet", "faster_rcnn", "googlenet", "inception_v2", "scaling_matters", "vgg16"]
+
+
+@pytest.mark.parametrize("name", ["fp8", "fp8_rowwise"])
+def test_the_fp8_presets_convert_a_layer_of_every_experiment_they_accept(name):
+    """ResNet-50's only linear layer is the exempt 1000-class head: precision=fp8 would train it
+    in BF16 under an FP8 name, so it is refused, before torchao or a GPU is needed."""
+    from mpt_repro.config import options
+
+    accepted = []
+    for experiment in options("experiment"):
+        models, p = _paper_models(experiment, name)
+        plans = [torchao_plan(model, p) for model in models]
+        if all(plan["converted"] for plan in plans):
+            accepted.append(experiment)
+            continue
+        refused = next(model for model, plan in zip(models, plans) if not plan["converted"])
+        with pytest.raises(ConfigError, match=f"precision={name} converts no layer of"):
+            apply_torchao_float8(refused, p)
+    assert accepted == ACCEPTED
+    models, p = _paper_models("resnet50", name)
+    with pytest.raises(ConfigError) as refusal:
+        apply_torchao_float8(models[0], p)
+    assert str(refusal.value) == (
+        f"precision={name} converts no layer of PreActResNet to FP8: torchao converts nn.Linear "
+        "layers only (exempt by precision.fp8.exempt: fc), so the run would train in BF16 under "
+        "an FP8 name. Use precision=bf16 for this model, or an experiment with large linear "
+        "layers (alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts the last "
+        "layer where its sizes allow"
+    )
+
+
 @needs_torchao
-def test_conversion_respects_exemptions_and_the_multiple_of_16_rule():
+def test_conversion_follows_the_plan_and_compiles_each_converted_layer():
     from torchao.float8.float8_linear import Float8Linear
 
     p = preset("fp8", "precision.fp8.torchao_emulate=true", "precision.fp8.exempt=[first]")
     m = apply_fp8(mlp(), p)
     assert type(m[0]) is nn.Linear and isinstance(m[2], Float8Linear)
     assert type(m[4]) is nn.Linear  # 10 outputs: not a multiple of 16
-    assert m._fp8_hardware == {"converted": ["2"], "exempt": ["0"], "skipped_dims": ["4"]}
+    assert m._fp8_hardware == {
+        "converted": ["2"],
+        "exempt": ["0"],
+        "skipped_dims": ["4"],
+        "compiled": True,
+    }
+    assert m[2]._compiled_call_impl is not None  # nn.Module.compile(): compiled in place
 
 
 @needs_torchao
@@ -107,7 +177,8 @@ def test_refused_on_cpu_without_emulation():
 def test_torchao_emulation_trains_on_digits(name):
     from sklearn.datasets import load_digits
 
-    p = preset(name, "precision.fp8.torchao_emulate=true")
+    # eager: the numerics are the point here, and inductor would compile for a minute on a CPU
+    p = preset(name, "precision.fp8.torchao_emulate=true", "precision.fp8.compile=false")
     torch.manual_seed(0)
     m = apply_fp8(mlp(), p)
     d = load_digits()

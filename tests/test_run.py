@@ -294,3 +294,36 @@ def test_resume_refuses_a_run_directory_that_trained_on_other_data(tmp_path: Pat
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     assert "holds a run with data.num_classes=10, not 5" in proc.stderr
     assert (tmp_path / "run.json").read_text() == before  # the earlier result is untouched
+
+
+@pytest.fixture
+def torch_backends():
+    """The global cuDNN and determinism flags, restored after the test."""
+    import torch
+
+    saved = torch.backends.cudnn.benchmark, torch.are_deterministic_algorithms_enabled()
+    yield
+    torch.backends.cudnn.benchmark = saved[0]
+    torch.use_deterministic_algorithms(saved[1])
+
+
+def test_backends_follow_the_trainer_config(torch_backends) -> None:
+    """cuDNN autotunes where shapes repeat and not for Faster R-CNN's one image per step at its own
+    size; trainer.deterministic=true also fixes cuBLAS's workspace (its reductions otherwise vary
+    from run to run), unless the user set one."""
+    import torch
+    from conftest import compose
+
+    from mpt_repro.run import set_backends
+
+    environ: dict[str, str] = {}
+    set_backends(compose(["experiment=resnet50"]).trainer, environ)
+    assert torch.backends.cudnn.benchmark and environ == {}
+    set_backends(compose(["experiment=faster_rcnn"]).trainer, environ)
+    assert not torch.backends.cudnn.benchmark
+    set_backends(compose(["experiment=demo", "trainer.deterministic=true"]).trainer, environ)
+    assert environ == {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    assert not torch.backends.cudnn.benchmark and torch.are_deterministic_algorithms_enabled()
+    environ = {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}
+    set_backends(compose(["experiment=demo", "trainer.deterministic=true"]).trainer, environ)
+    assert environ == {"CUBLAS_WORKSPACE_CONFIG": ":16:8"}

@@ -9,26 +9,11 @@ import copy
 import pytest
 import torch
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
+from mpt_repro.bench.measure import SyncCounter
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision import PrecisionConfig, PrecisionPolicy
 from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
-
-
-class HostReads(TorchDispatchMode):
-    """Counts the ops that copy a device value to the host (.item(), bool(t), .tolist())."""
-
-    READS = {"aten::_local_scalar_dense", "aten::item"}
-
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func._schema.name in self.READS:
-            self.count += 1
-        return func(*args, **(kwargs or {}))
 
 
 def mixed(**knobs) -> PrecisionConfig:
@@ -73,10 +58,10 @@ def test_a_mixed_step_reads_nothing_from_the_device_clean_or_skipped(optimizer):
     opt = pol.build_optimizer(model, optimizer_factory(optim_cfg(optimizer)))
     assert opt.fused and opt.sync_free
     x, y = torch.randn(4, 3, 6, 6), torch.tensor([0, 1, 2, 3])
-    with HostReads() as reads:
+    with SyncCounter() as reads:
         clean = train_step(pol, model, opt, x, y)
         skipped = train_step(pol, model, opt, x * float("inf"), y)
-    assert reads.count == 0
+    assert reads.reads == 0
     assert bool(clean) and not bool(skipped)  # (reading them here, after the count)
     assert opt.skipped == 1 and opt.loss_scale == 2.0**9
 
@@ -86,11 +71,11 @@ def test_without_a_fused_kernel_the_step_reads_the_flag_once():
     model = pol.prepare_model(nn.Linear(4, 2))
     opt = pol.build_optimizer(model, optimizer_factory(optim_cfg("sgd", fused="false")))
     assert not opt.sync_free
-    with HostReads() as reads:
+    with SyncCounter() as reads:
         opt.zero_grad()
         opt.backward(model(pol.cast_inputs(torch.randn(3, 4))).float().sum())
         opt.step()
-    assert reads.count == 1
+    assert reads.reads == 1
 
 
 def test_fused_sgd_skipping_its_first_step_leaves_no_garbage_momentum():

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from mpt_repro.memory import SavedBytes  # the trainer counts the same bytes (run.json)
@@ -61,6 +62,13 @@ SYNC_OPS = {
     "equal",
     "repeat_interleave",
 }
+# Of the counted ops, those that read a value on the host: `_local_scalar_dense` (item(),
+# float(), bool(), `if tensor:`), `tolist` and `numpy` (on a CPU run they pass no ATen op; on a
+# GPU they are a device-to-host copy), and the device-to-host copies themselves.
+READ_OPS = {"_local_scalar_dense", "tolist", "numpy", "_to_copy", "copy_"}
+# Indexing with a boolean mask sizes its output from the data (an internal nonzero)
+MASK_INDEX = "index (boolean mask)"
+MASK_INDEX_PUT = "index_put_ (boolean mask)"
 
 
 # record_function names that mark work done on the host by design (e.g. the LM's candidate
@@ -69,9 +77,18 @@ HOST_MARK = "host:"
 
 
 class SyncCounter(TorchDispatchMode):
-    """Counts the ops that stop the host until the device has caught up: the SYNC_OPS and copies
-    from a GPU to the host. On a CPU nothing waits, but the same ops would on a GPU: the count is
-    the GPU's, measured anywhere (ops inside a ``record_function("host:...")`` block excepted).
+    """Counts what stops the host until the device has caught up, and what builds device tensors
+    from host data. On a CPU nothing waits, but the same ops would on a GPU: the counts are the
+    GPU's, measured anywhere (ops inside a ``record_function("host:...")`` block excepted).
+
+    - ``ops``: the SYNC_OPS, copies from a GPU to the host, `.tolist()` / `.numpy()` (which on a
+      CPU run pass no ATen op) and indexing with a boolean mask; ``reads`` is the part of them
+      that reads values (READ_OPS);
+    - ``tensors``: tensors made from host data that a GPU run would copy to the device before
+      using (`torch.tensor` / `torch.as_tensor` of Python numbers or lists, `torch.from_numpy`):
+      on a CPU run every `lift_fresh`, on a GPU run every copy from pageable host memory to the
+      device, which waits for the device's queue (pytorch issue 120996). A Python scalar assigned
+      through `t[i] = v` does not count: the kernel takes it by value.
     For each op it keeps where in mpt_repro it was first made."""
 
     def __init__(self, device: torch.device | None = None) -> None:
@@ -79,10 +96,41 @@ class SyncCounter(TorchDispatchMode):
         self.on_gpu = device is not None and device.type != "cpu"
         self.ops: Counter[str] = Counter()
         self.where: dict[str, str] = {}
+        self.tensors: Counter[str] = Counter()
+        self.tensor_where: dict[str, str] = {}
+        self.sites: Counter[str] = Counter()  # "op at file:line code", every one counted
         self.dispatched = 0  # every ATen op: on a GPU, a kernel launch each (views aside)
         # open record_function blocks, innermost last: True where marked HOST_MARK (blocks nest
         # as the context managers they are; each exit gets a new Python wrapper of its handle)
         self._blocks: list[bool] = []
+        self._setitem = 0  # inside Tensor.__setitem__ (its scalar value is no host tensor)
+        self._methods = _TensorMethods(self)
+
+    def __enter__(self) -> SyncCounter:
+        self._methods.__enter__()
+        return super().__enter__()
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self._methods.__exit__(*exc)
+
+    @property
+    def reads(self) -> int:
+        """Host reads of device values (READ_OPS among the counted ops)."""
+        return sum(n for op, n in self.ops.items() if op in READ_OPS)
+
+    @property
+    def host_side(self) -> bool:
+        """Inside a record_function("host:...") block: work on the host by design."""
+        return any(self._blocks)
+
+    def count(self, counter: Counter[str], where: dict[str, str], name: str) -> None:
+        site = _caller()
+        counter[name] += 1
+        where.setdefault(name, site)
+        self.sites[f"{name} at {site}"] += 1
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
@@ -95,13 +143,16 @@ class SyncCounter(TorchDispatchMode):
                 self._blocks.pop()
             return out
         self.dispatched += 1
-        if any(self._blocks):
+        if self.host_side:
             return out
         if (name in SYNC_OPS and not self._host_side(name, args)) or _device_to_host(
             name, args, out
         ):
-            self.ops[name] += 1
-            self.where.setdefault(name, _caller())
+            self.count(self.ops, self.where, name)
+        elif (mask := _mask_indexing(name, args)) and not self._host_side(name, args):
+            self.count(self.ops, self.where, mask)
+        elif self._from_host_data(name, args, out):
+            self.count(self.tensors, self.tensor_where, name)
         return out
 
     def _host_side(self, name: str, args: tuple) -> bool:
@@ -114,10 +165,83 @@ class SyncCounter(TorchDispatchMode):
             return all(t.device.type == "cpu" for t in tensors)
         return name == "_local_scalar_dense" and _called_from_torch_optim()
 
+    def _from_host_data(self, name: str, args: tuple, out: Any) -> bool:
+        if self.on_gpu:  # what reaches the device: a copy from pageable host memory
+            if name not in ("_to_copy", "copy_"):
+                return False
+            src = args[1] if name == "copy_" else args[0]
+            dst = args[0] if name == "copy_" else out
+            return (
+                torch.is_tensor(src)
+                and torch.is_tensor(dst)
+                and src.device.type == "cpu"
+                and dst.device.type != "cpu"
+                and not src.is_pinned()
+                and not (self._setitem and src.dim() == 0)
+            )
+        if name != "lift_fresh":
+            return False
+        # torch.optim's CPU step counts are host tensors on every device (Adagrad adds 1.0)
+        return not (self._setitem and out.dim() == 0) and not _called_from_torch_optim()
+
+
+class _TensorMethods(TorchFunctionMode):
+    """SyncCounter's view of Tensor methods: on a CPU run `.tolist()` and `.numpy()` read without
+    an ATen op (on a GPU they copy to the host, which the dispatcher sees), and
+    `Tensor.__setitem__` wraps a Python scalar value in a tensor that a GPU run keeps on the host
+    and hands the kernel by value."""
+
+    def __init__(self, counter: SyncCounter) -> None:
+        super().__init__()
+        self.counter = counter
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        c, name = self.counter, getattr(func, "__name__", "")
+        if name == "__setitem__":
+            c._setitem += 1
+            try:
+                return func(*args, **(kwargs or {}))
+            finally:
+                c._setitem -= 1
+        if name in ("tolist", "numpy") and not (c.on_gpu or c.host_side):
+            if not _called_from_torch_optim():
+                c.count(c.ops, c.where, name)
+        return func(*args, **(kwargs or {}))
+
+
+def _mask_indexing(name: str, args: tuple) -> str | None:
+    """MASK_INDEX for t[mask], MASK_INDEX_PUT for t[mask] = values; None otherwise. A Python
+    scalar assigned through a mask (a 0-d CPU value) takes torch's masked_fill path: no sync."""
+    if name not in ("index", "index_put_", "index_put", "_index_put_impl_"):
+        return None
+    indices = args[1] if len(args) > 1 else ()
+    masked = any(torch.is_tensor(i) and i.dtype in (torch.bool, torch.uint8) for i in indices or ())
+    if not masked:
+        return None
+    if name == "index":
+        return MASK_INDEX
+    value = args[2] if len(args) > 2 else None
+    scalar = torch.is_tensor(value) and value.dim() == 0 and value.device.type == "cpu"
+    return None if scalar else MASK_INDEX_PUT
+
+
+_HERE = str(Path(__file__).resolve())
+_TORCH = str(Path(torch.__file__).resolve().parent)
+_TORCH_OPTIM = str(Path(torch.optim.__file__).resolve().parent)
+
 
 def _called_from_torch_optim() -> bool:
-    optim = str(Path(torch.optim.__file__).resolve().parent)
-    return any(frame.filename.startswith(optim) for frame in traceback.extract_stack(limit=12))
+    """The op was made by torch.optim's own code (its CPU step counts), not merely inside an
+    optimizer's step: an optimizer of ours (RMSpropTF) runs under torch.optim's step wrapper
+    too, and its reads count. The innermost caller outside torch decides; torch's own frames
+    in between (dispatch modes, wrappers, Tensor methods written in Python) are looked through."""
+    for frame in reversed(traceback.extract_stack(limit=24)):
+        path = str(Path(frame.filename).resolve())
+        if path.startswith(_TORCH_OPTIM):
+            return True
+        if path != _HERE and not path.startswith(_TORCH):
+            return False
+    return False
 
 
 def _device_to_host(name: str, args: tuple, out: Any) -> bool:
@@ -169,8 +293,9 @@ def instrument(
       whatever does not grow with the batch (weights a convolution saves, autocast's FP16 copies
       of FP32 weights) cancels, so the figure is the activations' own (with a batch of 1, the
       total is all there is);
-    - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings), and the
-      ATen ops it dispatches: the host's launch work, which a GPU step must hide;
+    - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings), the host
+      reads among them, the tensors it builds from host data, and the ATen ops it dispatches:
+      the host's launch work, which a GPU step must hide;
     - model FLOPs of the full step, forward and backward (torch.utils.flop_counter: matmuls and
       convolutions, 2 per multiply-accumulate; the optimizer and elementwise ops not counted,
       the usual MFU convention)."""
@@ -190,6 +315,10 @@ def instrument(
             if device.type == "cuda"
             else None
         ),
+        "host_reads_per_step": syncs.reads,
+        "host_tensors_per_step": sum(syncs.tensors.values()),
+        "host_tensor_ops": dict(syncs.tensors),
+        "host_tensor_where": syncs.tensor_where,
         "flops_per_step": int(flops.get_total_flops()),
         "ops_per_step": syncs.dispatched,
         "saved_bytes_batch": full,
@@ -231,6 +360,14 @@ def peak_memory(device: torch.device) -> dict[str, int | None]:
         "peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
         "peak_reserved_bytes": torch.cuda.max_memory_reserved(device),
     }
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    """Start the allocator's peaks afresh, after the warm-up: cuDNN's autotuning (benchmark mode
+    tries the algorithms of each new shape once, with their workspaces) is not the step's memory,
+    and would make the presets' peaks differ by what their autotuning tried."""
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
 
 
 # -- energy ----------------------------------------------------------------------------------------

@@ -160,9 +160,18 @@ class BareLoop:
         )
         _zero_momentum(self.opt)  # fused SGD: defined buffers even if the first step skips
         fused = bool(self.opt.defaults.get("fused"))
+        self.clip = cfg.optim.grad_clip
         self.scaler = None
         if policy.scaling_kind != "none":
             low_grads = not self.masters and policy.storage_dtype != torch.float32
+            # GradScaler unscales FP16 grads only inside a fused optimizer's kernel: its
+            # unscale_() (before a clip) and its non-fused step refuse them
+            if low_grads and self.clip is not None:
+                self.why_not = (
+                    "GradScaler cannot unscale FP16 grads (no master copy) before the clip "
+                    "(optim.grad_clip)"
+                )
+                return
             if low_grads and not fused:
                 self.why_not = "GradScaler cannot unscale FP16 grads without a fused optimizer"
                 return
@@ -179,7 +188,6 @@ class BareLoop:
         )
         self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
         self.loss_fn = task._loss  # the task's own (label smoothing, aux heads)
-        self.clip = cfg.optim.grad_clip
         self.samples = bs.samples
 
     @staticmethod

@@ -2,9 +2,10 @@
 
     python -m mpt_repro.bench.worker SPEC.json      (run by mpt-bench; SPEC names the output)
 
-Order: build the suite's step, warm up (untimed), time `steps` steps, read the memory peaks; then,
-in repeat 0 only, the instrumented steps (saved bytes, host syncs, FLOPs) and the trainer-vs-bare
-windows, which run after the peaks were read so they cannot change them.
+Order: build the suite's step, warm up (untimed), reset the memory peaks (cuDNN's autotuning is
+not the step's), time `steps` steps, read the memory peaks; then, in repeat 0 only, the
+instrumented steps (saved bytes, host syncs, FLOPs) and the trainer-vs-bare windows, which run
+after the peaks were read so they cannot change them.
 Exit status: 0 measured, 2 a configuration or data problem (message on stderr), 3 out of memory.
 """
 
@@ -50,7 +51,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     from mpt_repro.bench import measure as m
     from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
     from mpt_repro.bench.step import build_step, enum_name, skipped_steps
-    from mpt_repro.run import describe_device, pick_device
+    from mpt_repro.run import describe_device, pick_device, set_backends
 
     b = BenchConfig(**spec["bench"])
     preset, repeat = spec["preset"], spec["repeat"]
@@ -58,7 +59,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     device = pick_device(cfg.trainer.device)
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
-    torch.backends.cudnn.benchmark = cfg.trainer.cudnn_benchmark and not cfg.trainer.deterministic
+    set_backends(cfg.trainer)
     if enum_name(cfg.task) in ("classification", "gan"):
         # each trainer window ends with an evaluation (outside its clock): one batch suffices
         cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
@@ -75,6 +76,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         say(f"warm-up, {b.warmup - 1} more steps")
         warm = m.time_steps(bs.step, b.warmup - 1, device) / (b.warmup - 1)
         say(f"{warm:.3g} s/step; timing {b.steps} steps (~{warm * b.steps:.0f} s)")
+    warmup_peaks = m.peak_memory(device)  # autotuning included: kept in the detail only
+    m.reset_peak_memory(device)
     skipped0, joules0 = skipped_steps(bs.policy), energy.read()
     seconds = m.time_steps(bs.step, b.steps, device)
     joules1 = energy.read()
@@ -105,6 +108,7 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         ),
         "energy_note": energy.why,
         **m.peak_memory(device),
+        "warmup_peak_allocated_bytes": warmup_peaks["peak_allocated_bytes"],
     }
     say(f"{out['samples_per_s']:.4g} samples/s")
     if repeat == 0 and b.instrument:

@@ -9,6 +9,7 @@ line naming the file instead of torch's re-raised worker traceback.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -33,10 +34,20 @@ def normalize_on_device(
     needs no further cast or copy."""
     if x.dtype != torch.uint8:
         raise TypeError(f"normalize_on_device expects a uint8 batch, got {x.dtype}")
-    m = torch.tensor([255.0 * v for v in mean], device=x.device).view(1, -1, 1, 1)
-    inv = torch.tensor([1.0 / (255.0 * v) for v in std], device=x.device).view(1, -1, 1, 1)
+    m, inv = _normalize_constants(tuple(mean), tuple(std), x.device)
     out = (x.float() - m).mul_(inv)
     return out.to(dtype=dtype, memory_format=memory_format)
+
+
+@functools.cache  # once per device: torch.tensor(list, device=cuda) waits for the device's queue
+def _normalize_constants(
+    mean: tuple[float, ...], std: tuple[float, ...], device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """255 * mean and 1 / (255 * std) as (1, C, 1, 1) FP32 tensors on `device` (pytorch issue
+    120996: a tensor built from host data on every batch is a blocking copy on every batch)."""
+    m = torch.tensor([255.0 * v for v in mean], device=device).view(1, -1, 1, 1)
+    inv = torch.tensor([1.0 / (255.0 * v) for v in std], device=device).view(1, -1, 1, 1)
+    return m, inv
 
 
 class DeviceNormalize:
@@ -69,7 +80,11 @@ class DeviceBatches:
         it = iter(self.loader)
         while True:
             try:
-                batch = next(it)
+                # "host:": the loader's work (reading, decoding, collating) is on the host by
+                # design, in worker processes when data.num_workers > 0 (mpt-bench counts no
+                # sync in it); what prepare() does with the batch is the device's
+                with torch.profiler.record_function("host:data_loader"):
+                    batch = next(it)
             except StopIteration:
                 return
             except Exception as e:

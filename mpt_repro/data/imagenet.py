@@ -22,7 +22,9 @@ All: ImageNet mean/std normalisation, done on the training device (mpt_repro/dat
 loader workers decode and crop, and batches travel to the device as uint8, 4x less than float32.
 With data.decode=gpu the workers only read the files; JPEGs are decoded on the GPU (nvJPEG via
 torchvision.io.decode_jpeg) and cropped there, for machines whose CPU cores cannot decode as
-fast as the GPU trains (crop parameters then come from the main process's random stream).
+fast as the GPU trains (crop parameters then come from the main process's random stream). The
+crops run one image at a time on the training thread, so this path is slower than it could be
+(docs/performance.md, "The input side").
 
 Order: samples are interleaved across classes (class 0 image 0, class 1 image 0, ..., class 0
 image 1, ...) so that the budgets' "first N examples" subsets (data.train_limit / eval_limit)
@@ -232,6 +234,7 @@ class DeviceDecode:
         self.crop = folder.geometric
 
     def __call__(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        # deprecated since torchvision 0.29 for TorchCodec's, kept until that is checked on a GPU
         from torchvision.io import ImageReadMode, decode_jpeg
 
         data, labels, index = batch
@@ -244,6 +247,8 @@ class DeviceDecode:
             raise DataError(f"no image of this batch could be decoded (first: {self._path(0)})")
         # on_corrupt=skip: a bad file's place goes to another image of the same batch
         images = [img if img is not None else kept[0] for img in images]
+        # one image at a time on the training stream: 6-8 small kernels each, not overlapped
+        # with the step (why decode=gpu is slower than it could be: docs/performance.md)
         x = torch.stack([self.crop(img) for img in images])
         x = normalize_on_device(x, IMAGENET_MEAN, IMAGENET_STD, self.dtype, self.memory_format)
         return x, labels.to(self.device, non_blocking=True)

@@ -1,11 +1,12 @@
-"""Synthetic images for speed measurements: generated once, on the training device.
+"""Synthetic images for speed measurements: generated once, kept on the training device.
 
-A pool of `data.synthetic_pool` random uint8 images lives on the device; sample i is pool image
-i mod pool with its own random label. A training batch is one gather from the pool and one
-normalisation kernel, both on the device: no per-step host work, no host-to-device copy, so a
-benchmark on data=synthetic measures the model's step and nothing of an input pipeline. Pixels
-are uniform over 0..255 and normalised to [-1, 1] (the range a tanh generator produces too).
-Labels are uniform over the classes. Accuracy on it means nothing.
+A pool of `data.synthetic_pool` random uint8 images lives on the device (drawn on the CPU, so
+the pixels are the same on every device); sample i is pool image i mod pool with its own random
+label. A training batch is one gather from the pool and one normalisation kernel, both on the
+device: no per-step host work, no host-to-device copy, so a benchmark on data=synthetic
+measures the model's step and nothing of an input pipeline. Pixels are uniform over 0..255 and
+normalised to [-1, 1] (the range a tanh generator produces too). Labels are uniform over the
+classes. Accuracy on it means nothing.
 """
 
 from __future__ import annotations
@@ -40,13 +41,17 @@ class SyntheticImages(Dataset):
         self.device: torch.device | None = None
 
     def place(self, device: torch.device) -> None:
-        """Generate the pool on `device` (deterministic for a seed and a device type)."""
+        """Put the pool on `device` (the same pixels on every device, for a seed). It is drawn on
+        the CPU and kept there too: loader workers (BN recalibration with data.num_workers > 0)
+        read that copy, since a forked worker must not touch CUDA."""
         device = torch.device(device)
         if self.pool is not None and self.pool.device == device:
             return
-        g = torch.Generator(device=device).manual_seed(self.seed)
-        self.pool = torch.randint(0, 256, self.shape, dtype=torch.uint8, generator=g, device=device)
-        self.labels = self.labels.to(device)
+        if self._cpu_pool is None:
+            g = torch.Generator().manual_seed(self.seed)
+            self._cpu_pool = torch.randint(0, 256, self.shape, dtype=torch.uint8, generator=g)
+        self.pool = self._cpu_pool.to(device)
+        self.labels = self._cpu_labels.to(device)
         self.device = device
 
     def __len__(self) -> int:
@@ -67,13 +72,18 @@ class SyntheticImages(Dataset):
 
     def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         """One sample on the CPU (for code that indexes the data set, e.g. a DataLoader with
-        workers): the same pixels as on the device."""
-        if self.pool is None:
-            self.place(torch.device("cpu"))
+        workers): the same pixels as on the device, read from the CPU copy only."""
         if self._cpu_pool is None:
-            self._cpu_pool = self.pool.cpu()
+            self.place(torch.device("cpu"))
         image = self._cpu_pool[i % self.shape[0]][None]
         return normalize_on_device(image, self.mean, self.std)[0], int(self._cpu_labels[i])
+
+    def __getstate__(self) -> dict:
+        """Pickled for spawned loader workers without the device copies: a worker that unpickled
+        a CUDA tensor would start CUDA in its process."""
+        state = dict(self.__dict__)
+        state.update(pool=self._cpu_pool, labels=self._cpu_labels, device=None)
+        return state
 
 
 @register_dataset("synthetic")

@@ -43,6 +43,7 @@ from torchvision.ops import RoIPool, box_iou
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import register_model
+from mpt_repro.models.box_coder import DeviceBoxCoder
 from mpt_repro.models.detection_backbone import (
     CONV2_2_END,
     NO_WEIGHTS_WARNING,
@@ -242,6 +243,9 @@ class FasterRCNNVGG16(nn.Module):
             nms_thresh=0.3,
             detections_per_img=100,
         )
+        # torchvision's coders build host tensors on every call (mpt_repro/models/box_coder.py)
+        self.rpn.box_coder = DeviceBoxCoder(self.rpn.box_coder.weights)
+        self.roi_heads.box_coder = DeviceBoxCoder(self.roi_heads.box_coder.weights)
 
     def load_backbone(self, path: str | None) -> str:
         """conv1_1..conv5_3 and fc6/fc7 from a VGG-16 file; conv1/conv2 then frozen."""
@@ -281,7 +285,10 @@ class FasterRCNNVGG16(nn.Module):
         Eval: per image a dict of boxes (input pixels), scores and labels."""
         if self.training and targets is None:
             raise ValueError("Faster R-CNN in training mode needs targets")
-        sizes = [(int(h), int(w)) for h, w in image_sizes.tolist()]
+        # "host:": the sizes stay on the host (the collate made them there), so reading them
+        # does not wait for the device
+        with torch.profiler.record_function("host:image_sizes"):
+            sizes = [(int(h), int(w)) for h, w in image_sizes.tolist()]
         feats = {"0": self.vgg(images)}
         proposals, rpn_losses = self.rpn(ImageList(images, sizes), feats, targets)
         detections, roi_losses = self.roi_heads(feats, proposals, sizes, targets)

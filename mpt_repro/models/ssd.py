@@ -28,11 +28,12 @@ loss runs with autocast off, so the matching, box decoding and loss reductions a
 preset; the L2 normalisation computes its norm in FP32.
 
 From torchvision (torchvision.models.detection): DefaultBoxGenerator, SSDHead, SSDMatcher,
-BoxCoder, box_iou, batched_nms. Differences from torchvision's ssd300_vgg16, which follows the
-later COCO configuration: VOC scales (torchvision: 0.07, 0.15, 0.33, ...), unclipped default
-boxes, fc6/fc7 initialised from the subsampled ImageNet fc layers when a weights file has them
-(torchvision: random), every layer trained (torchvision freezes conv1), the image normalised in
-the data pipeline, and model.width to scale every channel count for smoke runs (64 = the paper).
+BoxCoder (its arithmetic, as models/box_coder.py's DeviceBoxCoder), box_iou, batched_nms.
+Differences from torchvision's ssd300_vgg16, which follows the later COCO configuration: VOC
+scales (torchvision: 0.07, 0.15, 0.33, ...), unclipped default boxes, fc6/fc7 initialised from
+the subsampled ImageNet fc layers when a weights file has them (torchvision: random), every
+layer trained (torchvision freezes conv1), the image normalised in the data pipeline, and
+model.width to scale every channel count for smoke runs (64 = the paper).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchvision.models.detection._utils import BoxCoder, SSDMatcher
+from torchvision.models.detection._utils import SSDMatcher
 from torchvision.models.detection.anchor_utils import DefaultBoxGenerator
 from torchvision.models.detection.image_list import ImageList
 from torchvision.models.detection.ssd import SSDHead
@@ -51,6 +52,7 @@ from torchvision.ops import batched_nms, box_iou, clip_boxes_to_image
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import register_model
+from mpt_repro.models.box_coder import DeviceBoxCoder
 from mpt_repro.models.caffe import xavier_
 from mpt_repro.models.detection_backbone import (
     CONV4_3_RELU,
@@ -145,7 +147,7 @@ class SSD300(nn.Module):
             if isinstance(m, nn.Conv2d):  # Caffe's "xavier" filler, zero bias (model_libs.py)
                 xavier_(m.weight)
                 nn.init.zeros_(m.bias)
-        self.box_coder = BoxCoder(weights=(10.0, 10.0, 5.0, 5.0))
+        self.box_coder = DeviceBoxCoder(weights=(10.0, 10.0, 5.0, 5.0))
         self.matcher = SSDMatcher(MATCH_IOU)
         self._default_boxes: dict[tuple, torch.Tensor] = {}
 

@@ -405,6 +405,7 @@ class AdaptiveScaler(LossScaler):
         a = cfg
         self.threshold = float(a.adaptive_underflow_threshold)
         self.formula = str(a.adaptive_formula)
+        erfinv_sqrt2(self.threshold)  # now: its torch.tensor(...).item() stays out of the steps
         self.scale_upper_bound = float(a.adaptive_scale_upper_bound)
         self.max_cap_exp = math.floor(math.log2(a.adaptive_accum_upper_bound))
         self.cap_exp = self.max_cap_exp  # log2 of the current accumulation cap
@@ -678,7 +679,8 @@ class AdaptiveScaler(LossScaler):
 
     def _move(self, inf: Tensor) -> None:
         c = self.cfg
-        if bool(inf):  # the host read this scaler costs per step (sync_free = False)
+        self.host_overflow = bool(inf)  # the host read this scaler costs per step (sync_free)
+        if self.host_overflow:
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
             self.force = True
@@ -689,8 +691,9 @@ class AdaptiveScaler(LossScaler):
                 self.cap_exp += 1
 
     def _at_floor(self) -> Tensor:
-        # at the floor: a cap of 1 (the cap lives on the host)
-        return torch.tensor(self.cap_exp == 0, device=self.device)
+        # at the floor: a cap of 1 (the cap lives on the host); torch.full fills on the device,
+        # where torch.tensor(...) would copy from host memory and wait for the device's queue
+        return torch.full((), self.cap_exp == 0, dtype=torch.bool, device=self.device)
 
     # -- reporting and checkpoints -----------------------------------------------------------
     def layer_scales(self) -> dict[str, float]:

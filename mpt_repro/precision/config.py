@@ -124,6 +124,9 @@ class FP8Config:
     recipe: FP8Recipe = FP8Recipe.tensorwise
     # torchao's emulation (FP8 casts, high-precision matmul): CPU tests, not speed
     torchao_emulate: bool = False
+    # torch.compile each converted layer: torchao's casts and scales fuse only when compiled, and
+    # eager Float8Linear spends the FP8 GEMM's gain on them (presets fp8, fp8_rowwise: true)
+    compile: bool = False
 
 
 @dataclass

@@ -315,6 +315,11 @@ def validate_fp8(p, paper_loss_scale: float | None = None) -> None:
                 "precision.fp8.master_rounding=stochastic needs precision.fp8.master=fp16 "
                 "(an FP32 master is not rounded)."
             )
+        if f8.compile:
+            raise ConfigError(
+                "precision.fp8.compile applies to precision.fp8.mode=torchao only; drop it (the "
+                "emulated layers run eagerly)."
+            )
     else:  # torchao
         if dtype not in ("float32", "bfloat16") or _name(p.loss_scaling) != "none":
             raise ConfigError(
@@ -410,8 +415,10 @@ def describe_fp8(p) -> str | None:
         emu = ""
         if f8.torchao_emulate:
             emu = " (torchao emulation: FP8 casts, high-precision matmuls)"
+        compiled = ", each compiled" if f8.compile else ", eager (precision.fp8.compile=false)"
         return (
-            f"FP8 linear layers via torchao float8 training, {_name(f8.recipe)} scaling{emu}; "
+            f"FP8 linear layers via torchao float8 training, {_name(f8.recipe)} scaling{emu}"
+            f"{compiled}; "
             f"convolutions and exempt layers ({exempt}) in the preset's dtype"
         )
     parts = []

@@ -7,8 +7,10 @@ per row, finer but needs a newer GPU kernel). Convolutions are not converted: th
 preset's dtype (BF16 autocast). Needs an NVIDIA GPU with FP8 tensor cores (compute capability
 8.9: Ada; 9.0: Hopper, and later) unless `precision.fp8.torchao_emulate=true`, torchao's
 emulation mode (FP8 casts, high-precision matmuls), which runs anywhere and is how the CPU tests
-exercise this path. Speed needs torch.compile around the model (torchao's own guidance): eager
-Float8Linear spends its gain on the casts.
+exercise this path. Speed needs torch.compile (torchao's own guidance): eager Float8Linear
+spends its gain on the casts, so each converted layer is compiled (precision.fp8.compile). A model
+with no layer to convert (ResNet-50: its only linear layer is the exempt 1000-class head) is
+refused rather than trained in BF16 under an FP8 name.
 """
 
 from __future__ import annotations
@@ -21,7 +23,11 @@ from torch import nn
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision import fp8
 
-MIN_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later
+# FP8 tensor cores: Ada (8.9), Hopper (9.0) and later, for both recipes: torchao's float8
+# training has no capability check of its own and calls torch._scaled_mm, whose rowwise CUTLASS
+# kernel has an SM89 build since pytorch/pytorch#144348 (torchao's inference-side PerRow API
+# asserts 9.0, pytorch/ao#2566, which is another code path)
+MIN_CAPABILITY = (8, 9)
 
 
 def torchao_float8():
@@ -79,36 +85,70 @@ def float8_config(precision_cfg):
     return cfg
 
 
-def apply_torchao_float8(model: nn.Module, precision_cfg) -> nn.Module:
-    """Convert the model's eligible nn.Linear layers to torchao Float8Linear (in place).
-
-    Left alone: exempt layers (precision.fp8.exempt; "first"/"last" count conv and linear
-    layers in registration order, as in the emulated mode), and linear layers whose in or out
-    features are not multiples of 16 (torchao's FP8 GEMM needs that; a 1000-class head is one).
-    What was converted is in `model._fp8_hardware` (for the run record)."""
+def torchao_plan(model: nn.Module, precision_cfg) -> dict[str, list[str]]:
+    """What apply_torchao_float8 does to each nn.Linear of `model`, by module name: "converted",
+    "exempt" (precision.fp8.exempt; "first"/"last" count conv and linear layers in registration
+    order, as in the emulated mode) or "skipped_dims" (in or out features not a multiple of 16:
+    torchao's FP8 GEMM needs that, and a 1000-class head is one). Needs no torchao."""
     from mpt_repro.precision.fp8_modules import SWAP, select_exempt
 
-    device = next((p.device for p in model.parameters()), torch.device("cpu"))
-    validate_hardware(precision_cfg, device)
     eligible = [n for n, m in model.named_modules() if type(m) in SWAP]
     exempt = select_exempt(eligible, precision_cfg.fp8.exempt)
-    record: dict[str, list[str]] = {"converted": [], "exempt": [], "skipped_dims": []}
+    plan: dict[str, list[str]] = {"converted": [], "exempt": [], "skipped_dims": []}
+    for name, m in model.named_modules():
+        if not isinstance(m, nn.Linear):
+            continue
+        if name in exempt:
+            plan["exempt"].append(name)
+        elif m.in_features % 16 or m.out_features % 16:
+            plan["skipped_dims"].append(name)
+        else:
+            plan["converted"].append(name)
+    return plan
+
+
+def apply_torchao_float8(model: nn.Module, precision_cfg) -> nn.Module:
+    """Convert the model's eligible nn.Linear layers to torchao Float8Linear (in place), as
+    `torchao_plan` says, and compile each (precision.fp8.compile: torchao's casts and scales
+    fuse only under torch.compile). A model of which no layer would be converted is refused: it
+    would train in the preset's BF16 under an FP8 name. What was converted is in
+    `model._fp8_hardware` (for the run record)."""
+    plan = torchao_plan(model, precision_cfg)
+    if not plan["converted"]:
+        raise ConfigError(nothing_to_convert(model, precision_cfg, plan))
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))
+    validate_hardware(precision_cfg, device)
+    chosen = set(plan["converted"])
 
     def keep(module: nn.Module, fqn: str) -> bool:
-        if not isinstance(module, nn.Linear):
-            return True  # torchao walks containers through this filter too
-        if fqn in exempt:
-            record["exempt"].append(fqn)
-            return False
-        if module.in_features % 16 or module.out_features % 16:
-            record["skipped_dims"].append(fqn)
-            return False
-        record["converted"].append(fqn)
-        return True
+        # torchao walks containers through this filter too: only the planned linears convert
+        return not isinstance(module, nn.Linear) or fqn in chosen
 
     f8 = torchao_float8()
     model = f8.convert_to_float8_training(
         model, module_filter_fn=keep, config=float8_config(precision_cfg)
     )
-    model._fp8_hardware = record
+    compiled = bool(precision_cfg.fp8.compile)
+    if compiled:
+        for name in plan["converted"]:
+            model.get_submodule(name).compile()  # in place: names and state_dict stay the same
+    model._fp8_hardware = {**plan, "compiled": compiled}
     return model
+
+
+def nothing_to_convert(model: nn.Module, precision_cfg, plan: dict[str, list[str]]) -> str:
+    """Why precision.fp8.mode=torchao would change no layer of `model`, and what to do."""
+    why = []
+    if plan["exempt"]:
+        why.append(f"exempt by precision.fp8.exempt: {', '.join(plan['exempt'])}")
+    if plan["skipped_dims"]:
+        why.append(f"sizes not multiples of 16: {', '.join(plan['skipped_dims'])}")
+    linears = "; ".join(why) if why else "it has none"
+    dtype = {"bfloat16": "BF16", "float32": "FP32"}[fp8._name(precision_cfg.compute_dtype)]
+    return (
+        f"precision={precision_cfg.name} converts no layer of {type(model).__name__} to FP8: "
+        f"torchao converts nn.Linear layers only ({linears}), so the run would train in {dtype} "
+        "under an FP8 name. Use precision=bf16 for this model, or an experiment with large "
+        "linear layers (alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts "
+        "the last layer where its sizes allow"
+    )

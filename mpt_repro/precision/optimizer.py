@@ -68,6 +68,10 @@ class PrecisionOptimizer:
         )
         self.sync_free = self.scaler is None or (self.fused and self.scaler.sync_free)
         self.steps = 0  # step() calls (host count: the host knows it called)
+        # whether the last step was applied, where the host read it anyway (no fused kernel, or
+        # a scaler that plans on the host), so that the LR schedule need not read it a second
+        # time; None where it stayed on the device
+        self.host_stepped: bool | None = None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
         # first/last parameter (index into names) whose grad was inf/NaN, on the device
@@ -114,6 +118,7 @@ class PrecisionOptimizer:
         clips only the LSTM). grad_multipliers: {regex: factor}, applied to the unscaled
         gradients before clipping (f-lm scales the embedding's gradients)."""
         self.steps += 1
+        self.host_stepped = None
         if self.master is not None:
             self.master.grads_to_masters()
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
@@ -140,11 +145,13 @@ class PrecisionOptimizer:
             self.optimizer.grad_scale, self.optimizer.found_inf = None, found_inf.reshape(())
             self.optimizer.step()  # the kernel leaves params and state alone when found_inf
             del self.optimizer.grad_scale, self.optimizer.found_inf
-        elif not bool(found_inf):  # no fused kernel: one host read decides
-            self.optimizer.step()
-        else:
-            for p in self.params:  # an overflowing gradient must not reach the next step
-                p.grad = None
+        else:  # no fused kernel: one host read decides
+            self.host_stepped = not bool(found_inf)
+            if self.host_stepped:
+                self.optimizer.step()
+            else:
+                for p in self.params:  # an overflowing gradient must not reach the next step
+                    p.grad = None
         if self.fp8 is not None:  # an FP16 master copy (fp8.master=fp16): idempotent after a skip
             self.fp8.round_master_(self.params)
         if self.master is not None:
@@ -152,6 +159,8 @@ class PrecisionOptimizer:
         self._skipped += (found_inf > 0).reshape(())
         if self.scale_group is not None:
             self.scale_group.report(found_inf)
+            if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
+                self.host_stepped = not self.scaler.host_overflow  # read by the scaler (adaptive)
         return (found_inf == 0).reshape(())
 
     @torch.no_grad()

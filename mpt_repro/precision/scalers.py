@@ -90,6 +90,9 @@ class LossScaler:
 
     kind = "base"
     sync_free = True  # update() needs no host read
+    # a scaler that reads the overflow flag on the host (sync_free False) keeps what it read
+    # at its last update here, so that nothing reads it again; None: it stayed on the device
+    host_overflow: bool | None = None
 
     def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
         self.cfg = cfg
