@@ -2,8 +2,8 @@
 
 Two figures go into run.json:
 
-- `peak_memory_bytes` with `peak_memory_kind`: on a GPU the CUDA allocator's peak since the run
-  began (`cuda_max_allocated`); on a CPU the process's peak resident set since the run began
+- `peak_memory_bytes` with `peak_memory_kind`: on a GPU the CUDA allocator's peak after the run's
+  first step (`cuda_max_allocated`: cuDNN's autotuning scratch on that step left out); on a CPU the process's peak resident set since the run began
   (`host_peak_rss`: Linux resets the high-water mark when "5" is written to
   /proc/self/clear_refs, proc(5)). A Hydra multirun runs its jobs in one process, so without that
   reset a later job would carry the peaks of the jobs before it; where the reset is not available
@@ -94,6 +94,11 @@ class RunMemory:
             result = train_step(batch)
         samples = getattr(result, "samples", 0)
         self.saved_per_sample = saved.total / samples if samples else None
+        if self.device.type == "cuda":
+            # cuDNN's autotuning tries algorithms with large scratch buffers on the first step:
+            # the peak that compares presets is the training's, from here on (optimizer state,
+            # now allocated, stays counted)
+            torch.cuda.reset_peak_memory_stats(self.device)
         return result
 
     def summary(self) -> dict[str, Any]:
