@@ -108,6 +108,13 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
             "results folder with paths.runs_dir=DIR (or hydra.run.dir=DIR)",
             2,
         )
+    if isinstance(e, ValueError) and "Unable to configure handler" in str(e):
+        # Hydra could not open the run's log file: the folder went read-only after the checks
+        return (
+            f"error: cannot write the log file in {run_dir or 'the run directory'}: choose a "
+            "writable results folder with paths.runs_dir=DIR",
+            2,
+        )
     if isinstance(e, UnicodeDecodeError):
         return (
             f"error: a file is not valid {e.encoding} text ({e.reason} at byte {e.start}); the "
@@ -173,6 +180,14 @@ def main() -> None:
     problem = check_command_line(argv)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    # every refusal of the configuration or of the run directory, before torch loads and before
+    # Hydra creates the run directory and its log file (mpt_repro/preflight.py)
+    from mpt_repro.preflight import preflight
+
+    problem = preflight(argv)
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
         sys.exit(2)
     # Hydra prints its own errors with a stripped traceback and exits 1; with HYDRA_FULL_ERROR
     # it raises them instead, and the lines below turn them into one message and a status.

@@ -278,7 +278,9 @@ AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip")
 
 
 def validate(cfg: DictConfig) -> None:
-    """Check what the types cannot; raise ConfigError naming the key."""
+    """Check what the types cannot; raise ConfigError naming the key. Imports no torch: mpt-run
+    refuses a bad value before torch loads (mpt_repro/preflight.py)."""
+    _check_finite(cfg)
     d, o, t = cfg.data, cfg.optim, cfg.trainer
     _check(d.batch_size > 0, "data.batch_size", d.batch_size, "must be a positive integer")
     _check(
@@ -317,7 +319,7 @@ def validate(cfg: DictConfig) -> None:
     _check(o.name in OPTIMIZERS, "optim.name", o.name, f"must be one of {OPTIMIZERS}")
     _check(o.schedule in SCHEDULES, "optim.schedule", o.schedule, f"must be one of {SCHEDULES}")
     _check(o.lr > 0, "optim.lr", o.lr, "must be > 0")
-    _check(o.momentum >= 0, "optim.momentum", o.momentum, "must be >= 0")
+    _check(0 <= o.momentum < 1, "optim.momentum", o.momentum, "must be in [0, 1)")
     _check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     _check(o.eps > 0, "optim.eps", o.eps, "must be > 0")
     _check(0 < o.gamma <= 1, "optim.gamma", o.gamma, "must be in (0, 1]")
@@ -408,8 +410,17 @@ def validate(cfg: DictConfig) -> None:
         f"must be one of experiment={cfg.experiment_name}'s recipes: {', '.join(have)} "
         "(conf/experiment_recipe/ holds them; docs/recipes.md)",
     )
-    tasks = known_tasks()
+    # the registry's names (tests/test_config_reads.py keeps KINDS equal to it): no torch import
+    tasks = list(KINDS["task"])
     _check(cfg.task in tasks, "task", cfg.task, f"must be one of {tasks}")
+    runs_dir = str(cfg.paths.runs_dir or "").strip()
+    _check(
+        bool(runs_dir) and Path(runs_dir).resolve() != Path(Path(runs_dir).resolve().anchor),
+        "paths.runs_dir",
+        cfg.paths.runs_dir,
+        "must name a results folder (not empty, not the file system's root), e.g. "
+        "paths.runs_dir=results/runs",
+    )
     if cfg.resume and cfg.overwrite:
         raise ConfigError(
             "resume=true and overwrite=true ask for opposite things: resume=true continues the run "
@@ -448,6 +459,7 @@ def validate_model_optim(cfg: DictConfig) -> None:
         _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
     _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
     _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
+    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
     _check(m.init_shards >= 1, "model.init_shards", m.init_shards, "must be >= 1")
     _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
     if is_custom_model(m):
@@ -463,6 +475,24 @@ def validate_model_optim(cfg: DictConfig) -> None:
 
 
 NOISES = ("uniform", "normal")
+
+
+def _check_finite(cfg: DictConfig) -> None:
+    """Every number of the resolved configuration is finite: `optim.lr=inf` or `1e400` (which
+    parses as inf) would train on NaN weights and end as if it were a result."""
+    import math
+
+    from mpt_repro.identity import flatten
+
+    values = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
+    for key, value in flatten(values).items():
+        numbers = value if isinstance(value, list) else [value]
+        for x in numbers:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ConfigError(
+                    f"{key}={value} is not a finite number. Fix it in the config or on the "
+                    f"command line, e.g. {key}=..."
+                )
 
 
 def _is_regex(pattern: str | None) -> bool:
@@ -622,6 +652,7 @@ READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
     "model.init_shards": ("model", ("lstm_lm",)),
     "model.noise": ("model", ("dcgan",)),
     "model.target": ("model", ("custom",)),
+    "model.kwargs": ("model", ("custom",)),
     "model.channels_last": ("task", ("classification",)),
     "model.embed_dim": ("model", ("lstm_lm",)),
     "model.hidden_size": ("model", ("lstm_lm",)),
@@ -797,9 +828,11 @@ def check_overrides_are_read(cfg: DictConfig, overrides: list[str]) -> None:
     parsed = _parse(list(overrides)) or []
     for o in parsed:
         key = o.key_or_group
-        if key not in READ_ONLY_BY or o.is_delete():
+        # a factory's own arguments (+model.kwargs.width=64): read only by model=custom
+        table_key = "model.kwargs" if key.startswith("model.kwargs.") else key
+        if table_key not in READ_ONLY_BY or o.is_delete():
             continue
-        selector, readers = READ_ONLY_BY[key]
+        selector, readers = READ_ONLY_BY[table_key]
         kind = selected_kind(cfg, selector)
         if kind in readers or kind not in KINDS.get(selector, ()):
             continue

@@ -3,12 +3,12 @@
 Two figures go into run.json:
 
 - `peak_memory_bytes` with `peak_memory_kind`: on a GPU the CUDA allocator's peak after the run's
-  first step (`cuda_max_allocated`: cuDNN's autotuning scratch on that step left out); on a CPU the process's peak resident set since the run began
-  (`host_peak_rss`: Linux resets the high-water mark when "5" is written to
-  /proc/self/clear_refs, proc(5)). A Hydra multirun runs its jobs in one process, so without that
-  reset a later job would carry the peaks of the jobs before it; where the reset is not available
-  the figure is the process's lifetime peak, named `host_max_rss_process` so that no reader takes
-  it for the run's own.
+  first step (`cuda_max_allocated`: cuDNN's autotuning scratch on that step left out); on a CPU
+  the process's peak resident set since the run began (`host_peak_rss`: Linux resets the
+  high-water mark when "5" is written to /proc/self/clear_refs, proc(5)). A Hydra multirun runs
+  its jobs in one process, so without that reset a later job would carry the peaks of the jobs
+  before it; where the reset is not available the figure is the process's lifetime peak, named
+  `host_max_rss_process` so that no reader takes it for the run's own.
 - `saved_bytes_per_sample`: the bytes autograd keeps for backward in one training step, divided by
   the samples of that step, counted on the run's first step (`SavedBytes`). It is the part of
   memory that precision changes (FP16 activations are half the bytes of FP32 ones) and it is the

@@ -81,7 +81,7 @@ class RunLock:
             except BlockingIOError:
                 holder = _read_holder(fd)
                 os.close(fd)
-                raise RunDirError(_busy_message(self.run_dir, holder)) from None
+                raise RunDirError(busy_message(self.run_dir, holder)) from None
             except OSError as e:
                 os.close(fd)
                 if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
@@ -119,7 +119,7 @@ class RunLock:
                     self.path.unlink(missing_ok=True)
                     continue
                 raise RunDirError(
-                    _busy_message(self.run_dir, holder)
+                    busy_message(self.run_dir, holder)
                     + f" (If no run uses it, delete {self.path}.)"
                 ) from None
             _write_holder(fd)
@@ -212,7 +212,7 @@ def _is_dead(holder: dict[str, Any]) -> bool:
     return False
 
 
-def _busy_message(run_dir: Path, holder: dict[str, Any] | None) -> str:
+def busy_message(run_dir: Path, holder: dict[str, Any] | None) -> str:
     who = (
         f"pid {holder.get('pid')} on {holder.get('host')}, started {holder.get('started_at')} "
         f"({holder.get('command')})"

@@ -10,7 +10,7 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
     dtype, scaling, weights = _name(p.compute_dtype), _name(p.loss_scaling), _name(p.weights)
     if not p.name:
         raise ConfigError("precision.name must name the preset (the run directory uses it).")
-    from mpt_repro.precision import fp8
+    from mpt_repro.precision import fp8_config as fp8  # no torch: refusals stay fast
 
     fp8.validate_fp8(p, paper_loss_scale)
     # emulated FP8 computes in FP32 on 8-bit values: its gradients need the loss scale

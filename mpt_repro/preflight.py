@@ -1,0 +1,203 @@
+"""What mpt-run checks before Hydra starts a job: every refusal of a command happens here, before
+torch is imported and before anything is created on disk.
+
+Hydra creates a job's run directory and its log file before the job's code runs, so a command
+refused inside the job would leave an empty `<run dir>/mpt-run.log` behind, and a refusal that
+waited for torch to load took seconds. Here each job's configuration is composed with Hydra's
+compose API (a sweep is expanded the way Hydra's basic sweeper does it), then:
+
+1. keys the run would not read are refused (`config.check_overrides_are_read`);
+2. values are validated (`config.validate`: ranges, finiteness, paths);
+3. for a single run, its directory is judged as the run itself will judge it (`rundir.plan_run`):
+   a finished run without resume=true or overwrite=true, a busy directory, a folder that cannot be
+   written. A sweep's job that finds its run finished says so itself and the sweep goes on.
+
+A type error gets a message with the key and the type it needs (`data.batch_size=abc: needs an
+integer`), not Hydra's "Error merging override".
+"""
+
+from __future__ import annotations
+
+import tempfile
+import typing
+from pathlib import Path
+from typing import Any
+
+# the flags with which Hydra starts no job: nothing to check
+NO_JOB_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "resolve")
+
+
+def preflight(argv: list[str]) -> str | None:
+    """Why the command line cannot run (one message), or None."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        args, _ = get_args_parser().parse_known_args(argv)
+    except SystemExit:  # a malformed flag: Hydra says so itself
+        return None
+    if any(getattr(args, flag, None) for flag in NO_JOB_FLAGS):
+        return None
+    try:
+        jobs = expand(list(args.overrides or []), multirun=bool(args.multirun))
+    except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its own message
+        return None
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from mpt_repro.config import CONF_DIR, register_configs
+
+    register_configs()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(
+            config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
+        ):
+            for job in jobs:
+                try:
+                    cfg = compose("config", overrides=job, return_hydra_config=True)
+                except Exception as e:  # noqa: BLE001 - every composition error gets its line
+                    return composition_message(e)
+                problem = check_job(cfg, job, single=not args.multirun)
+                if problem:
+                    return problem
+    finally:
+        GlobalHydra.instance().clear()
+    return None
+
+
+def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
+    """The jobs of a command line, each as its override strings (one job without -m)."""
+    if not multirun:
+        return [overrides]
+    from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parsed = OverridesParser.create().parse_overrides(overrides)
+    return BasicSweeper.split_arguments(parsed, None)[0]
+
+
+def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
+    """The refusal of one composed job, or None."""
+    from omegaconf import OmegaConf, open_dict
+
+    from mpt_repro.config import check_overrides_are_read, validate
+    from mpt_repro.errors import UserError
+
+    task_overrides = list(cfg.hydra.overrides.task)
+    run_dir = Path(
+        str(OmegaConf.select(cfg, "hydra.run.dir"))
+        if single
+        else Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+    )
+    with open_dict(cfg):
+        del cfg["hydra"]  # what the job sees: the run's own configuration
+    try:
+        check_overrides_are_read(cfg, task_overrides)
+        validate(cfg)
+    except UserError as e:
+        return f"error: {e}"
+    problem = unwritable(run_dir)
+    if problem:
+        return f"error: {problem}"
+    if single:
+        return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite))
+    return None
+
+
+def unwritable(run_dir: Path) -> str | None:
+    """Why the run directory cannot be written (its nearest existing folder is read-only), or
+    None. Probed by creating and removing a temporary file: permission bits lie to root and say
+    nothing of a read-only mount."""
+    folder = run_dir
+    while not folder.exists() and folder != folder.parent:
+        folder = folder.parent
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        reason = e.strerror or type(e).__name__
+        return (
+            f"cannot write {run_dir} ({folder} is not writable: {reason}): choose a writable "
+            "results folder with paths.runs_dir=DIR"
+        )
+    return None
+
+
+def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | None:
+    """The refusal the run would give for its directory (rundir.plan_run, the lock), or None."""
+    from mpt_repro.errors import RunDirError
+    from mpt_repro.rundir import busy_message, inspect_run_dir, lock_holder, plan_run
+
+    if not run_dir.is_dir():
+        return None
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        return f"error: {busy_message(run_dir, holder)}"
+    try:
+        plan_run(inspect_run_dir(run_dir), resume, overwrite)
+    except RunDirError as e:
+        return f"error: {e}"
+    return None
+
+
+# -- a composition error, in the user's terms ------------------------------------------------------
+def composition_message(e: BaseException) -> str:
+    """One message for a failed composition: the key and the type it needs for a value of the
+    wrong type, Hydra's own first lines otherwise (an unknown option lists the known ones)."""
+    cause = e.__cause__ or e.__context__
+    key = getattr(cause, "full_key", None)
+    if key:
+        value = _offending_value(str(e), key)
+        needs = type_needed(key)
+        if needs:
+            shown = f"{key}={value}" if value is not None else key
+            got = "an empty value" if value == "" else f"{value!r}"
+            return (
+                f"error: {shown}: {key} needs {needs}, got {got}. Fix it on the command line, "
+                f"e.g. {key}={_example(needs)}"
+            )
+    lines = [line for line in str(e).strip().splitlines() if line.strip()]
+    return "error: " + "\n".join(lines[:12])[:2000]
+
+
+def _offending_value(message: str, key: str) -> str | None:
+    """The value of `key=value` in Hydra's "Error merging override key=value"."""
+    marker = f"{key}="
+    for word in message.replace("'", " ").split():
+        if word.startswith(marker) or word.startswith(f"+{marker}"):
+            return word.split("=", 1)[1]
+    return None
+
+
+def type_needed(key: str) -> str | None:
+    """What the schema says `key` takes, in words ("an integer", "a number or null", ...)."""
+    from mpt_repro.config import Config, _schema_fields
+
+    hint = dict(_schema_fields(Config, "")).get(key)
+    if hint is None:
+        return None
+    optional = type(None) in typing.get_args(hint)
+    base = [a for a in typing.get_args(hint) if a is not type(None)] or [hint]
+    base = typing.get_origin(base[0]) or base[0]
+    words = {
+        int: "an integer",
+        float: "a number",
+        bool: "true or false",
+        str: "text",
+        list: "a list, e.g. [a,b]",
+        dict: "a mapping",
+    }
+    if isinstance(base, type) and hasattr(base, "__members__"):  # an Enum: its member names
+        return "one of " + ", ".join(base.__members__)
+    text = words.get(base)
+    if text is None:
+        return None
+    return f"{text} or null" if optional else text
+
+
+def _example(needs: str) -> str:
+    if needs.startswith("one of "):
+        return needs.removeprefix("one of ").split(",")[0]
+    return {"an integer": "8", "a number": "0.1", "true or false": "true"}.get(
+        needs.removesuffix(" or null"), "..."
+    )
