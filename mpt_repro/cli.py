@@ -64,6 +64,10 @@ def _main(cfg: DictConfig) -> None:
         message, code = explain(e, run_dir)
         print(f"{PROG}: {message}", file=sys.stderr)
         _to_log_file(e, message, with_traceback=code == 1 or isinstance(e, OSError))
+        if code == 2:  # a refusal: a directory this command created is removed again
+            from mpt_repro.preflight import remove_if_new
+
+            remove_if_new(run_dir)
         if _show_tracebacks and code == 1:
             raise
         # A stop by a signal ends a sweep; any other failure ends only its own job.

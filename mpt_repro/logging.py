@@ -30,6 +30,7 @@ import sys
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from typing import Any
@@ -82,46 +83,81 @@ def job_variant(cfg: Any) -> str:
     return variant_name(HydraConfig.get().overrides.task, is_custom_model(cfg.model))
 
 
+@dataclass
+class Resume:
+    """Where a resumed run's log continues: the checkpoint's step, whether the evaluation at that
+    step ran before the checkpoint was saved (the final one runs after it), and the rows the
+    checkpoint holds (None for a checkpoint written before it held them)."""
+
+    step: int
+    eval_done: bool
+    rows: list[dict[str, Any]] | None = None
+
+
 class MetricsLogger:
     """Scalars to TensorBoard (events in the run directory) and rows to metrics.csv.
 
-    On resume, rows after the checkpoint's step are dropped so that the file matches an
-    uninterrupted run. With `compare_group` (`comparison_group(cfg)`), the train loss, loss scale,
-    samples/s and evaluation metrics are also written where the custom-scalars layout looks.
+    On resume the file holds exactly the rows of an uninterrupted run up to the checkpoint: the
+    checkpoint's own copy of them (so a metrics.csv deleted or cut short is rebuilt, and the log
+    says so), or for an older checkpoint the file's rows up to its step. With `compare_group`
+    (`comparison_group(cfg)`), the train loss, loss scale, samples/s and evaluation metrics are
+    also written where the custom-scalars layout looks.
     """
 
     def __init__(
         self,
         run_dir: Path,
         metric_names: list[str],
-        resume_step: int | None = None,
+        resume: Resume | None = None,
         compare_group: str | None = None,
     ):
         from torch.utils.tensorboard import SummaryWriter
 
         self.columns = BASE_COLUMNS + [m for m in metric_names if m not in BASE_COLUMNS]
         self.csv_path = Path(run_dir) / "metrics.csv"
-        rows = self._rows_up_to(resume_step) if resume_step is not None else []
+        self.rows: list[dict[str, Any]] = self._resumed_rows(resume) if resume else []
         self._file = open(self.csv_path, "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
         self._csv.writeheader()
-        self._csv.writerows(rows)
+        self._csv.writerows(self.rows)
         self._file.flush()
         # purge_step: TensorBoard hides the events the killed run wrote after its checkpoint (the
         # rows at the checkpoint's own step were written before it and stay)
         self.writer = SummaryWriter(
             log_dir=str(tb_dir(run_dir)),
-            purge_step=None if resume_step is None else resume_step + 1,
+            purge_step=None if resume is None else resume.step + 1,
         )
         self.compare_group = compare_group
         if compare_group:
             self.writer.add_custom_scalars(comparison_layout(compare_group, metric_names))
 
-    def _rows_up_to(self, step: int) -> list[dict[str, str]]:
+    def _resumed_rows(self, resume: Resume) -> list[dict[str, Any]]:
+        on_disk = self._rows_up_to(resume.step, resume.eval_done)
+        if resume.rows is None:
+            return on_disk
+        if len(on_disk) < len(resume.rows):
+            found = f"held {len(on_disk)} rows" if self.csv_path.exists() else "was missing"
+            log.warning(
+                "%s %s: rebuilt its %d rows up to step %d from the checkpoint",
+                self.csv_path,
+                found,
+                len(resume.rows),
+                resume.step,
+            )
+        return [dict(row) for row in resume.rows]
+
+    def _rows_up_to(self, step: int, eval_done: bool) -> list[dict[str, str]]:
+        """The file's rows up to `step` (an evaluation at `step` only if it ran before the
+        checkpoint: the final one is run again, and must not appear twice)."""
         if not self.csv_path.exists():
             return []
         with open(self.csv_path, newline="") as f:
-            return [r for r in csv.DictReader(f) if int(r["step"]) <= step]
+            return [
+                r
+                for r in csv.DictReader(f)
+                if int(r["step"]) < step
+                or (int(r["step"]) == step and (r["split"] != "eval" or eval_done))
+            ]
 
     def log(self, step: int, split: str, values: dict[str, Any]) -> None:
         for key, value in values.items():
@@ -137,7 +173,9 @@ class MetricsLogger:
                     self.writer.add_scalar(
                         compare_tag(self.compare_group, f"eval_{key}"), value, step
                     )
-        self._csv.writerow({"step": step, "split": split, **values})
+        row = {"step": step, "split": split, **values}
+        self.rows.append(row)  # the checkpoint keeps them (Resume.rows)
+        self._csv.writerow(row)
         self._file.flush()
 
     def close(self) -> None:

@@ -25,6 +25,10 @@ from typing import Any
 
 # the flags with which Hydra starts no job: nothing to check
 NO_JOB_FLAGS = ("help", "hydra_help", "cfg", "info", "shell_completion", "resolve")
+LOG_FILE = "mpt-run.log"  # Hydra's job log (conf/config.yaml hydra.job.name)
+# the run directories this command will create: {run dir: the first of its folders that did not
+# exist}; a job refused after Hydra created its directory removes it again (remove_if_new)
+NEW_DIRECTORIES: dict[str, Path] = {}
 
 
 def preflight(argv: list[str]) -> str | None:
@@ -99,9 +103,45 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     problem = unwritable(run_dir)
     if problem:
         return f"error: {problem}"
+    note_if_new(run_dir)
     if single:
         return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite))
     return None
+
+
+def note_if_new(run_dir: Path) -> None:
+    first, folder = None, run_dir.resolve()
+    while not folder.exists() and folder != folder.parent:
+        first, folder = folder, folder.parent
+    if first is not None:
+        NEW_DIRECTORIES[str(run_dir.resolve())] = first
+
+
+def remove_if_new(run_dir: Path) -> None:
+    """A job refused in a directory this command created leaves nothing behind: its log file
+    (Hydra opened it before the job's code ran) and the folders, emptied, up to the first that
+    did not exist. A folder that holds anything else stays."""
+    import logging
+
+    first = NEW_DIRECTORIES.get(str(Path(run_dir).resolve()))
+    if first is None:
+        return
+    folder = Path(run_dir).resolve()
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        name = getattr(handler, "baseFilename", None)
+        if name and Path(name).parent == folder:
+            root.removeHandler(handler)
+            handler.close()
+    (folder / LOG_FILE).unlink(missing_ok=True)
+    while True:
+        try:
+            folder.rmdir()  # only an empty folder
+        except OSError:
+            return
+        if folder == first:
+            return
+        folder = folder.parent
 
 
 def unwritable(run_dir: Path) -> str | None:

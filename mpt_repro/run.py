@@ -159,9 +159,13 @@ def _run_planned(
         log.info("precision %s", policy.describe())
         task = build_task(cfg, device, policy)
     except BaseException as e:
-        # A new run leaves a record of why it could not start; an earlier run's record (one to
-        # resume, or one overwrite=true would have replaced) stays as it was.
-        if main and plan.action == "fresh" and not plan.holds_work:
+        # Bad input found while building (a missing data folder, a model target that does not
+        # import) is a refusal: the directory stays exactly as it was, and a directory this
+        # command created is removed again (cli.py), so a retry finds nothing to move aside.
+        # Anything unexpected in a new run leaves a record with its traceback; an earlier run's
+        # record (one to resume, or one overwrite=true would have replaced) stays as it was.
+        refused = isinstance(e, UserError)
+        if main and plan.action == "fresh" and not plan.holds_work and not refused:
             try:
                 _claim(run_dir, plan, cfg)
             except OSError as err:  # the folder itself is the problem: the error says the rest
@@ -250,8 +254,13 @@ def _job_overrides() -> list[str] | None:
 def _claim(run_dir: Path, plan: Plan, cfg: DictConfig) -> None:
     """Take the directory over: the earlier run's files to previous-<time>/, then .hydra/."""
     moved = set_aside(run_dir, plan.set_aside)
-    if moved is not None:
-        log.warning("the earlier files of %s are kept in %s", run_dir, moved)
+    if moved is not None:  # said once it is done, naming what moved
+        log.warning(
+            "%s: the earlier run's files (%s) were moved to %s (nothing was deleted)",
+            run_dir,
+            ", ".join(sorted(p.name for p in moved.iterdir())),
+            moved,
+        )
     write_hydra_files(run_dir, cfg)
 
 

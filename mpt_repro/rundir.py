@@ -284,23 +284,11 @@ def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
     names = [p.name for p in state.artefacts]
     notes: list[tuple[int, str]] = []
     work = status in FINISHED or state.checkpoint
+    # what is moved aside is said when it has been (run.py _claim): a run that fails to start
+    # moves nothing, and its log must not say otherwise
     if state.record_problem:
-        notes.append(
-            (
-                logging.WARNING,
-                f"{d / 'run.json'} cannot be read ({state.record_problem}); it is moved aside "
-                f"to {d}/{SET_ASIDE_PREFIX}<time>/ and a new record is written",
-            )
-        )
+        notes.append((logging.WARNING, f"{d / 'run.json'} cannot be read ({state.record_problem})"))
     if overwrite:
-        if names:
-            notes.append(
-                (
-                    logging.WARNING,
-                    f"overwrite=true: the earlier run's files in {d} ({', '.join(names)}) are "
-                    f"moved to {d}/{SET_ASIDE_PREFIX}<time>/",
-                )
-            )
         return Plan("fresh", state.record, names, notes, work)
     if status in FINISHED:
         if resume:
@@ -322,13 +310,7 @@ def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
         notes.append((logging.INFO, f"resume=true: no earlier run in {d}; starting it"))
     elif names:
         what = f"{status} run" if status else "run's leftovers"
-        notes.append(
-            (
-                logging.WARNING,
-                f"starting afresh in {d}: the earlier {what} ({', '.join(names)}) is moved to "
-                f"{d}/{SET_ASIDE_PREFIX}<time>/",
-            )
-        )
+        notes.append((logging.INFO, f"starting afresh in {d}, over an earlier {what}"))
     return Plan("fresh", state.record, names, notes)
 
 
@@ -403,14 +385,17 @@ def write_hydra_files(run_dir: Path, cfg: Any) -> None:
 
 
 def resume_command(run_dir: Path) -> str:
-    """The command that continues this run: the same overrides with resume=true (a sweep's job
-    gets its own overrides and its directory, so that it resumes alone)."""
+    """The command that continues: this command line with resume=true. In a sweep launched here
+    that is the whole sweep (its completed jobs are left alone, the stopped one continues, the
+    ones that never ran start); a job that runs in a process of its own (a cluster launcher) gets
+    its own overrides and its directory, so that it resumes alone."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     drop = ("resume=", "overwrite=", "+resume=", "+overwrite=")
     args = sys.argv[1:]
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
+    sweep_here = any(a in ("-m", "--multirun") for a in args)
+    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN and not sweep_here:
         args = [*HydraConfig.get().overrides.task, f"hydra.run.dir={run_dir}"]
-    kept = [a for a in args if not a.startswith(drop) and a not in ("-m", "--multirun")]
+    kept = [a for a in args if not a.startswith(drop)]
     return shlex.join(["mpt-run", *kept, "resume=true"])

@@ -24,7 +24,7 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
-from mpt_repro.logging import MetricsLogger, RunProgress, comparison_group
+from mpt_repro.logging import MetricsLogger, Resume, RunProgress, comparison_group
 from mpt_repro.memory import RunMemory
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.schedule import LRSchedule
@@ -118,7 +118,7 @@ class Trainer:
             self.metrics = MetricsLogger(
                 self.run_dir,
                 self.task.metric_names,
-                resume_step=self.step if resumed else None,
+                resume=resumed,
                 compare_group=comparison_group(self.cfg),
             )
             self.writer = self.metrics.writer
@@ -292,6 +292,7 @@ class Trainer:
             "train_time": self.clock.total,
             "last_eval": self.last_eval,
             "last_eval_step": self.last_eval_step,
+            "metrics_rows": list(self.metrics.rows) if self.metrics is not None else None,
             # the window's time so far includes the clock's running lap
             "window": {**self.window.state(), "time": self.window.time + self.clock.lap},
             "divergence": self.divergence.state(),
@@ -306,10 +307,11 @@ class Trainer:
         # atomic, and the one before is kept: a corrupt last.pt resumes from previous.pt
         save_checkpoint(self.run_dir, state)
 
-    def _maybe_resume(self) -> bool:
+    def _maybe_resume(self) -> Resume | None:
+        """Load the checkpoint when resuming; where the log continues (None: a fresh start)."""
         state = load_checkpoint(self.run_dir, self.task.device) if self.cfg.resume else None
         if state is None:
-            return False
+            return None
         path = state["loaded_from"]
         for k, m in self.task.models.items():
             m.load_state_dict(state["models"][k])
@@ -337,7 +339,9 @@ class Trainer:
             self.epoch,
             self.batch_in_epoch,
         )
-        return True
+        # an evaluation due at a checkpoint's step runs before the save, except the final one
+        eval_done = self.step < self.total_steps
+        return Resume(self.step, eval_done, state.get("metrics_rows"))
 
     def close(self) -> None:
         if self.metrics is not None:
@@ -421,15 +425,28 @@ class Clock:
 
 
 class DivergenceWatch:
-    """Consecutive non-finite losses, counted on the device (no host sync on ordinary steps);
-    checked at log rows. The longest streak since the last check counts, even one that ended
-    between two rows."""
+    """Consecutive non-finite losses, counted on the device (no host sync on ordinary steps).
+
+    A run diverges when a streak reaches `patience`, at the step it does: each step's count is
+    copied to host memory without waiting (a pinned buffer on a GPU; on a CPU the copy is
+    immediate) and read once it has landed, at most a step later on a GPU. Under DDP every rank
+    must stop at the same step, so there the streak is checked at log rows, where the ranks
+    already exchange numbers (the run may go on up to trainer.log_every steps past the
+    patience; the longest streak since the last row counts, even one that ended between rows).
+    """
 
     def __init__(self, patience: int, device: torch.device):
         self.patience = patience
         zero = torch.zeros((), dtype=torch.long, device=device)
         self.streak, self.start = zero.clone(), zero.clone()  # current streak, its first step
         self.worst, self.worst_start = zero.clone(), zero.clone()
+        # the per-step check (not under DDP): the last count copied to the host, and when
+        self._host: torch.Tensor | None = None
+        self._landed: Any = None  # a CUDA event; None on a CPU (the copy is done at once)
+        if not distributed.is_distributed():
+            self._host = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
+            self._landed = torch.cuda.Event() if device.type == "cuda" else None
+        self._pending = False
 
     def add(self, loss: torch.Tensor, step: int) -> None:
         bad = ~torch.isfinite(loss)
@@ -437,6 +454,27 @@ class DivergenceWatch:
         self.streak = (self.streak + 1) * bad
         self.worst_start = torch.where(self.streak > self.worst, self.start, self.worst_start)
         self.worst = torch.maximum(self.worst, self.streak)
+        if self._host is not None:
+            self._check_copied()
+            if not self._pending:
+                self._host.copy_(torch.stack([self.streak, self.start]), non_blocking=True)
+                if self._landed is not None:
+                    self._landed.record()
+                self._pending = True
+                self._check_copied()  # on a CPU it has landed
+
+    def _check_copied(self) -> None:
+        """Raise Diverged when the count last copied to the host has landed and reached the
+        patience (reading host memory: no wait for the device)."""
+        if not self._pending or (self._landed is not None and not self._landed.query()):
+            return
+        self._pending = False
+        with torch.autograd.profiler.record_function("host:divergence"):  # host memory, by design
+            streak, start = self._host.tolist()
+        if streak >= self.patience:
+            raise Diverged(
+                f"loss was non-finite for {streak} consecutive steps from step {start}", start
+            )
 
     def check(self, at_end: bool = False) -> None:
         """Raise Diverged when a streak reached the patience, or, `at_end` (the run's last step),
