@@ -124,9 +124,9 @@ def remove_if_new(run_dir: Path) -> None:
     import logging
 
     first = NEW_DIRECTORIES.get(str(Path(run_dir).resolve()))
-    if first is None:
-        return
     folder = Path(run_dir).resolve()
+    if first is None or any(p.name not in (LOG_FILE, ".lock") for p in folder.iterdir()):
+        return  # not ours, or the run got as far as writing its record: it stays
     root = logging.getLogger()
     for handler in list(root.handlers):
         name = getattr(handler, "baseFilename", None)
