@@ -468,3 +468,132 @@ def test_ctrl_c_interrupts_and_the_printed_command_resumes(tmp_path: Path) -> No
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     rec = read_run(tmp_path)
     assert rec["status"] == "completed" and rec["resumed"] is True and rec["steps"] == 320
+
+
+# -- issue 23: every bad value refused before any work, nothing left behind ---------------------
+BAD_VALUES = [
+    ("optim.lrr=0.1", "unknown key 'optim.lrr'"),
+    ("optim.lr=inf", "optim.lr=inf is not a finite number"),
+    ("optim.lr=1e400", "is not a finite number"),  # parses as inf
+    ("optim.momentum=5", "optim.momentum must be in [0, 1)"),
+    ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
+    ("paths.runs_dir=", "paths.runs_dir must name a results folder"),
+    ("paths.runs_dir=/", "paths.runs_dir must name a results folder"),
+    ("+model.kwargs.foo=1", "model.kwargs.foo would change nothing in this run"),
+    ("data.batch_size=abc", "data.batch_size needs an integer, got 'abc'"),
+    ("seed=abc", "seed needs an integer, got 'abc'"),
+    ("optim.lr=", "optim.lr needs a number, got an empty value"),
+    ("precision.hysteresis=1.5", "precision.hysteresis needs an integer"),
+]
+
+
+@pytest.mark.parametrize("override,words", BAD_VALUES)
+def test_a_bad_value_is_one_line_and_creates_nothing(tmp_path: Path, override, words) -> None:
+    runs = tmp_path / "runs"
+    args = [*SMOKE, f"paths.runs_dir={runs}", override, "precision=mixed"]
+    proc = subprocess.run(
+        [MPT_RUN, *args], cwd=tmp_path, capture_output=True, text=True, timeout=120
+    )
+    line = one_line_error(proc)
+    assert words in line, line
+    assert not runs.exists() and not any(tmp_path.iterdir())  # no folder, no log, no record
+
+
+def test_refusals_happen_before_torch_is_imported(copy_of: Path) -> None:
+    """A value refusal and a finished-run refusal (the slow ones were 8.8 s and 14.5 s because
+    torch was imported first): the process never loads torch."""
+    probe = (
+        "import sys\n"
+        "from mpt_repro import cli\n"
+        "sys.argv = ['mpt-run', *sys.argv[1:]]\n"
+        "try:\n"
+        "    cli.main()\n"
+        "except SystemExit as e:\n"
+        "    print('exit', e.code, 'torch' in sys.modules)\n"
+    )
+    for extra in (["optim.lr=-1"], [f"hydra.run.dir={copy_of}"]):
+        proc = subprocess.run(
+            [sys.executable, "-c", probe, *SMOKE, *extra],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.stdout.strip() == "exit 2 False", proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_folder_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) -> None:
+    # /proc is a file system nobody may create files in, root included
+    proc = run_cli(*SMOKE, "paths.runs_dir=/proc/mpt-results", check=False)
+    line = one_line_error(proc)
+    assert "cannot write /proc/mpt-results" in line and "paths.runs_dir=DIR" in line
+
+
+def test_a_bad_data_root_changes_nothing_and_says_nothing_was_moved(finished, tmp_path) -> None:
+    """overwrite=true over a finished run with a mistyped data folder: the run stays as it was,
+    no previous-<time>/ appears, and no log line claims its files were moved."""
+    target = tmp_path / "run"
+    shutil.copytree(finished, target)
+    before = snapshot(target)
+    proc = run_cli(
+        *SMOKE, "data=imagefolder", "data.root=/no/such/folder", "overwrite=true",
+        run_dir=target, check=False,
+    )  # fmt: skip
+    line = one_line_error(proc)
+    assert "/no/such/folder" in line
+    assert snapshot(target) == before and not list(target.glob("previous-*"))
+    assert "moved" not in proc.stdout + proc.stderr
+    # a new directory with the same mistake is not even created
+    fresh = tmp_path / "fresh"
+    proc = run_cli(
+        *SMOKE, "data=imagefolder", "data.root=/no/such/folder", run_dir=fresh, check=False
+    )
+    one_line_error(proc)
+    assert not fresh.exists()
+
+
+def test_metrics_csv_deleted_is_rebuilt_from_the_checkpoint(finished, tmp_path) -> None:
+    """A completed run with a garbled run.json resumes at its last step: its metrics.csv (here
+    deleted) comes back from the checkpoint, with one final evaluation row, as before."""
+    from conftest import compose
+
+    from mpt_repro.run import run
+
+    target = tmp_path / "run"
+    shutil.copytree(finished, target)
+    original = (target / "metrics.csv").read_text()
+    (target / "run.json").write_text('{"cut sh')
+    (target / "metrics.csv").unlink()
+    run(compose([*SMOKE, "resume=true", "trainer.progress=false", "trainer.device=cpu"]), target)
+    rebuilt = (target / "metrics.csv").read_text()
+    assert rebuilt == original
+    assert sum(",eval," in line for line in rebuilt.splitlines()) == 1
+    assert read_run(target)["status"] == "completed"
+
+
+def test_divergence_patience_counts_exactly(tmp_path: Path) -> None:
+    """Patience 2, rows every 10 steps: the run stops at the second non-finite step, not at the
+    next log row."""
+    from conftest import compose
+
+    from mpt_repro.run import run
+
+    cfg = compose(
+        [*SMOKE, "precision=no_scaling", "optim.lr=1e12", "trainer.diverge_patience=2",
+         "trainer.log_every=10", "trainer.progress=false", "trainer.device=cpu"]
+    )  # fmt: skip
+    record = run(cfg, tmp_path)
+    assert record["status"] == "diverged" and record["metrics"] is None
+    start = record["diverged_at_step"]
+    assert record["steps"] == start + 1  # steps start and start + 1: two non-finite losses
+    assert "for 2 consecutive steps" in record["reason"]
+
+
+def test_a_stopped_sweep_is_resumed_by_one_command(monkeypatch) -> None:
+    from mpt_repro.rundir import resume_command
+
+    argv = ["mpt-run", "-m", *SMOKE, "precision=fp32,amp", "seed=0,1", "overwrite=true"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert resume_command(Path("/r/demo/amp-smoke/seed1")) == (
+        "mpt-run -m experiment=demo budget=smoke precision=fp32,amp seed=0,1 resume=true"
+    )
