@@ -109,16 +109,18 @@ def test_experiment_configs_reach_the_models_dropouts_and_heads():
     """The dropout values and auxiliary heads the experiments set arrive in the built modules."""
     from conftest import compose
 
-    def built(experiment: str, size: int) -> nn.Module:
-        cfg = compose([f"experiment={experiment}"])
+    def built(experiment: str, size: int, *more: str) -> nn.Module:
+        cfg = compose([f"experiment={experiment}", *more])
         with torch.device("meta"):
             return build_model(cfg.model, num_classes=1000, channels=3, image_size=size)
 
     g = built("googlenet", 224)  # prototxt: main dropout 0.4, auxiliary 0.7
     assert g.head[-1].p == 0.4 and g.aux1.drop.p == 0.7 and g.aux2.drop.p == 0.7
     assert built("inception_v2", 224).aux2 is not None
-    v3 = built("inception_v3", 299)  # TF-slim: keep probability 0.8
+    v3 = built("inception_v3", 299, "recipe=public")  # TF-slim: keep probability 0.8
     assert v3.dropout.p == 0.2 and v3.AuxLogits is not None
+    v3 = built("inception_v3", 299)  # the default, NVCaffe's train_val_fp16: no dropout
+    assert v3.dropout.p == 0.0 and v3.AuxLogits is not None
     a = built("alexnet", 227)
     assert [m.p for m in a.classifier if isinstance(m, nn.Dropout)] == [0.5, 0.5]
 
