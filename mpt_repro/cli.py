@@ -80,7 +80,7 @@ def _main(cfg: DictConfig) -> None:
 def _report_end(record: dict, run_dir: Path, runs_root: Path) -> None:
     """The closing block: status, final metrics, cost, where the record, figures and TensorBoard
     events are, and how to compare (WARNING for anything but a clean, finite completion)."""
-    from mpt_repro.logging import log_closing_block
+    from mpt_repro.runlog.closing import log_closing_block
 
     log_closing_block(record, run_dir, runs_root, logger=log)
 

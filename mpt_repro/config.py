@@ -27,27 +27,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from mpt_repro.catalog import CONF_DIR, options, recipes  # noqa: E402,F401  (re-exported)
 from mpt_repro.errors import ConfigError
 from mpt_repro.identity import is_custom_model
 from mpt_repro.precision.config import PrecisionConfig
 from mpt_repro.telemetry.config import TelemetryConfig
-
-# The configs ship inside the package (mpt_repro/conf is a link to the repository's conf/, which a
-# wheel carries as files), so Hydra finds them from any working directory, editable or not.
-CONF_DIR = Path(__file__).resolve().parent / "conf"
-
-
-def options(group: str) -> list[str]:
-    """The options of a config group, from its folder in conf/ (e.g. the budgets or presets)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
-
-
-def recipes(experiment: str) -> list[str]:
-    """The recipes an experiment has: public (the experiment file's own settings) and every
-    recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""
-    known = options("recipe")
-    files = (CONF_DIR / "experiment_recipe").glob(f"{experiment}_*.yaml")
-    return sorted({"public"} | {r for p in files if (r := p.stem[len(experiment) + 1 :]) in known})
 
 
 def option_name(value: Any) -> str:

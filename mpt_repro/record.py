@@ -26,6 +26,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -244,6 +245,15 @@ def upgrade(record: Any, path: Path | str = "run.json") -> dict[str, Any]:
     record["upgraded_from"] = version
     record["schema_version"] = SCHEMA_VERSION
     return record
+
+
+def normalised_status(record: Mapping[str, Any]) -> str | None:
+    """The status as schema 2 and later name it: a schema 1 `failed` record stopped by SIGTERM
+    is `interrupted` (it saved a checkpoint; resume=true continues it)."""
+    status = record.get("status")
+    if status == "failed" and "SIGTERM" in str(record.get("reason") or ""):
+        return "interrupted"
+    return status
 
 
 def nonfinite_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:

@@ -28,7 +28,6 @@ from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
 from mpt_repro.identity import study_name
-from mpt_repro.logging import write_run_summary
 from mpt_repro.record import RunRecord, nonfinite_metrics
 from mpt_repro.rundir import (
     Plan,
@@ -39,6 +38,7 @@ from mpt_repro.rundir import (
     set_aside,
     write_hydra_files,
 )
+from mpt_repro.runlog.hparams import write_run_summary
 
 log = logging.getLogger("mpt_repro")
 
@@ -135,7 +135,7 @@ def _run_planned(
         return previous
 
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
+    from mpt_repro.tasks.base import all_metric_names, build_task
 
     fields = {
         "experiment": cfg.experiment_name,
@@ -208,15 +208,6 @@ def _run_planned(
     except Diverged as e:
         step = e.step if e.step is not None else (trainer.step if trainer else None)
         extra = _summary(trainer)
-        # a diverged run has no result: its metrics are null, and the last evaluation before it
-        # diverged (if any) is kept apart, where no table or script takes it for one
-        last = extra.pop("metrics", None) or None
-        extra["metrics"], extra["metrics_detail"] = None, None
-        if last and trainer is not None:
-            extra.setdefault("diagnostics", {})["last_eval"] = {
-                "step": trainer.last_eval_step,
-                "metrics": last,
-            }
         layer = e.layer or (extra.get("diagnostics") or {}).get("first_nonfinite_layer")
         record.finish(
             "diverged",
@@ -237,7 +228,8 @@ def _run_planned(
     finally:
         if trainer is not None:
             if trainer.writer is not None:  # HParams with the outcome, for TensorBoard
-                _safely(write_run_summary, trainer.writer, cfg, record.data)
+                names = all_metric_names()
+                _safely(write_run_summary, trainer.writer, cfg, record.data, names)
             trainer.close()
     return record.data
 
@@ -324,14 +316,25 @@ def _safely(fn: Any, *args: Any, **kwargs: Any) -> None:
 
 
 def _summary(trainer: Any) -> dict[str, Any]:
-    """The trainer's summary for a run that ended early; {} if even that fails."""
+    """The trainer's summary for a run that ended early; {} if even that fails. A run that did
+    not complete has no result: its `metrics` are null, and the last evaluation before it ended
+    (if any) is kept apart, as `diagnostics.last_eval`, where no table or script takes it for
+    one."""
     if trainer is None:
         return {}
     try:
-        return trainer.final_summary()
+        summary = trainer.final_summary()
     except Exception as err:  # noqa: BLE001 - the record of a failure must still be written
         log.warning("could not summarise the run: %s", err)
         return {}
+    last = summary.pop("metrics", None) or None
+    summary["metrics"], summary["metrics_detail"] = None, None
+    if last:
+        summary.setdefault("diagnostics", {})["last_eval"] = {
+            "step": trainer.last_eval_step,
+            "metrics": last,
+        }
+    return summary
 
 
 class _UnwrittenRecord(RunRecord):

@@ -24,9 +24,10 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
-from mpt_repro.logging import MetricsLogger, Resume, RunProgress, comparison_group
 from mpt_repro.memory import RunMemory
 from mpt_repro.optim import lr_multiplier
+from mpt_repro.runlog.console import RunProgress
+from mpt_repro.runlog.metrics import MetricsLogger, Resume, comparison_group
 from mpt_repro.schedule import LRSchedule
 
 if TYPE_CHECKING:

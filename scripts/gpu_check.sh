@@ -18,7 +18,7 @@ OUT=${OUT:-results/gpu-check/$(date +%Y%m%d-%H%M%S)}
 BATCH=${BATCH:-256}
 DRY_RUN=${DRY_RUN:-0}
 PY="$VENV/bin/python"
-names() { "$PY" -m mpt_repro.report.names "$@"; }
+names() { "$PY" -m mpt_repro.catalog "$@"; }
 
 die() { echo "gpu-check: $*" >&2; exit 2; }
 [[ -x "$PY" ]] || die "no $PY: run \`make install\` first (or set VENV)"

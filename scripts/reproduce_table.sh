@@ -10,7 +10,7 @@
 #   DATA_ROOT    []        ImageNet folder holding train/ and val/ (needed when DATA=imagenet)
 #   SEEDS        [0]       comma-separated seeds, e.g. 0,1,2
 #   EXPERIMENTS  [the rows of the paper's Table 1 that conf/experiment/ has, in the paper's order:
-#                `python -m mpt_repro.report.names table1`]  ("" skips them)
+#                `python -m mpt_repro.catalog table1`]  ("" skips them)
 #   PRECISIONS   [fp32,mixed,no_master,no_scaling]  presets for the ILSVRC models
 #   OTHERS       [every other conf/experiment/ experiment, each with OTHER_PRECISIONS]
 #                space-separated experiment:presets, e.g. "lstm_lm:fp32,mixed,no_scaling demo:fp32"
@@ -43,7 +43,7 @@ DATA_ROOT=${DATA_ROOT:-}
 SEEDS=${SEEDS:-0}
 VENV=${VENV:-.venv}
 # names come from conf/ (and the paper's reference table), never from a list kept here
-names() { "$VENV/bin/python" -m mpt_repro.report.names "$@"; }
+names() { "$VENV/bin/python" -m mpt_repro.catalog "$@"; }
 EXPERIMENTS=${EXPERIMENTS-$(names table1 --sep ,)}
 PRECISIONS=${PRECISIONS:-fp32,mixed,no_master,no_scaling}
 OTHER_PRECISIONS=${OTHER_PRECISIONS:-fp32,mixed,no_scaling}

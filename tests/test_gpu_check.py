@@ -12,7 +12,7 @@ import pytest
 import torch
 from conftest import ROOT
 
-from mpt_repro.report import names
+from mpt_repro import catalog
 
 SCRIPT = ROOT / "scripts" / "gpu_check.sh"
 VENV = Path(sys.executable).parents[1]  # the environment running the tests
@@ -54,7 +54,7 @@ def test_the_checklist_benches_smokes_every_experiment_and_runs_ddp(tmp_path):
     assert "data=synthetic" in folder and "data=synthetic" not in embedded
     # every experiment, once: random data of its shape where its data set is a folder
     swept = [e for sweep in (folder, embedded) for e in sweep[2].split("=")[1].split(",")]
-    assert sorted(swept) == sorted(names.experiments())
+    assert sorted(swept) == sorted(catalog.experiments())
     assert {"resnet50", "ssd", "faster_rcnn"} <= set(folder[2].split("=")[1].split(","))
     assert {"lstm_lm", "dcgan", "demo"} <= set(embedded[2].split("=")[1].split(","))
     assert ddp[:3] == ["scripts/torchrun.sh", "2", "experiment=resnet50"]

@@ -18,9 +18,9 @@ import torch.multiprocessing as mp
 from conftest import compose
 from torch import nn
 
+from mpt_repro import catalog
 from mpt_repro.bench.measure import READ_OPS, SyncCounter
 from mpt_repro.config import options
-from mpt_repro.report import names
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -86,7 +86,7 @@ def second_step(experiment: str, preset: str) -> SyncCounter:
         "trainer.device=cpu",
         "trainer.log_every=1000",  # no log row (a host read by design) at step 1
     ]
-    root = names.data_root(experiment, "smoke")
+    root = catalog.data_root(experiment, "smoke")
     if root is not None and not root[1]:  # an ImageNet or VOC folder: random data of its shape
         overrides.append("data=synthetic")
     cfg = compose(overrides)
@@ -119,7 +119,7 @@ def check(counter: SyncCounter, experiment: str, preset: str) -> None:
 # hardware FP8 (torchao) runs on an FP8 GPU only, and refuses the demo (no linear layer it would
 # convert: tests/test_fp8_hardware.py); every other preset is counted
 CPU_PRESETS = [
-    name for name, p in names.presets().items() if (p.get("fp8") or {}).get("mode") != "torchao"
+    name for name, p in catalog.presets().items() if (p.get("fp8") or {}).get("mode") != "torchao"
 ]
 
 

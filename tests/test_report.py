@@ -16,8 +16,9 @@ import pandas as pd
 import pytest
 from test_report_records import derive, finish, real_record, write_record
 
-from mpt_repro.report import cli, names
-from mpt_repro.report.reference import load_reference, table1_reference
+from mpt_repro import catalog
+from mpt_repro.paper import load_reference, table1_reference
+from mpt_repro.report import cli
 from mpt_repro.report.render import LATEX_ESCAPES
 
 # the device fields as describe_device writes them (run.py)
@@ -104,8 +105,8 @@ def write_run(root: Path, record: dict, metrics_csv: bool = True) -> Path:
 # ssd.yaml, faster_rcnn.yaml: task detection on data=voc); added for the tests when this checkout's
 # conf/ does not have them yet
 DETECTION = {
-    "ssd": names.Experiment("ssd", "detection", "voc", "ssd"),
-    "faster_rcnn": names.Experiment("faster_rcnn", "detection", "voc", "faster_rcnn"),
+    "ssd": catalog.Experiment("ssd", "detection", "voc", "ssd"),
+    "faster_rcnn": catalog.Experiment("faster_rcnn", "detection", "voc", "faster_rcnn"),
 }
 VOC_CLASSES = ("aeroplane", "bicycle", "bird")
 
@@ -113,9 +114,9 @@ VOC_CLASSES = ("aeroplane", "bicycle", "bird")
 @pytest.fixture(scope="module")
 def results(tmp_path_factory):
     """A results folder with known numbers, and the report built from it."""
-    known = names.experiments()
+    known = catalog.experiments()
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(names, "experiments", lambda: {**DETECTION, **known})
+        mp.setattr(catalog, "experiments", lambda: {**DETECTION, **known})
         yield _results(tmp_path_factory)
 
 
@@ -318,7 +319,7 @@ def test_captions_state_setting_and_comparability(results):
         "the paper's data set: comparable with the paper's numbers.*"
     ) in report
     # a trimmed budget is described in its own words, from conf/budget/smoke.yaml
-    smoke = names.budgets()["smoke"].description
+    smoke = catalog.budgets()["smoke"].description
     assert smoke and (
         f"*budget=smoke on digits data, device cpu: x86_64 ×2: {smoke}; not comparable with the "
         "paper.*" in report
@@ -694,7 +695,7 @@ def test_every_registered_task_gets_a_table(tmp_path):
     from mpt_repro.report.collect import load_runs
     from mpt_repro.report.tables import all_tables
 
-    for task in names.tasks():
+    for task in catalog.tasks():
         metric = TASK_METRIC.get(task, ("loss", False))[0]
         record = rec(f"exp_{task}", "fp32", 0, metrics={metric: 1.0})
         record.update(task=task, primary_metric=metric)
@@ -702,22 +703,22 @@ def test_every_registered_task_gets_a_table(tmp_path):
     runs, _ = load_runs(tmp_path)
     tables = all_tables(aggregate(runs), runs)
     shown = " ".join(t.frame.to_csv() for t in tables)
-    for task in names.tasks():
+    for task in catalog.tasks():
         assert f"exp_{task}" in shown, task
 
 
 def test_preset_order_comes_from_what_each_preset_does():
-    assert list(names.presets()) == names.preset_order(names.presets())
-    order = list(names.presets())
+    assert list(catalog.presets()) == catalog.preset_order(catalog.presets())
+    order = list(catalog.presets())
     assert order[:2] == ["fp32", "tf32"]  # the FP32 baselines first
     assert order.index("mixed") < order.index("no_master") < order.index("fp16")
     assert order.index("no_scaling") < order.index("fp16") < order.index("bf16")
     # an FP8 preset (an `fp8` mode over an FP32 or BF16 base) goes after the paper's formats
-    fp8 = [p for p, c in names.presets().items() if (c.get("fp8") or {}).get("mode")]
+    fp8 = [p for p, c in catalog.presets().items() if (c.get("fp8") or {}).get("mode")]
     assert all(order.index(p) > order.index("bf16") for p in fp8)
     # a preset conf/ does not know is placed by the config its records hold
-    custom = {**names.presets()["mixed"], "name": "my_fp8", "compute_dtype": "float8_e4m3fn"}
-    assert names.preset_order(["my_fp8", "bf16", "fp32"], {"my_fp8": custom}) == [
+    custom = {**catalog.presets()["mixed"], "name": "my_fp8", "compute_dtype": "float8_e4m3fn"}
+    assert catalog.preset_order(["my_fp8", "bf16", "fp32"], {"my_fp8": custom}) == [
         "fp32",
         "bf16",
         "my_fp8",
@@ -725,21 +726,21 @@ def test_preset_order_comes_from_what_each_preset_does():
 
 
 def test_names_cli_lists_conf(capsys):
-    assert names.main(["presets", "--sep", ","]) == 0
-    assert capsys.readouterr().out.strip() == ",".join(names.presets())
-    assert names.main(["table1"]) == 0
+    assert catalog.main(["presets", "--sep", ","]) == 0
+    assert capsys.readouterr().out.strip() == ",".join(catalog.presets())
+    assert catalog.main(["table1"]) == 0
     assert capsys.readouterr().out.split() == list(table1_reference()["experiment"])
-    names.main(["others"])
+    catalog.main(["others"])
     others = capsys.readouterr().out.split()
     assert "demo" in others and "resnet50" not in others
-    assert set(others) | set(names.table1_experiments()) == set(names.experiments())
+    assert set(others) | set(catalog.table1_experiments()) == set(catalog.experiments())
 
 
 def test_budgets_come_from_conf():
-    budgets = names.budgets()
-    assert set(budgets) == {p.stem for p in (names.conf_dir() / "budget").glob("*.yaml")}
+    budgets = catalog.budgets()
+    assert set(budgets) == {p.stem for p in (catalog.conf_dir() / "budget").glob("*.yaml")}
     assert not budgets["paper"].trims and budgets["smoke"].trims
-    assert names.full_recipe("paper", "resnet50") and not names.full_recipe("short", "resnet50")
+    assert catalog.full_recipe("paper", "resnet50") and not catalog.full_recipe("short", "resnet50")
 
 
 # ---------------------------------------------------------------- plots
@@ -819,7 +820,7 @@ def test_cost_bars_linear_from_zero():
 def test_every_preset_has_its_own_colour():
     from mpt_repro.report.plots import preset_styles
 
-    presets = list(names.presets())
+    presets = list(catalog.presets())
     assert len(presets) >= 13
     colours = [tuple(s["color"]) for s in preset_styles(presets).values()]
     assert len(set(colours)) == len(presets)

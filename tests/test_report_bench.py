@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from mpt_repro.report import cli, names
+from mpt_repro import catalog
+from mpt_repro.report import cli
 from mpt_repro.report.bench import bench_tables
 
 MiB = 2**20
@@ -70,7 +71,7 @@ def document(device: dict, results: list[dict]) -> dict:
                 "model": {"name": "resnet50"},
                 "data": {"name": "synthetic"},
             },
-            "presets": {p: names.presets()[p] for p in ("fp32", "amp", "mixed")},
+            "presets": {p: catalog.presets()[p] for p in ("fp32", "amp", "mixed")},
             "bench": {"warmup": 1, "steps": 3, "repeats": 2},
         },
         "results": results,

@@ -22,10 +22,10 @@ import pandas as pd
 import pytest
 from conftest import compose, read_run
 
+from mpt_repro.catalog import presets
 from mpt_repro.record import RunRecord
 from mpt_repro.report import cli
 from mpt_repro.report.collect import load_runs
-from mpt_repro.report.names import presets
 
 # what the trainer's Stopped exception says (trainer.py): a schema-1 writer records it as failed
 SIGTERM_REASON = "stopped by SIGTERM at step {step}; resume with resume=true"
@@ -40,8 +40,16 @@ REAL_RUNS = {
         "optim.lr=1e12",
         "trainer.diverge_patience=2",
     ],
-    # the data check runs after the record is written: a real `failed` record with its reason
-    "failed": ["experiment=resnet50", "budget=smoke", "data.root=/nonexistent/imagenet"],
+    # a corrupt image met in the first training batch: the run has started, so it fails with a
+    # record and its reason (a data folder missing from the start is a refusal: no record)
+    "failed": [
+        "experiment=demo",
+        "budget=smoke",
+        "data=imagefolder",
+        "data.image_size=8",
+        "data.resize_size=8",
+        "data.batch_size=4",
+    ],
     # the detection task's record (Table 2): metrics.map, metrics_detail.per_class_ap
     "detection": ["experiment=ssd", "budget=smoke", "data=synthetic"],
 }
@@ -59,12 +67,31 @@ def real_runs() -> dict[str, Path]:
     dirs = {}
     for kind, overrides in REAL_RUNS.items():
         dirs[kind] = root / kind
+        if kind == "failed":
+            overrides = [*overrides, f"data.root={corrupt_image_folder(root / 'images')}"]
         cfg = compose([*overrides, "trainer.progress=false", "trainer.device=cpu"])
         try:
             run(cfg, dirs[kind])
         except Exception:  # noqa: BLE001 - the failed run raises after recording the failure
             assert kind == "failed", kind
     return dirs
+
+
+def corrupt_image_folder(root: Path) -> Path:
+    """An ImageFolder (train/ and val/, two classes) whose training images are all corrupt: the
+    first training batch stops the run with the file's name."""
+    from PIL import Image
+
+    for split in ("train", "val"):
+        for c in ("cats", "dogs"):
+            (root / split / c).mkdir(parents=True)
+            for i in range(4):
+                path = root / split / c / f"{c}_{i}.png"
+                if split == "train":
+                    path.write_bytes(b"not a png")
+                else:
+                    Image.new("RGB", (8, 8), (60 * i, 90, 30)).save(path)
+    return root
 
 
 def real_record(kind: str) -> dict:
@@ -178,8 +205,8 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     assert div["status"] == "diverged" and div["metrics"] is None  # schema 3: no result
     assert div["schema_version"] == 3 and done["package_version"]
     assert div["diverged_at_step"] == 2 and div["reason"].startswith("loss was non-finite")
-    assert fail["status"] == "failed" and fail["metrics"] is None and "primary_metric" not in fail
-    assert fail["reason"].startswith("DataError: data.root=/nonexistent/imagenet does not exist")
+    assert fail["status"] == "failed" and fail["metrics"] is None  # no result
+    assert ".png" in fail["reason"] and fail["hint"]  # the file, and what to do
     det = real_record("detection")
     assert (det["task"], det["primary_metric"], det["status"]) == ("detection", "map", "completed")
     assert "map" in det["metrics"]
@@ -196,7 +223,7 @@ def outcomes(tmp_path_factory):
         "completed": write_record(runs, done),
         # the no_scaling run diverged under the completed run's recipe (derive's config)
         "diverged": write_record(runs, derive(div), curves_from="diverged"),
-        "failed": write_record(runs, fail, curves_from=None),
+        "failed": write_record(runs, fail, "data=imagefolder", curves_from=None),
         "interrupted": write_record(runs, derive(interrupted_v1(done, 4), precision="amp")),
         "running": write_record(runs, derive(finish(done, "running"), precision="bf16")),
         "v2 diverged": write_record(
@@ -259,8 +286,8 @@ def test_failed_interrupted_and_running_runs_are_listed_with_reasons(outcomes):
     _, out, dirs = outcomes
     problems = _problems(out).set_index("path")
     failed = problems.loc[str(dirs["failed"])]
-    assert failed["status"] == "failed" and failed["run"] == "resnet50 fp32 smoke seed0"
-    assert failed["reason"].startswith("DataError: data.root=/nonexistent/imagenet")
+    assert failed["status"] == "failed" and failed["run"] == "demo fp32 smoke seed0"
+    assert ".png" in failed["reason"]
     for kind in ("interrupted", "v2 interrupted"):
         row = problems.loc[str(dirs[kind])]
         assert row["status"] == "interrupted", kind

@@ -131,14 +131,16 @@ def test_make_passes_its_variables(tmp_path):
 def test_default_sweep_comes_from_conf(tmp_path):
     """Without EXPERIMENTS and OTHERS: the paper's Table 1 rows conf/ has, then every other
     experiment of conf/experiment/ with OTHER_PRECISIONS; nothing is listed in the script."""
-    from mpt_repro.report import names
+    from mpt_repro import catalog
 
     result = run_script(tmp_path, DRY_RUN="1", BUDGET="smoke", DATA="synthetic")
     assert result.returncode == 0, result.stderr
     commands = [line.split() for line in result.stdout.splitlines() if line.startswith("+ ")]
-    assert commands[0][3] == "experiment=" + ",".join(names.table1_experiments())
+    assert commands[0][3] == "experiment=" + ",".join(catalog.table1_experiments())
     others = [c[3].removeprefix("experiment=") for c in commands[1:-1]]
-    assert others == [e for e in sorted(names.experiments()) if e not in names.table1_experiments()]
+    assert others == [
+        e for e in sorted(catalog.experiments()) if e not in catalog.table1_experiments()
+    ]
     assert {c[4] for c in commands[1:-1]} == {"precision=fp32,mixed,no_scaling"}
     assert commands[-1][1] == ".venv/bin/mpt-report"
 

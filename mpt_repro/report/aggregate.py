@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from mpt_repro.report import names
+from mpt_repro import catalog
 from mpt_repro.report.collect import COST_FIELDS, GROUP_KEYS
 
 
@@ -24,9 +24,9 @@ def preset_configs(frame: pd.DataFrame) -> dict[str, dict]:
 
 
 def preset_order(presets, frame: pd.DataFrame | None = None) -> list[str]:
-    """Presets in the display order (mpt_repro.report.names.preset_sort_key), placed by the
+    """Presets in the display order (mpt_repro.catalog.preset_sort_key), placed by the
     configs in `frame`'s records where it has them, else by conf/precision/."""
-    return names.preset_order(presets, preset_configs(frame) if frame is not None else None)
+    return catalog.preset_order(presets, preset_configs(frame) if frame is not None else None)
 
 
 def value_columns(runs: pd.DataFrame) -> list[str]:

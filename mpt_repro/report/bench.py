@@ -26,7 +26,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpt_repro.report import names
+from mpt_repro import catalog
 from mpt_repro.report.collect import Problem, device_label
 from mpt_repro.report.tables import Table, slugify
 
@@ -154,7 +154,7 @@ def bench_table(path: Path, bench: dict) -> Table:
     entries = [e for e in bench["results"] if isinstance(e, dict) and e.get("preset")]
     config = bench.get("config") if isinstance(bench.get("config"), dict) else {}
     configs = config.get("presets") if isinstance(config.get("presets"), dict) else {}
-    order = names.preset_order([str(e["preset"]) for e in entries], configs)
+    order = catalog.preset_order([str(e["preset"]) for e in entries], configs)
     entries.sort(key=lambda e: order.index(str(e["preset"])))
     rows, not_meaningful, failed = [], set(), []
     for entry in entries:

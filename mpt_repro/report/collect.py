@@ -32,6 +32,7 @@ from typing import Any
 import pandas as pd
 
 from mpt_repro.identity import comparison_config, comparison_key, difference_labels
+from mpt_repro.record import normalised_status
 
 SCHEMA_VERSIONS = (1, 2, 3)
 # statuses whose runs enter the tables, and those that are listed instead
@@ -145,15 +146,6 @@ def type_errors(record: dict) -> list[str]:
         if bad:
             errors.append(f"metrics {', '.join(bad)} not numbers")
     return errors
-
-
-def normalised_status(record: dict) -> str:
-    """The status as schema 2 names it: a schema 1 `failed` run stopped by SIGTERM is
-    `interrupted` (it saved a checkpoint; resume=true continues it)."""
-    status = record.get("status")
-    if status == "failed" and "SIGTERM" in str(record.get("reason") or ""):
-        return "interrupted"
-    return status
 
 
 def diverged_layer(record: dict) -> str | None:

@@ -26,7 +26,7 @@ import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, MaxNLocator, ScalarFormatter  # noqa: E402
 
-from mpt_repro.report import names  # noqa: E402
+from mpt_repro import catalog  # noqa: E402
 from mpt_repro.report.aggregate import preset_order  # noqa: E402
 from mpt_repro.report.collect import Problem, load_metrics_csv  # noqa: E402
 from mpt_repro.report.tables import slugify  # noqa: E402
@@ -49,7 +49,7 @@ def preset_styles(presets: list[str]) -> dict[str, dict]:
     its place among all the presets conf/ knows (plus these), so fp32 looks alike everywhere and
     no two presets share a colour."""
     colours = palette()
-    everyone = names.preset_order([*names.presets(), *presets])
+    everyone = catalog.preset_order([*catalog.presets(), *presets])
     return {
         p: {
             "color": colours[i % len(colours)],

@@ -20,17 +20,17 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from mpt_repro.report import names
-from mpt_repro.report.aggregate import preset_order
-from mpt_repro.report.collect import PAIR_KEYS
-from mpt_repro.report.compare import default_settings, delta_text, group_deltas
-from mpt_repro.report.reference import (
+from mpt_repro import catalog
+from mpt_repro.paper import (
     cite,
     claims_for,
     load_reference,
     paper_table,
     table1_reference,
 )
+from mpt_repro.report.aggregate import preset_order
+from mpt_repro.report.collect import PAIR_KEYS
+from mpt_repro.report.compare import default_settings, delta_text, group_deltas
 
 NOT_COMPARABLE = "n/c"  # a difference with the paper that the setting cannot support
 
@@ -132,14 +132,14 @@ def slugify(*parts: str) -> str:
 def comparable(budget: str, data: str, experiment: str) -> bool:
     """Only the experiment's full recipe (a budget that trims nothing, conf/budget/) on the data
     set its recipe names (the paper's) can be set against the paper's number."""
-    own = names.own_data(experiment)
-    return own is not None and data == own and names.full_recipe(budget, experiment)
+    own = catalog.own_data(experiment)
+    return own is not None and data == own and catalog.full_recipe(budget, experiment)
 
 
 def verdict(budget: str, data: str, paper_experiment: str | None = None) -> str:
     """What numbers from this setting can show. `paper_experiment`: a paper row of the table,
     whose recipe and data decide whether the setting is the paper's."""
-    known = names.budgets().get(budget)
+    known = catalog.budgets().get(budget)
     if data == "synthetic":
         return (
             "random inputs check the pipeline and the speed; accuracy means nothing, "
@@ -719,7 +719,7 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
             "step, per sample, counted on the run's first step (activations and weight copies); "
             "the same on any device, so it shows a recipe's memory effect on a CPU as well.",
         ]
-        if names.budgets().get(budget) is None or names.budgets()[budget].trims:
+        if catalog.budgets().get(budget) is None or catalog.budgets()[budget].trims:
             notes.append(
                 "Below the full recipe start-up and first steps weigh heavily: compare ratios, "
                 "not absolute speed (mpt-bench measures speed properly)."

@@ -165,6 +165,17 @@ class SampledTask(Task):
         return chunked(self.train_loader, self.accumulate)
 
 
+def all_metric_names() -> list[str]:
+    """The final metrics of every registered task (HParams lists the same columns for every
+    run)."""
+    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
+
+    found: list[str] = []
+    for task in TASKS.values():
+        found += [n for n in getattr(task, "metric_names", []) if n not in found]
+    return found
+
+
 def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:
     import mpt_repro.tasks  # noqa: F401  (registers the tasks)
 

@@ -1,12 +1,14 @@
-"""What exists, read from conf/ (and the task registry): presets, experiments, budgets, tasks.
+"""The catalog: what exists, read from conf/ (and the task registry): presets, experiments,
+budgets, recipes, data sets, tasks.
 
-The reporter, the tests and scripts/reproduce_table.sh ask here instead of keeping their own
-lists, so a new preset, experiment, budget or task needs a config file (or a registered task) and
-nothing else. Reading conf/ needs only omegaconf (no torch); `tasks()` imports the registry.
+The lowest layer beside the configuration: mpt-run (config.py), the run-time logger, the reporter,
+the tests and scripts/reproduce_table.sh ask here instead of keeping their own lists, so a new
+preset, experiment, budget or task needs a config file (or a registered task) and nothing else.
+Reading conf/ needs only omegaconf (no torch); `tasks()` imports the registry.
 
-    python -m mpt_repro.report.names presets|experiments|budgets|table1|others [--sep ,]
-    python -m mpt_repro.report.names data EXPERIMENT      # the conf/data/ file its recipe uses
-    python -m mpt_repro.report.names data-root EXPERIMENT BUDGET   # e.g. "LM_ROOT embedded"
+    python -m mpt_repro.catalog presets|experiments|budgets|table1|others [--sep ,]
+    python -m mpt_repro.catalog data EXPERIMENT      # the conf/data/ file its recipe uses
+    python -m mpt_repro.catalog data-root EXPERIMENT BUDGET   # e.g. "LM_ROOT embedded"
 """
 
 from __future__ import annotations
@@ -19,16 +21,27 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+# The configs ship inside the package (mpt_repro/conf is a link to the repository's conf/, which a
+# wheel carries as files), so Hydra finds them from any working directory, editable or not.
+CONF_DIR = Path(__file__).resolve().parent / "conf"
+
 
 def conf_dir() -> Path:
-    """The config folder mpt-run composes from, as the package defines it (mpt_repro.config's
-    CONF_DIR once the configs ship inside the package; mpt_repro.cli's before)."""
-    import mpt_repro.config
+    """The config folder mpt-run composes from."""
+    return CONF_DIR
 
-    found = getattr(mpt_repro.config, "CONF_DIR", None)
-    if found is None:
-        from mpt_repro.cli import CONF_DIR as found
-    return Path(found)
+
+def options(group: str) -> list[str]:
+    """The options of a config group, from its folder in conf/ (e.g. the budgets or presets)."""
+    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+
+
+def recipes(experiment: str) -> list[str]:
+    """The recipes an experiment has: public (the experiment file's own settings) and every
+    recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""
+    known = options("recipe")
+    files = (CONF_DIR / "experiment_recipe").glob(f"{experiment}_*.yaml")
+    return sorted({"public"} | {r for p in files if (r := p.stem[len(experiment) + 1 :]) in known})
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -243,7 +256,7 @@ def tasks() -> list[str]:
 
 def table1_experiments() -> list[str]:
     """The experiments of the paper's Table 1 that conf/ has, in the paper's row order."""
-    from mpt_repro.report.reference import table1_reference
+    from mpt_repro.paper import table1_reference  # the paper's rows
 
     known = experiments()
     return [e for e in table1_reference()["experiment"] if e in known]
@@ -251,7 +264,7 @@ def table1_experiments() -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m mpt_repro.report.names", description=__doc__.splitlines()[0]
+        prog="python -m mpt_repro.catalog", description=__doc__.splitlines()[0]
     )
     parser.add_argument(
         "what",

@@ -1,8 +1,10 @@
-"""The paper's reference values (paper_reference.csv, package data).
+"""The paper's reference values (paper_reference.csv, package data): Micikevicius et al. 2018's
+Tables 1-3 and its qualitative claims.
 
-Every value in that file is copied from the paper via ../shared/reference/papers.md, with the
-section it comes from and how sure we are of it: P = read in the paper's own text, S = from
-secondary notes that agree, U = unconfirmed. Nothing else in the reporter types a number.
+Every value in that file carries the section of the paper it comes from and how sure we are of
+it: P = read in the paper's own text, S = from secondary notes that agree, U = unconfirmed.
+Nothing else in the suite types a number. The reporter and the catalog (which experiments are the
+paper's Table 1 rows) read it.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ CONFIDENCE_LABELS = {"P": "primary text", "S": "secondary notes", "U": "unconfir
 @lru_cache(maxsize=1)
 def load_reference() -> pd.DataFrame:
     """All reference rows; `value` is a float or NaN (an outcome like "diverges": `outcome`)."""
-    with resources.files("mpt_repro.report").joinpath("paper_reference.csv").open() as f:
+    with resources.files("mpt_repro").joinpath("paper_reference.csv").open() as f:
         ref = pd.read_csv(f, dtype=str, keep_default_na=False)
     # the value as the paper prints it ("69.1", "2.20"): shown as is, so no digit is invented
     ref["value_text"] = ref["value"]

@@ -1,0 +1,132 @@
+"""The closing block: the lines that end a run on the console (status, final metrics, cost,
+where the record, metrics, events and figures are, and how to compare)."""
+
+from __future__ import annotations
+
+import logging
+import math
+import shlex
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from mpt_repro.record import normalised_status
+from mpt_repro.runlog.console import _short
+from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, tb_dir
+
+log = logging.getLogger("mpt_repro")
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def closing_block(
+    record: Mapping[str, Any], run_dir: Path, runs_root: Path | None = None
+) -> tuple[str, bool]:
+    """The lines that end a run on the console, and whether they deserve a WARNING (a diverged,
+    failed or interrupted run, or final metrics that are not finite)."""
+    run_dir = Path(run_dir)
+    status = normalised_status(record) or "unknown"
+    model = record.get("model") or {}
+    subject = record.get("experiment")
+    if model.get("target"):  # your own model: named, never taken for the experiment's own
+        subject = f"{subject} · {model.get('name')}"
+    name = " / ".join(
+        str(x)
+        for x in (
+            subject,
+            record.get("precision"),
+            record.get("budget"),
+            f"seed {record.get('seed')}",
+        )
+    )
+    lines = [f"── {name}: {status} " + "─" * max(0, 60 - len(name) - len(status))]
+    warn = status != "completed"
+    metrics = record.get("metrics") or {}
+    primary = record.get("primary_metric")
+    if metrics:
+        order = sorted(metrics, key=lambda k: k != primary)
+        shown = ", ".join(
+            f"{k}={_short(float(metrics[k])) if _finite(metrics[k]) else metrics[k]}"
+            + (" (primary)" if k == primary else "")
+            for k in order
+        )
+        lines.append(f"  final metrics  {shown}")
+        bad = [k for k in order if not _finite(metrics[k])]
+        if bad:
+            warn = True
+            lines.append(f"  NOT FINITE     {', '.join(bad)}: check the curves before using them")
+    if status == "diverged":
+        where = f"at step {record.get('diverged_at_step')}"
+        layer = record.get("diverged_layer") or (record.get("diagnostics") or {}).get(
+            "first_nonfinite_layer"
+        )
+        if layer:
+            where += f", first non-finite gradient in {layer}"
+        lines.append(f"  diverged       {where}: {record.get('reason')}")
+    elif status in ("failed", "interrupted"):
+        lines.append(f"  reason         {record.get('reason')}")
+    if record.get("hint"):
+        lines.append(f"  next           {record['hint']}")
+    elif status == "interrupted":
+        lines.append("  next           the same command with resume=true continues it")
+    elif status == "failed" and record.get("traceback"):
+        lines.append(f"  traceback      in {run_dir / 'run.json'} (and the run's log file)")
+    cost = []
+    if _finite(record.get("steps")):
+        cost.append(f"{int(record['steps'])} steps")
+    if _finite(record.get("wall_time_s")):
+        cost.append(f"{record['wall_time_s']:.1f} s")
+    if _finite(record.get("samples_per_s")):
+        cost.append(f"{record['samples_per_s']:.0f} samples/s")
+    if _finite(record.get("peak_memory_bytes")):
+        kind = record.get("peak_memory_kind")
+        cost.append(
+            f"peak memory {record['peak_memory_bytes'] / 2**20:.0f} MiB"
+            + (f" ({kind})" if kind else "")
+        )
+    if cost:
+        lines.append(f"  cost           {', '.join(cost)}")
+    scale = record.get("loss_scale") or {}
+    if _finite(scale.get("final")):
+        lines.append(
+            f"  loss scale     final {scale['final']:g}, min {scale.get('min', scale['final']):g}; "
+            f"{int(record.get('skipped_steps') or 0)} skipped steps"
+        )
+    lines.append(f"  run record     {run_dir / 'run.json'}")
+    if (run_dir / "metrics.csv").exists():
+        lines.append(f"  metrics        {run_dir / 'metrics.csv'}")
+    if any(tb_dir(run_dir).glob(TB_EVENTS_GLOB)):
+        lines.append(f"  TensorBoard    {tb_dir(run_dir)}")
+    # the telemetry callback's summary sits in diagnostics (trainer.final_summary)
+    telemetry = record.get("telemetry") or (record.get("diagnostics") or {}).get("telemetry")
+    figures = (telemetry or {}).get("figures") or []
+    if figures:
+        lines.append(f"  figures        {', '.join(str(run_dir / f) for f in figures)}")
+    root = Path(runs_root) if runs_root is not None else None
+    if root is None or not _inside(run_dir, root):
+        root = run_dir
+    lines.append(f"  compare        mpt-report {shlex.quote(str(root))}")
+    lines.append(f"                 tensorboard --logdir {shlex.quote(str(root))}")
+    return "\n".join(lines), warn
+
+
+def _inside(path: Path, root: Path) -> bool:
+    try:
+        path.resolve().relative_to(root.resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def log_closing_block(
+    record: Mapping[str, Any],
+    run_dir: Path,
+    runs_root: Path | None = None,
+    logger: logging.Logger | None = None,
+) -> str:
+    """Log the closing block (WARNING when the run did not complete cleanly); returns its text."""
+    text, warn = closing_block(record, run_dir, runs_root)
+    (logger or log).log(logging.WARNING if warn else logging.INFO, "\n%s", text)
+    return text

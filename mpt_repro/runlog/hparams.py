@@ -1,0 +1,212 @@
+"""The HParams entry of a run, written at its end however it ended: an explicit experiment config
+(the hyperparameters precision, experiment, seed, budget and device marked to show first, then
+the run's status, model, variant and the loss scaling that ran) and the run's outcome as metrics
+(samples/s, peak memory, final and minimum loss scale, skipped steps, a status code, the final
+evaluation). docs/report.md, "TensorBoard".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from enum import Enum
+from typing import Any
+
+from mpt_repro.record import normalised_status
+from mpt_repro.runlog.metrics import job_variant
+
+# the hyperparameters runs are compared by, shown first (in this order where TensorBoard keeps it)
+KEY_HPARAMS = ("precision", "experiment", "seed", "budget", "device")
+# status code metric: what each outcome is, as a number TensorBoard can sort and filter by
+STATUS_CODES = {"completed": 0, "diverged": 1, "failed": 2, "interrupted": 3}
+SUMMARY_METRICS = {
+    # tag: (display name, description)
+    "run/status_code": (
+        "status",
+        "0 completed, 1 diverged, 2 failed, 3 interrupted (resume=true continues it)",
+    ),
+    "run/samples_per_s": ("samples/s", "training throughput, evaluation time excluded"),
+    "run/peak_memory_mib": ("peak memory (MiB)", "CUDA allocator peak; host max RSS on a CPU"),
+    "run/loss_scale_final": ("final loss scale", "1 for presets without loss scaling"),
+    "run/loss_scale_min": ("min loss scale", "the lowest the scaler went"),
+    "run/skipped_steps": ("skipped steps", "optimizer steps skipped for an overflow"),
+    "run/steps": ("steps", "iterations done, skipped ones included"),
+    "run/diverged_at_step": ("diverged at step", "where the loss went non-finite"),
+}
+
+
+def run_hparams(cfg: Any, record: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's hyperparameters, the five comparison keys first."""
+    device = record.get("device") or {}
+    label = device.get("type") or "unknown"
+    if device.get("name") and device.get("name") != label:
+        label = f"{label}: {device['name']}"
+    if isinstance(device.get("count"), int) and device["count"] > 1 and label != "cpu":
+        label += f" x{device['count']}"
+    from mpt_repro.config import loss_scaling_text
+
+    precision = cfg.precision
+    return {
+        "precision": cfg.precision.name,
+        "experiment": cfg.experiment_name,
+        # text, so the table shows "0", not "0.0000" (numbers are floats in HParams)
+        "seed": str(int(cfg.seed)),
+        "budget": cfg.budget.name,
+        "device": label,
+        "status": str(normalised_status(record) or "unknown"),
+        "model": cfg.model.name,  # a custom model's own name
+        "variant": job_variant(cfg) or "(none)",  # the other overrides: the run's folder
+        "task": _plain(cfg.task),
+        "data": cfg.data.name,
+        "optimizer": cfg.optim.name,
+        "lr": float(cfg.optim.lr),
+        "batch_size": int(cfg.data.batch_size),
+        "compute_dtype": _plain(precision.get("compute_dtype")),
+        "loss_scaling": loss_scaling_text(cfg),  # what ran: `paper` resolved, with its value
+        "master_weights": bool(precision.get("master_weights")),
+        "world_size": int((record.get("distributed") or {}).get("world_size") or 1),
+    }
+
+
+def _plain(value: Any) -> str:
+    """A config value as its name: enums (TaskKind.classification) by their member name."""
+    return value.name if isinstance(value, Enum) else str(value)
+
+
+def _known_names() -> dict[str, list[str]]:
+    """Every preset, experiment and budget conf/ defines: the HParams domains, the same for every
+    run so that whichever run's experiment config TensorBoard reads, it lists them all."""
+    try:
+        from mpt_repro import catalog
+
+        return {
+            "precision": list(catalog.presets()),
+            "experiment": sorted(catalog.experiments()),
+            "budget": sorted(catalog.budgets()),
+        }
+    except Exception:  # noqa: BLE001 - a summary must never fail a run; domains are optional
+        return {}
+
+
+def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[str]) -> list:
+    """The HParams plugin's three summaries: the experiment config (hyperparameter list, domains,
+    metric list), this run's session start (its values) and end (its status). The five key
+    hyperparameters are flagged `differs`: TensorBoard sorts those first and its HParams table
+    shows the first five by default (torch's add_hparams flags none, so they sorted by name and
+    `precision`/`seed` fell out of view)."""
+    from google.protobuf import struct_pb2
+    from tensorboard.compat.proto.summary_pb2 import Summary
+    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+
+    values = run_hparams(cfg, record)
+    domains = _known_names()
+    infos = []
+    for name, value in values.items():
+        if isinstance(value, bool):
+            kind = api_pb2.DATA_TYPE_BOOL
+        elif isinstance(value, (int, float)):
+            kind = api_pb2.DATA_TYPE_FLOAT64
+        else:
+            kind = api_pb2.DATA_TYPE_STRING
+        info = api_pb2.HParamInfo(name=name, type=kind, differs=name in KEY_HPARAMS)
+        if name in domains and value in domains[name]:
+            info.domain_discrete.extend(domains[name])
+        infos.append(info)
+    metric_tags = {**SUMMARY_METRICS}
+    for name in metric_names:  # every task's final metrics: every run lists the same columns
+        metric_tags[f"final/{name}"] = (f"final {name}", "the last evaluation")
+    metrics = [
+        api_pb2.MetricInfo(
+            name=api_pb2.MetricName(tag=tag), display_name=shown, description=description
+        )
+        for tag, (shown, description) in metric_tags.items()
+    ]
+    experiment = api_pb2.Experiment(
+        name="mpt-repro",
+        description="Mixed precision training: runs compared by preset",
+        hparam_infos=infos,
+        metric_infos=metrics,
+    )
+    start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
+    for name, value in values.items():
+        item = struct_pb2.Value()
+        if isinstance(value, bool):
+            item.bool_value = value
+        elif isinstance(value, (int, float)):
+            item.number_value = value
+        else:
+            item.string_value = str(value)
+        start.hparams[name].CopyFrom(item)
+
+    def summary(tag: str, data) -> Summary:
+        smd = metadata.create_summary_metadata(data)
+        return Summary(value=[Summary.Value(tag=tag, metadata=smd, tensor=metadata.NULL_TENSOR)])
+
+    out = [
+        summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
+        summary(
+            metadata.SESSION_START_INFO_TAG,
+            plugin_data_pb2.HParamsPluginData(session_start_info=start),
+        ),
+    ]
+    status = _session_status(normalised_status(record))
+    if status is not None:  # an interrupted run goes on after resume=true: no end yet
+        end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
+        out.append(
+            summary(
+                metadata.SESSION_END_INFO_TAG,
+                plugin_data_pb2.HParamsPluginData(session_end_info=end),
+            )
+        )
+    return out
+
+
+def _session_status(status: str | None):
+    from tensorboard.plugins.hparams import api_pb2
+
+    return {
+        "completed": api_pb2.STATUS_SUCCESS,
+        "diverged": api_pb2.STATUS_FAILURE,
+        "failed": api_pb2.STATUS_FAILURE,
+    }.get(status)
+
+
+def summary_scalars(record: Mapping[str, Any]) -> dict[str, float]:
+    """The outcome of a run as the HParams metrics (tags of SUMMARY_METRICS and final/<metric>);
+    a value the record lacks (a diverged run has no final metrics) is left out, not zero."""
+    status = normalised_status(record)
+    scale = record.get("loss_scale") or {}
+    memory = record.get("peak_memory_bytes")
+    values = {
+        "run/status_code": STATUS_CODES.get(status),
+        "run/samples_per_s": record.get("samples_per_s"),
+        "run/peak_memory_mib": memory / 2**20 if _finite(memory) else None,
+        "run/loss_scale_final": scale.get("final"),
+        "run/loss_scale_min": scale.get("min"),
+        "run/skipped_steps": record.get("skipped_steps"),
+        "run/steps": record.get("steps"),
+        "run/diverged_at_step": record.get("diverged_at_step"),
+    }
+    for name, value in (record.get("metrics") or {}).items():
+        values[f"final/{name}"] = value
+    return {k: float(v) for k, v in values.items() if _finite(v)}
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def write_run_summary(
+    writer: Any, cfg: Any, record: Mapping[str, Any], metric_names: list[str]
+) -> None:
+    """At the end of a run, however it ended: its HParams entry and outcome metrics, into the
+    run's own event file. The metrics are written at the run's last step, so after a resume the
+    final outcome is the one TensorBoard shows (it reads the last value)."""
+    step = int(record.get("steps") or 0)
+    file_writer = writer._get_file_writer()
+    for proto in hparams_summaries(cfg, record, metric_names):
+        file_writer.add_summary(proto, step)
+    for tag, value in summary_scalars(record).items():
+        writer.add_scalar(tag, value, step)
+    writer.flush()
