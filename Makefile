@@ -41,6 +41,9 @@ format: $(STAMP) ## ruff: rewrite the code in the house format and sort the impo
 test: $(STAMP) lint ## lint, then the test suite (CPU; under 10 minutes)
 	$(BIN)/python -m pytest -m "not slow and not gpu" -q
 
+shape: $(STAMP) ## the code's shape against the house targets: long functions, repeated blocks, import cycles
+	$(BIN)/python scripts/shape.py
+
 mutants: $(STAMP) ## mutation check of the precision engine and the loop (MAX=40 samples 40; slow)
 	$(BIN)/python scripts/mutants.py $(if $(MAX),--max $(MAX))
 
@@ -69,4 +72,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install wheel lint format demo test test-full mutants clean-runs reproduce-table report tensorboard ddp gpu-check
+.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table report tensorboard ddp gpu-check

@@ -1,5 +1,5 @@
 """The catalog: what exists, read from conf/ (and the task registry): presets, experiments,
-budgets, recipes, data sets, tasks.
+budgets, recipes, data sets (the task registry is mpt_repro.tasks.registered()).
 
 The lowest layer beside the configuration: mpt-run (config.py), the run-time logger, the reporter,
 the tests and scripts/reproduce_table.sh ask here instead of keeping their own lists, so a new
@@ -238,17 +238,6 @@ def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
     data = _load(delta).get("data") if delta.exists() else None
     embedded = isinstance(data, dict) and ("root" in data or "name" in data)
     return var, embedded
-
-
-# ---------------------------------------------------------------- tasks
-
-
-def tasks() -> list[str]:
-    """Every registered task kind (imports the task registry, hence torch)."""
-    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
-    from mpt_repro.tasks.base import TASKS
-
-    return sorted(TASKS)
 
 
 # ---------------------------------------------------------------- command line

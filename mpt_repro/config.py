@@ -41,10 +41,9 @@ def option_name(value: Any) -> str:
 
 def known_tasks() -> list[str]:
     """The task names the registry knows (importing the tasks registers them; needs torch)."""
-    import mpt_repro.tasks  # noqa: F401
-    from mpt_repro.tasks.base import TASKS
+    from mpt_repro.tasks import registered
 
-    return sorted(TASKS)
+    return registered()
 
 
 @dataclass

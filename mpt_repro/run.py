@@ -135,7 +135,7 @@ def _run_planned(
         return previous
 
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import all_metric_names, build_task
+    from mpt_repro.tasks import all_metric_names, build_task
 
     fields = {
         "experiment": cfg.experiment_name,

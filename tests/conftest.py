@@ -101,7 +101,7 @@ def build_task(*overrides: str):
     import torch
 
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task as build
+    from mpt_repro.tasks import build_task as build
 
     cfg = compose([*overrides, "trainer.device=cpu"])
     cpu = torch.device("cpu")

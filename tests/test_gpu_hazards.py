@@ -76,7 +76,7 @@ def second_step(experiment: str, preset: str) -> SyncCounter:
     """The counts of step 2 of `mpt-run experiment=<experiment> precision=<preset> budget=smoke`
     on the CPU (no log row, evaluation or checkpoint falls inside it)."""
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
+    from mpt_repro.tasks import build_task
     from mpt_repro.trainer import Trainer
 
     overrides = [

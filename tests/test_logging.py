@@ -31,7 +31,7 @@ from mpt_repro.runlog.hparams import (
     write_run_summary,
 )
 from mpt_repro.runlog.metrics import MetricsLogger, comparison_group
-from mpt_repro.tasks.base import all_metric_names
+from mpt_repro.tasks import all_metric_names
 
 # ---------------------------------------------------------------- TensorBoard
 

@@ -38,7 +38,7 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     the task's own train_batches (its micro-batches: the data's shapes and dtypes are the run's),
     moved there once."""
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
+    from mpt_repro.tasks import build_task
 
     policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
     task = build_task(cfg, device, policy)

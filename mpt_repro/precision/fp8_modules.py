@@ -284,18 +284,13 @@ def select_exempt(names: list[str], exempt) -> set[str]:
 
 def apply_fp8(model: nn.Module, precision_cfg, seed: int | None = None) -> nn.Module:
     """Give the model's conv/linear layers 8-bit operands per `precision_cfg.fp8` (a
-    PrecisionConfig); returns the model (changed in place). No-op when precision.fp8.mode=none.
-    mode=torchao hands over to fp8_hardware.apply_torchao_float8.
+    PrecisionConfig); returns the model (changed in place). No-op unless precision.fp8.mode is
+    emulated (torchao's layers: fp8_hardware.apply_torchao_float8).
 
     Call it after the model is on its device. `seed` seeds the stochastic-rounding streams
     (default: torch.initial_seed(), i.e. the run seed the task set with torch.manual_seed)."""
-    mode = fp8.fp8_mode(precision_cfg)
-    if mode == "none":
+    if fp8.fp8_mode(precision_cfg) != "emulated":  # none; torchao: PrecisionPolicy's own call
         return model
-    if mode == "torchao":
-        from mpt_repro.precision.fp8_hardware import apply_torchao_float8
-
-        return apply_torchao_float8(model, precision_cfg)
     f8 = precision_cfg.fp8
     if fp8_runtime(model) is not None:
         raise ValueError("apply_fp8: this model already has FP8 layers")

@@ -145,7 +145,11 @@ class PrecisionPolicy:
         the paper's "BN in FP32" (§3.3) without an FP32 copy of every BN input saved for backward.
         """
         model = model.to(self.device)
-        model = fp8_modules.apply_fp8(model, self.cfg)  # precision.fp8: 8-bit conv/linear layers
+        # precision.fp8: 8-bit operands in conv/linear layers, emulated or torchao's
+        if fp8.fp8_mode(self.cfg) == "torchao":
+            model = fp8_hardware.apply_torchao_float8(model, self.cfg)
+        else:
+            model = fp8_modules.apply_fp8(model, self.cfg)
         if not self.low_precision_weights:
             return model
         model.to(self.compute_dtype)

@@ -163,20 +163,3 @@ class SampledTask(Task):
         order; a resumed run skips the iterations it has done."""
         self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
         return chunked(self.train_loader, self.accumulate)
-
-
-def all_metric_names() -> list[str]:
-    """The final metrics of every registered task (HParams lists the same columns for every
-    run)."""
-    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
-
-    found: list[str] = []
-    for task in TASKS.values():
-        found += [n for n in getattr(task, "metric_names", []) if n not in found]
-    return found
-
-
-def build_task(cfg: Any, device: torch.device, policy: Any) -> Task:
-    import mpt_repro.tasks  # noqa: F401  (registers the tasks)
-
-    return TASKS[cfg.task](cfg, device, policy)  # validate() refused names it does not know
