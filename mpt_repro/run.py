@@ -127,56 +127,16 @@ def _run_planned(
     cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool
 ) -> dict[str, Any]:
     previous = plan.previous
-    resuming = plan.action == "resume"
     if previous and plan.action in ("done", "resume"):
         _refuse_other_data(previous, cfg, run_dir)
     if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
         return previous
-
-    from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks import all_metric_names, build_task
-
-    fields = {
-        "experiment": cfg.experiment_name,
-        "study": study_name(cfg.experiment_name, cfg.model),
-        "task": cfg.task,
-        "precision": cfg.precision.name,
-        "precision_config": to_plain(cfg.precision),
-        "seed": cfg.seed,
-        "budget": cfg.budget.name,
-        "device": describe_device(device),
-        "run_dir": str(run_dir),
-        "resumed": resuming,
-        "overrides": _job_overrides(),
-        "config": to_plain(cfg),
-        "distributed": distributed.describe(cfg),
-    }
-    # Build everything that reads user input (the data above all) before the directory changes:
-    # a mistyped data.root must not cost an earlier run its files.
-    try:
-        policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
-        log.info("precision %s", policy.describe())
-        task = build_task(cfg, device, policy)
-    except BaseException as e:
-        # Bad input found while building (a missing data folder, a model target that does not
-        # import) is a refusal: the directory stays exactly as it was, and a directory this
-        # command created is removed again (cli.py), so a retry finds nothing to move aside.
-        # Anything unexpected in a new run leaves a record with its traceback; an earlier run's
-        # record (one to resume, or one overwrite=true would have replaced) stays as it was.
-        refused = isinstance(e, UserError)
-        if main and plan.action == "fresh" and not plan.holds_work and not refused:
-            try:
-                _claim(run_dir, plan, cfg)
-            except OSError as err:  # the folder itself is the problem: the error says the rest
-                log.warning("could not prepare %s for the run record: %s", run_dir, err)
-            else:
-                _fail(RunRecord(run_dir, fields), e, time.perf_counter(), _hint_for(e, run_dir))
-        raise
+    fields = _record_fields(cfg, run_dir, device, resuming=plan.action == "resume")
+    policy, task = _build(cfg, run_dir, device, plan, main, fields)
     distributed.decorrelate_rng(cfg.seed)  # after the identically seeded model build
-
     record = (RunRecord if main else _UnwrittenRecord)(run_dir, fields)
-    if resuming and previous:
+    if plan.action == "resume" and previous:
         # a hard-killed run left no wall_time_s: carry what earlier segments had carried
         before = previous.get("wall_time_s") or previous.get("wall_time_s_before_resume")
         record.update(started_at=previous.get("started_at"), wall_time_s_before_resume=before)
@@ -195,31 +155,9 @@ def _run_planned(
         from mpt_repro.trainer import Trainer
 
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
-        summary = trainer.fit()
-        bad = nonfinite_metrics(summary.get("metrics"))
-        hint = None
-        if bad:
-            shown = ", ".join(f"{k}={v}" for k, v in bad.items())
-            hint = (
-                f"the final evaluation is not finite ({shown}): the run ended but learned "
-                "nothing usable; look at metrics.csv for where the loss went non-finite"
-            )
-        record.finish("completed", hint=hint, wall_time_s=_wall(record, start), **summary)
+        _completed(record, trainer.fit(), start)
     except Diverged as e:
-        step = e.step if e.step is not None else (trainer.step if trainer else None)
-        extra = _summary(trainer)
-        layer = e.layer or (extra.get("diagnostics") or {}).get("first_nonfinite_layer")
-        record.finish(
-            "diverged",
-            e.reason,
-            hint="divergence is a result (the report lists it); to train this configuration "
-            "again, run with overwrite=true",
-            diverged_at_step=step,
-            diverged_layer=layer,
-            wall_time_s=_wall(record, start),
-            **extra,
-        )
-        log.warning("diverged at step %s: %s", step, e.reason)
+        _diverged(record, e, trainer, start)
     except BaseException as e:
         stopped = _end_abnormally(record, e, trainer, start, run_dir)
         if stopped is not None and stopped is not e:
@@ -228,10 +166,93 @@ def _run_planned(
     finally:
         if trainer is not None:
             if trainer.writer is not None:  # HParams with the outcome, for TensorBoard
+                from mpt_repro.tasks import all_metric_names
+
                 names = all_metric_names()
                 _safely(write_run_summary, trainer.writer, cfg, record.data, names)
             trainer.close()
     return record.data
+
+
+def _record_fields(
+    cfg: DictConfig, run_dir: Path, device: torch.device, resuming: bool
+) -> dict[str, Any]:
+    """What run.json says of the run from the start: what ran, where, on what, with what."""
+    return {
+        "experiment": cfg.experiment_name,
+        "study": study_name(cfg.experiment_name, cfg.model),
+        "task": cfg.task,
+        "precision": cfg.precision.name,
+        "precision_config": to_plain(cfg.precision),
+        "seed": cfg.seed,
+        "budget": cfg.budget.name,
+        "device": describe_device(device),
+        "run_dir": str(run_dir),
+        "resumed": resuming,
+        "overrides": _job_overrides(),
+        "config": to_plain(cfg),
+        "distributed": distributed.describe(cfg),
+    }
+
+
+def _build(
+    cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool, fields: dict
+) -> tuple[Any, Any]:
+    """The precision policy and the task (data and model): everything that reads user input,
+    built before the directory changes, so a mistyped data.root never costs an earlier run its
+    files.
+
+    Bad input found here (a missing data folder, a model target that does not import) is a
+    refusal: the directory stays exactly as it was, and a directory this command created is
+    removed again (cli.py), so a retry finds nothing to move aside. Anything unexpected in a new
+    run leaves a record with its traceback; an earlier run's record (one to resume, or one
+    overwrite=true would have replaced) stays as it was."""
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.tasks import build_task
+
+    try:
+        policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+        log.info("precision %s", policy.describe())
+        return policy, build_task(cfg, device, policy)
+    except BaseException as e:
+        refused = isinstance(e, UserError)
+        if main and plan.action == "fresh" and not plan.holds_work and not refused:
+            try:
+                _claim(run_dir, plan, cfg)
+            except OSError as err:  # the folder itself is the problem: the error says the rest
+                log.warning("could not prepare %s for the run record: %s", run_dir, err)
+            else:
+                _fail(RunRecord(run_dir, fields), e, time.perf_counter(), _hint_for(e, run_dir))
+        raise
+
+
+def _completed(record: RunRecord, summary: dict[str, Any], start: float) -> None:
+    bad = nonfinite_metrics(summary.get("metrics"))
+    hint = None
+    if bad:
+        shown = ", ".join(f"{k}={v}" for k, v in bad.items())
+        hint = (
+            f"the final evaluation is not finite ({shown}): the run ended but learned "
+            "nothing usable; look at metrics.csv for where the loss went non-finite"
+        )
+    record.finish("completed", hint=hint, wall_time_s=_wall(record, start), **summary)
+
+
+def _diverged(record: RunRecord, e: Diverged, trainer: Any, start: float) -> None:
+    step = e.step if e.step is not None else (trainer.step if trainer else None)
+    extra = _summary(trainer)
+    layer = e.layer or (extra.get("diagnostics") or {}).get("first_nonfinite_layer")
+    record.finish(
+        "diverged",
+        e.reason,
+        hint="divergence is a result (the report lists it); to train this configuration "
+        "again, run with overwrite=true",
+        diverged_at_step=step,
+        diverged_layer=layer,
+        wall_time_s=_wall(record, start),
+        **extra,
+    )
+    log.warning("diverged at step %s: %s", step, e.reason)
 
 
 def _job_overrides() -> list[str] | None:

@@ -131,42 +131,17 @@ def build_report(
     benches, bench_problems = bench_tables(bench_dir)
     tables += benches
     problems = problems + bench_problems
-
-    tables_dir, plots_dir = out / "tables", out / "plots"
     for table in tables:
-        write_table(table, tables_dir)
-    # the raw material, for anyone who wants other tables: one row per run, one per group
-    # (a diverged run's metric columns are empty: its `outcome` says what happened)
-    runs.drop(
-        columns=["precision_config", "metrics_detail", "comparison_config"], errors="ignore"
-    ).to_csv(out / "runs.csv", index=False)
-    agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
-    deltas_frame(runs, settings).to_csv(out / "deltas.csv", index=False)
-
+        write_table(table, out / "tables")
+    write_raw(out, runs, agg, settings)
     images = []
     if plots and not runs.empty:
-        curves, curve_problems = experiment_plots(runs, plots_dir, settings.reference)
+        curves, curve_problems = experiment_plots(runs, out / "plots", settings.reference)
         problems = problems + curve_problems
-        images = curves + cost_plots(agg, plots_dir)
+        images = curves + cost_plots(agg, out / "plots")
     problems_frame(problems).to_csv(out / "problems.csv", index=False)
 
-    n_used = len(runs)
-    text = [
-        "# Mixed Precision Training reproduction: report",
-        "",
-        f"Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from "
-        f"`{results_dir}`: "
-        f"{n_used} run(s) in the tables, "
-        f"{left_out(problems)} left out (listed at the end)"
-        + (f", {len(benches)} benchmark file(s)" if benches else "")
-        + ".",
-        "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs; a blank cell "
-        "is a preset "
-        "that did not run. Values marked `paper` are Micikevicius et al. 2018's, with the "
-        "evidence tag of "
-        "our reference notes ([P] primary text, [S] secondary, [U] unconfirmed).",
-        "",
-    ]
+    text = header(results_dir, len(runs), left_out(problems), len(benches))
     if runs.empty:
         text += ["**No usable run records were found.**", ""]
     text += ["## Tables", ""] + [markdown(t) for t in tables]
@@ -176,6 +151,33 @@ def build_report(
     report = "\n".join(text)
     (out / "report.md").write_text(report)
     return report, tables, problems
+
+
+def write_raw(out: Path, runs, agg, settings: Settings) -> None:
+    """The raw material, for anyone who wants other tables: one row per run (a diverged run's
+    metric columns are empty: its `outcome` says what happened), one per group and preset, one
+    per paired difference."""
+    hidden = ["precision_config", "metrics_detail", "comparison_config"]
+    runs.drop(columns=hidden, errors="ignore").to_csv(out / "runs.csv", index=False)
+    agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
+    deltas_frame(runs, settings).to_csv(out / "deltas.csv", index=False)
+
+
+def header(results_dir: Path, n_used: int, n_left_out: int, n_benches: int) -> list[str]:
+    made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    benches = f", {n_benches} benchmark file(s)" if n_benches else ""
+    return [
+        "# Mixed Precision Training reproduction: report",
+        "",
+        f"Generated {made} from `{results_dir}`: {n_used} run(s) in the tables, {n_left_out} "
+        f"left out (listed at the end){benches}.",
+        "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs of one "
+        "comparison group (runs that differ in precision and seed alone); a blank cell is a "
+        "preset that did not run. Values marked `paper` are Micikevicius et al. 2018's, with the "
+        "evidence tag of our reference notes ([P] primary text, [S] secondary, [U] "
+        "unconfirmed).",
+        "",
+    ]
 
 
 def main(argv=None) -> int:

@@ -94,6 +94,20 @@ def seed_band(frames: list[pd.DataFrame], column: str) -> pd.DataFrame | None:
     return band.reset_index()
 
 
+def draw_line(ax, band: pd.DataFrame, style: dict, label: str) -> None:
+    """A preset's mean against the step, in its style (markers while there are few points)."""
+    ax.plot(
+        band["step"],
+        band["mean"],
+        color=style["color"],
+        linestyle=style["linestyle"],
+        marker=style["marker"] if len(band) <= 20 else None,
+        label=label,
+        linewidth=1.6,
+        alpha=0.9,
+    )
+
+
 def plot_presets(
     ax, curves: dict[str, list[pd.DataFrame]], column: str, styles: dict[str, dict]
 ) -> bool:
@@ -107,17 +121,7 @@ def plot_presets(
         style = styles[preset]
         n_seeds = len(frames)
         label = preset if n_seeds == 1 else f"{preset} (mean of {n_seeds}, min-max band)"
-        ax.plot(
-            band["step"],
-            band["mean"],
-            color=style["color"],
-            linestyle=style["linestyle"],
-            marker=style["marker"] if len(band) <= 20 else None,
-            markevery=None,
-            label=label,
-            linewidth=1.6,
-            alpha=0.9,
-        )
+        draw_line(ax, band, style, label)
         if n_seeds > 1 and (band["max"] > band["min"]).any():
             ax.fill_between(band["step"], band["min"], band["max"], color=style["color"], alpha=0.2)
         steps.update(band["step"].tolist())
@@ -216,14 +220,7 @@ def plot_deltas(ax, evals, reference_name, metric, styles, level) -> bool:
         if band is None:
             continue
         style = styles[preset]
-        ax.plot(
-            band["step"],
-            band["mean"],
-            color=style["color"],
-            linestyle=style["linestyle"],
-            marker=style["marker"] if len(band) <= 20 else None,
-            label=preset,
-        )
+        draw_line(ax, band, style, preset)
         if (band["count"] >= 2).any():
             ax.fill_between(
                 band["step"], band["low"], band["high"], color=style["color"], alpha=0.2

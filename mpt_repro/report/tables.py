@@ -236,53 +236,24 @@ def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
     """Paper Table 1 (ILSVRC12 top-1): paper FP32 and mixed next to ours, one table per setting;
     one row per comparison group of each paper model (its own network only)."""
     ref = table1_reference()
-    mine_all = agg[
-        agg["experiment"].isin(ref["experiment"]) & (agg["subject"] == agg["experiment"])
-    ]
-    conf = _confidence(ref)
+    own = agg["experiment"].isin(ref["experiment"]) & (agg["subject"] == agg["experiment"])
     tables = []
-    for (budget, data, device), part in by_setting(mine_all):
+    for (budget, data, device), part in by_setting(agg[own]):
         presets = preset_order(part["precision"], part)
-        any_comparable = False
-        rows = []
-        for _, paper in ref.iterrows():
-            ok = comparable(budget, data, paper["experiment"])
-            any_comparable |= ok
-            groups = group_rows(part, paper["experiment"], own_model_only=True)
-            for group in groups or [Row("", {}, ())]:
-                mine = group.presets
-                label = group.label.replace(paper["experiment"], paper["label"], 1)
-                row = {
-                    "Model": label or paper["label"],
-                    f"paper fp32 [{conf}]": paper["fp32_text"],
-                    f"paper mixed [{conf}]": paper["mixed_text"],
-                }
-                for p in presets:
-                    row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
-                fp32, mixed = (
-                    _mean(mine.get("fp32"), "metric_top1"),
-                    _mean(mine.get("mixed"), "metric_top1"),
-                )
-                for name, ours, theirs in (
-                    ("fp32", fp32, paper["fp32"]),
-                    ("mixed", mixed, paper["mixed"]),
-                ):
-                    row[f"Δ {name} vs paper"] = (
-                        fmt_signed(_diff(ours, theirs), 2)
-                        if ok
-                        else (NOT_COMPARABLE if not _nan(ours) else "")
-                    )
-                delta = _delta(deltas, group, "mixed")
-                row["Δ mixed − fp32 (ours, 95% CI)"] = delta_text(delta, 2)
-                row["mixed vs fp32"] = delta.verdict if delta else ""
-                rows.append(row)
+        ok = {e: comparable(budget, data, e) for e in ref["experiment"]}
+        rows = [
+            _table1_row(paper, group, presets, ok[paper["experiment"]], _confidence(ref), deltas)
+            for _, paper in ref.iterrows()
+            for group in group_rows(part, paper["experiment"], own_model_only=True)
+            or [Row("", {}, ())]
+        ]
         notes = [
             f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, single-crop "
             "top-1 on ILSVRC12 val (Caffe on V100; ResNet-50 in PyTorch); no loss scaling was "
             "needed.",
             DELTA_NOTE,
         ]
-        if not any_comparable:
+        if not any(ok.values()):
             notes.append(
                 f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
                 "difference with the paper is shown."
@@ -298,6 +269,27 @@ def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
             )
         )
     return tables
+
+
+def _table1_row(
+    paper: pd.Series, group: Row, presets: list[str], ok: bool, conf: str, deltas: Deltas
+) -> dict[str, str]:
+    mine = group.presets
+    row = {
+        "Model": group.label.replace(paper["experiment"], paper["label"], 1) or paper["label"],
+        f"paper fp32 [{conf}]": paper["fp32_text"],
+        f"paper mixed [{conf}]": paper["mixed_text"],
+    }
+    for p in presets:
+        row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
+    for name in ("fp32", "mixed"):
+        ours = _mean(mine.get(name), "metric_top1")
+        row[f"Δ {name} vs paper"] = (
+            fmt_signed(_diff(ours, paper[name]), 2)
+            if ok
+            else (NOT_COMPARABLE if not _nan(ours) else "")
+        )
+    return row | _delta_cells(deltas, group, 2)
 
 
 # what a "Δ ... (95% CI)" cell is, said under every table that has one
@@ -347,39 +339,20 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]
     "diverged at step N" where a run diverged; per-class AP in a second table."""
     ref = paper_table("table2")
     paper_rows = list(dict.fromkeys(ref["row"]))
-    paper_columns = list(dict.fromkeys(ref["column"]))
-    mine_all = agg[agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])]
+    columns = list(dict.fromkeys(ref["column"]))
+    own = agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])
     conf = _confidence(ref)
-    col = f"metric_{DETECTION_METRIC}"
     tables = []
-    for (budget, data, device), part in by_setting(mine_all):
+    for (budget, data, device), part in by_setting(agg[own]):
         presets = preset_order(part["precision"], part)
-        any_comparable = False
-        rows = []
-        for row_key in paper_rows:
-            entries = ref[ref["row"] == row_key].set_index("column")
-            ok = comparable(budget, data, row_key)
-            any_comparable |= ok
-            paper_label = entries["row_label"].iloc[0]
-            for group in group_rows(part, row_key, own_model_only=True) or [Row("", {}, ())]:
-                mine = group.presets
-                label = group.label.replace(row_key, paper_label, 1) or paper_label
-                row = {"Model": label}
-                for column in paper_columns:
-                    e = entries.loc[column]
-                    heading = TABLE2_HEADINGS.get(column, column)
-                    row[f"paper: {heading} [{conf}]"] = e["outcome"] or e["value_text"]
-                for p in presets:
-                    row[f"ours {p}"] = result_cell(mine.get(p), col, 1)
-                for column in paper_columns:
-                    row[f"{column} vs paper"] = versus_paper(
-                        entries.loc[column], mine.get(column), col, ok
-                    )
-                delta = _delta(deltas, group, "mixed")
-                row["Δ mixed − fp32 (ours, 95% CI)"] = delta_text(delta, 1)
-                row["mixed vs fp32"] = delta.verdict if delta else ""
-                rows.append(row)
-        meaning = ", ".join(f"{TABLE2_HEADINGS.get(c, c)} = our {c}" for c in paper_columns)
+        ok = {r: comparable(budget, data, r) for r in paper_rows}
+        rows = [
+            _table2_row(ref[ref["row"] == r].set_index("column"), group, presets, ok[r], conf)
+            | _delta_cells(deltas, group, 1)
+            for r in paper_rows
+            for group in group_rows(part, r, own_model_only=True) or [Row("", {}, ())]
+        ]
+        meaning = ", ".join(f"{TABLE2_HEADINGS.get(c, c)} = our {c}" for c in columns)
         notes = [
             f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, mAP (%) on "
             "PASCAL VOC 2007 test, VGG-16 backbones; ours: VOC2007 11-point mAP@0.5 (%), the "
@@ -388,7 +361,7 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]
             DELTA_NOTE,
         ]
         notes += [n for r in paper_rows for n in claim_notes(r)]
-        if not any_comparable:
+        if not any(ok.values()):
             notes.append(
                 f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
                 "difference with the paper is shown."
@@ -406,6 +379,33 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]
         if detail is not None:
             tables.append(detail)
     return tables
+
+
+def _table2_row(
+    entries: pd.DataFrame, group: Row, presets: list[str], ok: bool, conf: str
+) -> dict[str, str]:
+    """One model's row: the paper's columns, ours per preset, ours against each paper column."""
+    col = f"metric_{DETECTION_METRIC}"
+    paper_label = entries["row_label"].iloc[0]
+    row = {"Model": group.label.replace(entries["row"].iloc[0], paper_label, 1) or paper_label}
+    for column, e in entries.iterrows():
+        row[f"paper: {TABLE2_HEADINGS.get(column, column)} [{conf}]"] = (
+            e["outcome"] or e["value_text"]
+        )
+    for p in presets:
+        row[f"ours {p}"] = result_cell(group.presets.get(p), col, 1)
+    for column, e in entries.iterrows():
+        row[f"{column} vs paper"] = versus_paper(e, group.presets.get(column), col, ok)
+    return row
+
+
+def _delta_cells(deltas: Deltas, group: Row, decimals: int) -> dict[str, str]:
+    """mixed's paired difference to fp32 with its interval, and the verdict."""
+    delta = _delta(deltas, group, "mixed")
+    return {
+        "Δ mixed − fp32 (ours, 95% CI)": delta_text(delta, decimals),
+        "mixed vs fp32": delta.verdict if delta else "",
+    }
 
 
 def per_class_table(
@@ -463,6 +463,32 @@ def per_class_table(
 # ---------------------------------------------------------------- every task's own table
 
 
+def per_setting(
+    part_all: pd.DataFrame, title: str, slug: str, rows_of: Callable, notes_for=None
+) -> list[Table]:
+    """One table per setting (budget, data, device) of a task's runs: `rows_of(part, group)`
+    gives the rows of each comparison group of each experiment; the paper's claims about the
+    experiments (`notes_for`) and what a Δ cell is go under it."""
+    tables = []
+    for (budget, data, device), part in by_setting(part_all):
+        rows, notes = [], []
+        for experiment in sorted(part["experiment"].unique()):
+            for group in group_rows(part, experiment):
+                rows += rows_of(part, group)
+            if notes_for:
+                notes += notes_for(experiment)
+        tables.append(
+            Table(
+                slugify(slug, budget, data, device),
+                title,
+                caption(budget, data, device),
+                pd.DataFrame(rows),
+                [*notes, DELTA_NOTE],
+            )
+        )
+    return tables
+
+
 def metric_table(
     part_all: pd.DataFrame,
     title: str,
@@ -473,41 +499,22 @@ def metric_table(
 ) -> list[Table]:
     """One row per comparison group of each subject, presets as columns, each cell the primary
     metric (or what happened instead), and mixed's paired difference to fp32 with its CI."""
-    tables = []
-    for (budget, data, device), part in by_setting(part_all):
-        presets = preset_order(part["precision"], part)
-        rows, notes = [], []
-        for experiment in sorted(part["experiment"].unique()):
-            for group in group_rows(part, experiment):
-                mine = group.presets
-                metric = next(
-                    (
-                        g["primary_metric"]
-                        for g in mine.values()
-                        if isinstance(g["primary_metric"], str)
-                    ),
-                    None,
-                )
-                col = f"metric_{metric}"
-                row = {"Experiment": group.label, "Metric": metric or ""}
-                for p in presets:
-                    row[p] = result_cell(mine.get(p), col, decimals)
-                delta = _delta(deltas, group, "mixed")
-                row["Δ mixed − fp32 (95% CI)"] = delta_text(delta, decimals)
-                row["mixed vs fp32"] = delta.verdict if delta else ""
-                rows.append(row)
-            if notes_for:
-                notes += notes_for(experiment)
-        tables.append(
-            Table(
-                slugify(slug, budget, data, device),
-                title,
-                caption(budget, data, device),
-                pd.DataFrame(rows),
-                [*notes, DELTA_NOTE],
-            )
+
+    def rows_of(part: pd.DataFrame, group: Row) -> list[dict]:
+        mine = group.presets
+        metric = next(
+            (g["primary_metric"] for g in mine.values() if isinstance(g["primary_metric"], str)),
+            None,
         )
-    return tables
+        row = {"Experiment": group.label, "Metric": metric or ""}
+        for p in preset_order(part["precision"], part):
+            row[p] = result_cell(mine.get(p), f"metric_{metric}", decimals)
+        delta = _delta(deltas, group, "mixed")
+        row["Δ mixed − fp32 (95% CI)"] = delta_text(delta, decimals)
+        row["mixed vs fp32"] = delta.verdict if delta else ""
+        return [row]
+
+    return per_setting(part_all, title, slug, rows_of, notes_for)
 
 
 def all_metrics_table(
@@ -515,49 +522,42 @@ def all_metrics_table(
 ) -> list[Table]:
     """One row per comparison group and preset: what happened (completed / diverged at step N)
     and every numeric final metric the records hold, in the order the records list them."""
-    tables = []
-    for (budget, data, device), part in by_setting(part_all):
+
+    def rows_of(part: pd.DataFrame, group: Row) -> list[dict]:
         metrics = [
             c[len("metric_") : -len("_mean")]
             for c in part.columns
             if c.startswith("metric_") and c.endswith("_mean") and part[c].notna().any()
         ]
-        rows, notes = [], []
-        for experiment in sorted(part["experiment"].unique()):
-            for group in group_rows(part, experiment):
-                exp = pd.DataFrame(list(group.presets.values()))
-                for p in preset_order(group.presets, exp):
-                    g = group.presets[p]
-                    n_done = int(g["n_completed"])
-                    outcome = [f"{n_done} completed"] if n_done else []
-                    if g["n_diverged"]:
-                        outcome.append(f"{int(g['n_diverged'])} {group_diverged_text(g)}")
-                    flagged = g.get("flagged") or {}
-                    outcome += [f"{n} of {k} non-finite" for n, k in sorted(flagged.items())]
-                    row = {"Experiment": group.label, "Preset": p, "Outcome": "; ".join(outcome)}
-                    for m in metrics:
-                        row[m] = fmt_stat(
-                            g.get(f"metric_{m}_mean"),
-                            g.get(f"metric_{m}_std"),
-                            g.get(f"metric_{m}_count"),
-                            3,
-                        )
-                    delta = _delta(deltas, group, p)
-                    row["Δ to fp32 (95% CI)"] = delta_text(delta, 3)
-                    row["vs fp32"] = delta.verdict if delta else ""
-                    rows.append(row)
-            if notes_for:
-                notes += notes_for(experiment)
-        tables.append(
-            Table(
-                slugify(slug, budget, data, device),
-                title,
-                caption(budget, data, device),
-                pd.DataFrame(rows),
-                [*notes, DELTA_NOTE],
-            )
-        )
-    return tables
+        rows = []
+        for p in preset_order(group.presets, pd.DataFrame(list(group.presets.values()))):
+            g = group.presets[p]
+            row = {"Experiment": group.label, "Preset": p, "Outcome": _outcome_text(g)}
+            for m in metrics:
+                row[m] = fmt_stat(
+                    g.get(f"metric_{m}_mean"),
+                    g.get(f"metric_{m}_std"),
+                    g.get(f"metric_{m}_count"),
+                    3,
+                )
+            delta = _delta(deltas, group, p)
+            row["Δ to fp32 (95% CI)"] = delta_text(delta, 3)
+            row["vs fp32"] = delta.verdict if delta else ""
+            rows.append(row)
+        return rows
+
+    return per_setting(part_all, title, slug, rows_of, notes_for)
+
+
+def _outcome_text(g: pd.Series) -> str:
+    """`2 completed; 1 diverged at step N; loss non-finite in 1 of 3` for one preset's group."""
+    n_done = int(g["n_completed"])
+    outcome = [f"{n_done} completed"] if n_done else []
+    if g["n_diverged"]:
+        outcome.append(f"{int(g['n_diverged'])} {group_diverged_text(g)}")
+    flagged = g.get("flagged") or {}
+    outcome += [f"{name} non-finite in {count}" for name, count in sorted(flagged.items())]
+    return "; ".join(outcome)
 
 
 def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
@@ -665,87 +665,75 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
     tables = []
     for (budget, device), part in by_setting(agg, ("budget", "device")):
         rows = []
-        kinds: set[str] = set()
         for (experiment, data), exp in part.groupby(["experiment", "data"], sort=True):
             for group in group_rows(exp, experiment):
-                mine = group.presets
-                fp32 = mine.get("fp32")
-                for p in preset_order(mine, pd.DataFrame(list(mine.values()))):
-                    g = mine[p]
-                    kind = str(g.get("peak_memory_kind") or "")
-                    kinds.add(kind)
-                    speed, memory = _mean(g, "samples_per_s"), _mean(g, "peak_memory_bytes")
-                    saved = _mean(g, "saved_bytes_per_sample")
-                    own = (
-                        kind in OWN_PEAK
-                        and str((fp32 if fp32 is not None else g).get("peak_memory_kind") or "")
-                        in OWN_PEAK
-                    )
-                    rows.append(
-                        {
-                            "Experiment": group.label,
-                            "Data": data,
-                            "Preset": p,
-                            "Runs": _runs_text(g),
-                            "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
-                            "Samples/s": fmt_stat(
-                                speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1
-                            ),
-                            "Samples/s ÷ fp32": fmt_num(
-                                _ratio(speed, _mean(fp32, "samples_per_s")), 2
-                            ),
-                            "Peak memory (MiB)": fmt_num(
-                                None if _nan(memory) else memory / 2**20, 1
-                            )
-                            + (f" ({kind})" if kind and not _nan(memory) else ""),
-                            "Peak memory ÷ fp32": fmt_num(
-                                _ratio(memory, _mean(fp32, "peak_memory_bytes")), 2
-                            )
-                            if own
-                            else ("n/a" if not _nan(memory) else ""),
-                            "Saved for backward (MiB/sample)": fmt_num(
-                                None if _nan(saved) else saved / 2**20, 2
-                            ),
-                            "Saved ÷ fp32": fmt_num(
-                                _ratio(saved, _mean(fp32, "saved_bytes_per_sample")), 2
-                            ),
-                        }
-                    )
-        notes = [
-            "Completed runs only; means over seeds. Each ratio divides by the fp32 runs of the "
-            "same comparison group (equal configuration but for the preset and seed), data and "
-            "device.",
-            "Saved for backward: the bytes autograd keeps for the backward pass in one training "
-            "step, per sample, counted on the run's first step (activations and weight copies); "
-            "the same on any device, so it shows a recipe's memory effect on a CPU as well.",
-        ]
-        if catalog.budgets().get(budget) is None or catalog.budgets()[budget].trims:
-            notes.append(
-                "Below the full recipe start-up and first steps weigh heavily: compare ratios, "
-                "not absolute speed (mpt-bench measures speed properly)."
-            )
-        if "host_peak_rss" in kinds:
-            notes.append(
-                "host_peak_rss: the process's peak resident set since the run began (Python and "
-                "the libraries included), reset at each run's start, so a sweep's jobs do not "
-                "inherit each other's peaks."
-            )
-        if "host_max_rss_process" in kinds:
-            notes.append(
-                "host_max_rss_process: the process's lifetime peak (older records, or a system "
-                "without /proc/self/clear_refs); a Hydra multirun's later jobs carry the peaks of "
-                "the jobs before them, so no ratio is shown (n/a)."
-            )
+                fp32 = group.presets.get("fp32")
+                order = preset_order(group.presets, pd.DataFrame(list(group.presets.values())))
+                rows += [_cost_row(group.label, data, p, group.presets[p], fp32) for p in order]
+        kinds = set(part["peak_memory_kind"].dropna()) if "peak_memory_kind" in part else set()
         tables.append(
             Table(
                 slugify("cost", budget, device),
                 "Cost: time, throughput and memory",
                 f"budget={budget}, device {device}, data set per row.",
                 pd.DataFrame(rows),
-                notes,
+                _cost_notes(budget, kinds),
             )
         )
     return tables
+
+
+def _cost_row(label: str, data: str, preset: str, g: pd.Series, fp32) -> dict[str, str]:
+    kind = str(g.get("peak_memory_kind") or "")
+    speed, memory = _mean(g, "samples_per_s"), _mean(g, "peak_memory_bytes")
+    saved = _mean(g, "saved_bytes_per_sample")
+    # a memory ratio only between figures that are each run's own
+    base_kind = str((fp32 if fp32 is not None else g).get("peak_memory_kind") or "")
+    own = kind in OWN_PEAK and base_kind in OWN_PEAK
+    memory_ratio = fmt_num(_ratio(memory, _mean(fp32, "peak_memory_bytes")), 2)
+    return {
+        "Experiment": label,
+        "Data": data,
+        "Preset": preset,
+        "Runs": _runs_text(g),
+        "Wall time (s)": fmt_num(_mean(g, "wall_time_s"), 1),
+        "Samples/s": fmt_stat(speed, g.get("samples_per_s_std"), g.get("samples_per_s_count"), 1),
+        "Samples/s ÷ fp32": fmt_num(_ratio(speed, _mean(fp32, "samples_per_s")), 2),
+        "Peak memory (MiB)": fmt_num(None if _nan(memory) else memory / 2**20, 1)
+        + (f" ({kind})" if kind and not _nan(memory) else ""),
+        "Peak memory ÷ fp32": memory_ratio if own else ("n/a" if not _nan(memory) else ""),
+        "Saved for backward (MiB/sample)": fmt_num(None if _nan(saved) else saved / 2**20, 2),
+        "Saved ÷ fp32": fmt_num(_ratio(saved, _mean(fp32, "saved_bytes_per_sample")), 2),
+    }
+
+
+def _cost_notes(budget: str, kinds: set[str]) -> list[str]:
+    notes = [
+        "Completed runs only; means over seeds. Each ratio divides by the fp32 runs of the "
+        "same comparison group (equal configuration but for the preset and seed), data and "
+        "device.",
+        "Saved for backward: the bytes autograd keeps for the backward pass in one training "
+        "step, per sample, counted on the run's first step (activations and weight copies); "
+        "the same on any device, so it shows a recipe's memory effect on a CPU as well.",
+    ]
+    if catalog.budgets().get(budget) is None or catalog.budgets()[budget].trims:
+        notes.append(
+            "Below the full recipe start-up and first steps weigh heavily: compare ratios, "
+            "not absolute speed (mpt-bench measures speed properly)."
+        )
+    if "host_peak_rss" in kinds:
+        notes.append(
+            "host_peak_rss: the process's peak resident set since the run began (Python and "
+            "the libraries included), reset at each run's start, so a sweep's jobs do not "
+            "inherit each other's peaks."
+        )
+    if kinds & {"host_max_rss_process", "host_max_rss"}:
+        notes.append(
+            "host_max_rss(_process): the process's lifetime peak (older records, or a system "
+            "without /proc/self/clear_refs); a Hydra multirun's later jobs carry the peaks of "
+            "the jobs before them, so no ratio is shown (n/a)."
+        )
+    return notes
 
 
 def _runs_text(group: pd.Series) -> str:

@@ -32,31 +32,37 @@ def closing_block(
     subject = record.get("experiment")
     if model.get("target"):  # your own model: named, never taken for the experiment's own
         subject = f"{subject} · {model.get('name')}"
-    name = " / ".join(
-        str(x)
-        for x in (
-            subject,
-            record.get("precision"),
-            record.get("budget"),
-            f"seed {record.get('seed')}",
-        )
-    )
+    parts = (subject, record.get("precision"), record.get("budget"), f"seed {record.get('seed')}")
+    name = " / ".join(str(x) for x in parts)
     lines = [f"── {name}: {status} " + "─" * max(0, 60 - len(name) - len(status))]
-    warn = status != "completed"
+    shown, bad = _metrics_lines(record)
+    lines += shown + _ending_lines(record, status, run_dir) + _cost_lines(record)
+    lines += _where_lines(record, run_dir, runs_root)
+    return "\n".join(lines), status != "completed" or bad
+
+
+def _metrics_lines(record: Mapping[str, Any]) -> tuple[list[str], bool]:
+    """The final metrics (the primary one first), and whether any is not finite."""
     metrics = record.get("metrics") or {}
+    if not metrics:
+        return [], False
     primary = record.get("primary_metric")
-    if metrics:
-        order = sorted(metrics, key=lambda k: k != primary)
-        shown = ", ".join(
-            f"{k}={_short(float(metrics[k])) if _finite(metrics[k]) else metrics[k]}"
-            + (" (primary)" if k == primary else "")
-            for k in order
-        )
-        lines.append(f"  final metrics  {shown}")
-        bad = [k for k in order if not _finite(metrics[k])]
-        if bad:
-            warn = True
-            lines.append(f"  NOT FINITE     {', '.join(bad)}: check the curves before using them")
+    order = sorted(metrics, key=lambda k: k != primary)
+    shown = ", ".join(
+        f"{k}={_short(float(metrics[k])) if _finite(metrics[k]) else metrics[k]}"
+        + (" (primary)" if k == primary else "")
+        for k in order
+    )
+    lines = [f"  final metrics  {shown}"]
+    bad = [k for k in order if not _finite(metrics[k])]
+    if bad:
+        lines.append(f"  NOT FINITE     {', '.join(bad)}: check the curves before using them")
+    return lines, bool(bad)
+
+
+def _ending_lines(record: Mapping[str, Any], status: str, run_dir: Path) -> list[str]:
+    """How a run that did not complete ended, and what to do next."""
+    lines = []
     if status == "diverged":
         where = f"at step {record.get('diverged_at_step')}"
         layer = record.get("diverged_layer") or (record.get("diagnostics") or {}).get(
@@ -73,6 +79,10 @@ def closing_block(
         lines.append("  next           the same command with resume=true continues it")
     elif status == "failed" and record.get("traceback"):
         lines.append(f"  traceback      in {run_dir / 'run.json'} (and the run's log file)")
+    return lines
+
+
+def _cost_lines(record: Mapping[str, Any]) -> list[str]:
     cost = []
     if _finite(record.get("steps")):
         cost.append(f"{int(record['steps'])} steps")
@@ -86,15 +96,19 @@ def closing_block(
             f"peak memory {record['peak_memory_bytes'] / 2**20:.0f} MiB"
             + (f" ({kind})" if kind else "")
         )
-    if cost:
-        lines.append(f"  cost           {', '.join(cost)}")
+    lines = [f"  cost           {', '.join(cost)}"] if cost else []
     scale = record.get("loss_scale") or {}
     if _finite(scale.get("final")):
         lines.append(
             f"  loss scale     final {scale['final']:g}, min {scale.get('min', scale['final']):g}; "
             f"{int(record.get('skipped_steps') or 0)} skipped steps"
         )
-    lines.append(f"  run record     {run_dir / 'run.json'}")
+    return lines
+
+
+def _where_lines(record: Mapping[str, Any], run_dir: Path, runs_root: Path | None) -> list[str]:
+    """Where the record, curves, events and figures are, and the commands that compare."""
+    lines = [f"  run record     {run_dir / 'run.json'}"]
     if (run_dir / "metrics.csv").exists():
         lines.append(f"  metrics        {run_dir / 'metrics.csv'}")
     if any(tb_dir(run_dir).glob(TB_EVENTS_GLOB)):
@@ -109,7 +123,7 @@ def closing_block(
         root = run_dir
     lines.append(f"  compare        mpt-report {shlex.quote(str(root))}")
     lines.append(f"                 tensorboard --logdir {shlex.quote(str(root))}")
-    return "\n".join(lines), warn
+    return lines
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -95,11 +95,31 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
     hyperparameters are flagged `differs`: TensorBoard sorts those first and its HParams table
     shows the first five by default (torch's add_hparams flags none, so they sorted by name and
     `precision`/`seed` fell out of view)."""
-    from google.protobuf import struct_pb2
     from tensorboard.compat.proto.summary_pb2 import Summary
-    from tensorboard.plugins.hparams import api_pb2, metadata, plugin_data_pb2
+    from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
     values = run_hparams(cfg, record)
+
+    def summary(tag: str, **data) -> Summary:
+        smd = metadata.create_summary_metadata(plugin_data_pb2.HParamsPluginData(**data))
+        return Summary(value=[Summary.Value(tag=tag, metadata=smd, tensor=metadata.NULL_TENSOR)])
+
+    out = [
+        summary(metadata.EXPERIMENT_TAG, experiment=_experiment(values, metric_names)),
+        summary(metadata.SESSION_START_INFO_TAG, session_start_info=_session_start(values)),
+    ]
+    status = _session_status(normalised_status(record))
+    if status is not None:  # an interrupted run goes on after resume=true: no end yet
+        end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
+        out.append(summary(metadata.SESSION_END_INFO_TAG, session_end_info=end))
+    return out
+
+
+def _experiment(values: dict[str, Any], metric_names: list[str]) -> Any:
+    """The experiment config: every hyperparameter with its type (and the domain conf/ defines
+    for precision, experiment and budget), and every metric the runs report."""
+    from tensorboard.plugins.hparams import api_pb2
+
     domains = _known_names()
     infos = []
     for name, value in values.items():
@@ -122,12 +142,19 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
         )
         for tag, (shown, description) in metric_tags.items()
     ]
-    experiment = api_pb2.Experiment(
+    return api_pb2.Experiment(
         name="mpt-repro",
         description="Mixed precision training: runs compared by preset",
         hparam_infos=infos,
         metric_infos=metrics,
     )
+
+
+def _session_start(values: dict[str, Any]) -> Any:
+    """This run's hyperparameter values."""
+    from google.protobuf import struct_pb2
+    from tensorboard.plugins.hparams import plugin_data_pb2
+
     start = plugin_data_pb2.SessionStartInfo(start_time_secs=time.time())
     for name, value in values.items():
         item = struct_pb2.Value()
@@ -138,28 +165,7 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
         else:
             item.string_value = str(value)
         start.hparams[name].CopyFrom(item)
-
-    def summary(tag: str, data) -> Summary:
-        smd = metadata.create_summary_metadata(data)
-        return Summary(value=[Summary.Value(tag=tag, metadata=smd, tensor=metadata.NULL_TENSOR)])
-
-    out = [
-        summary(metadata.EXPERIMENT_TAG, plugin_data_pb2.HParamsPluginData(experiment=experiment)),
-        summary(
-            metadata.SESSION_START_INFO_TAG,
-            plugin_data_pb2.HParamsPluginData(session_start_info=start),
-        ),
-    ]
-    status = _session_status(normalised_status(record))
-    if status is not None:  # an interrupted run goes on after resume=true: no end yet
-        end = plugin_data_pb2.SessionEndInfo(status=status, end_time_secs=time.time())
-        out.append(
-            summary(
-                metadata.SESSION_END_INFO_TAG,
-                plugin_data_pb2.HParamsPluginData(session_end_info=end),
-            )
-        )
-    return out
+    return start
 
 
 def _session_status(status: str | None):
