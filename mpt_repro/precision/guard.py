@@ -51,12 +51,14 @@ class StateGuard:
         self.optimizer, self.on_device = optimizer, on_device
         self.index = {id(p): i for i, p in enumerate(params)}  # parameter -> its name's index
         self._primed: set[int] = set()
-        self._tracked: list[Tensor] = []
-        self._owner = torch.zeros(0, dtype=torch.int64)  # tracked tensor -> parameter index
-        self._copies: list[Tensor] = []
-        self._params: list[Tensor] = []
+        self._params: list[Tensor] = []  # this step's (those with a gradient)
+        self._flag_device = torch.device("cpu")
+        self._tracked: list[Tensor] = []  # the params and their state before the step ...
+        self._copies: list[Tensor] = []  # ... and their copies
+        self._copy_key: tuple[int, ...] = ()
+        self._owner = torch.zeros(0, dtype=torch.int64)
+        self._owner_key: tuple[int, ...] = ()
         self._saved_state: dict[int, dict | None] = {}
-        self._key: tuple[int, ...] = ()
         self.undone: bool = False  # the last step was undone (host variant only; on the device
         # the verdict stays a tensor)
 
@@ -66,22 +68,32 @@ class StateGuard:
         """Copy ``params`` (those with a gradient this step) and their optimizer state."""
         if self.on_device:
             self._prime(params, flag_device)
-        state = self.optimizer.state
-        tracked, owner = [], []
-        for p in params:
-            tensors = [p] + [v for v in state.get(p, {}).values() if _is_float(v)]
-            tracked += tensors
-            owner += [self.index[id(p)]] * len(tensors)
+        self._params, self._flag_device = params, flag_device
+        tracked, _ = self._with_state(params)
         key = tuple(id(t) for t in tracked)
-        if key != self._key:  # the first step, or another set of gradients: new copy buffers
-            self._key, self._tracked = key, tracked
-            self._copies = [torch.empty_like(t) for t in tracked]
-            self._owner = torch.tensor(owner, dtype=torch.int64, device=flag_device)
+        if key != self._copy_key:  # the first step, or another set of gradients: new buffers
+            self._copy_key, self._copies = key, [torch.empty_like(t) for t in tracked]
+        self._tracked = tracked
         if tracked:
             torch._foreach_copy_(self._copies, tracked)
         if not self.on_device:  # the first step creates the state: remember which had none
+            state = self.optimizer.state
             self._saved_state = {id(p): (dict(state[p]) if state.get(p) else None) for p in params}
-            self._params = params
+
+    def _with_state(self, params: list[Tensor]) -> tuple[list[Tensor], Tensor]:
+        """The parameters and their floating-point state tensors, and which parameter (index
+        into the optimizer's names) each belongs to, as a tensor on the flag's device."""
+        state = self.optimizer.state
+        tensors, owner = [], []
+        for p in params:
+            mine = [p] + [v for v in state.get(p, {}).values() if _is_float(v)]
+            tensors += mine
+            owner += [self.index[id(p)]] * len(mine)
+        key = tuple(id(t) for t in tensors)
+        if key != self._owner_key:  # built once per set: no host-to-device copy per step
+            self._owner_key = key
+            self._owner = torch.tensor(owner, dtype=torch.int64, device=self._flag_device)
+        return tensors, self._owner
 
     def _prime(self, params: list[Tensor], device: torch.device) -> None:
         """Let a fused optimizer create its state for parameters that have none yet, with the
@@ -106,11 +118,13 @@ class StateGuard:
         of the first non-finite value, -1 if none), both on ``found_inf``'s device."""
         none = torch.full((), -1, dtype=torch.int64, device=found_inf.device)
         self.undone = False
-        if not self._tracked:
+        if not self._params:
             return found_inf, none
-        norms = torch._foreach_norm(self._tracked, float("inf"))
+        # what the step wrote: the weights and the state, including state the step created
+        written, owner = self._with_state(self._params)
+        norms = torch._foreach_norm(written, float("inf"))
         bad = ~torch.isfinite(torch.stack([n.float().to(found_inf.device) for n in norms]))
-        first = self._owner.index_select(0, torch.argmax(bad.to(torch.uint8)).reshape(1))
+        first = owner.index_select(0, torch.argmax(bad.to(torch.uint8)).reshape(1))
         undo = bad.any().reshape(1).float()
         all_reduce_(undo, "max")  # every rank keeps or undoes the step together
         undo = torch.maximum(undo, (found_inf > 0).float())
