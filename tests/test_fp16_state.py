@@ -198,7 +198,6 @@ def test_a_state_that_keeps_overflowing_ends_the_run_as_diverged_naming_the_laye
         ["optim.name=adam", "optim.fused=false"],
         ["optim.name=adamw", "optim.fused=false"],
         ["optim.name=rmsprop"],
-        ["optim=rmsprop_tf_inception_v3", "optim.eps=1e-10"],
         ["optim.name=adagrad", "optim.initial_accumulator_value=0"],
     ],
 )
@@ -221,6 +220,8 @@ def test_an_eps_that_fp16_state_rounds_to_0_is_refused_naming_the_key(preset, op
         ["precision=fp16", "optim.name=rmsprop", "optim.eps=6e-8"],  # FP16's smallest value
         ["precision=no_master", "optim=adagrad_lm"],  # f-lm: eps 1e-10, sums start at 1.0
         ["precision=no_master", "optim=rmsprop_tf_inception_v3"],  # eps 1.0
+        # eps inside the root, with a mean square that FP16 rounding keeps above 0
+        ["precision=no_master", "optim=rmsprop_tf_inception_v3", "optim.eps=1e-10"],
         ["precision=fp16", "optim=sgd"],  # no eps
         ["precision=mixed", "optim.name=rmsprop"],  # FP32 state (master copy)
         ["precision=amp", "optim.name=adam", "optim.fused=false"],
@@ -237,3 +238,16 @@ def test_the_refusal_needs_no_torch() -> None:
         "assert 'torch' not in sys.modules"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_rmsprop_tf_mean_square_never_reaches_0_in_fp16() -> None:
+    """Why rmsprop_tf's tiny eps is accepted: its mean square starts at 1 and, decaying, stops
+    at FP16's smallest values (0.9 x 2^-24 rounds back up), so sqrt(ms + eps) is never 0."""
+    optim = ["optim=rmsprop_tf_inception_v3", "optim.eps=1e-10", "optim.weight_decay=0"]
+    pol, model, opt = build("fp16", optim, 2)
+    for _ in range(200):  # 0.9^200 ~ 7e-10: far below 2^-24 without the rounding
+        assert step(pol, model, opt, [0.0, 0.0])
+    ms = opt.optimizer.state[opt.params[0]]["ms"]
+    assert (ms > 0).all() and ms.max() <= 2.0**-21
+    assert step(pol, model, opt, [2.0**-24, 0.0])  # a gradient where the mean square is tiny
+    assert torch.isfinite(model.w).all() and opt.skipped == 0

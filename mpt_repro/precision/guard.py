@@ -4,7 +4,7 @@ Under ``no_master`` and ``fp16`` the optimizer updates the FP16 weights themselv
 its state in the parameters' dtype: SGD's momentum, Adam's two moments, RMSprop's mean square,
 Adagrad's sum of squares are FP16 too. They can overflow (SGD's buffer reaches g / (1 - momentum),
 so a steady gradient of 6,600 passes 65,504 at momentum 0.9) or underflow (Adam's second moment
-(1 - beta2) g^2 is 0 in FP16 below |g| ~ 0.008, and the update then divides by eps alone) while
+(1 - beta2) g^2 is 0 in FP16 below |g| ~ 0.0055, and the update then divides by eps alone) while
 every gradient is finite. The loss scaler looks only at the gradients, so such a step wrote
 -inf or NaN into the weights and reported itself applied.
 

@@ -116,8 +116,9 @@ def validate_optimizer_state(p, o) -> None:
     optimizer state"):
     - adam, adamw with optim.fused=false: the foreach path computes in FP16 (refused); the fused
       kernel (fused=auto or true) computes in FP32 and only stores FP16 (accepted);
-    - rmsprop (always foreach): sqrt(v) + eps in FP16 (refused);
-    - rmsprop_tf: sqrt(ms + eps), ms decays to 0 on a parameter without gradient (refused);
+    - rmsprop (always foreach): sqrt(v) + eps in FP16, v starts at 0 (refused);
+    - rmsprop_tf: sqrt(ms + eps) with ms starting at 1; decaying, it stops at FP16's smallest
+      value (0.9 x 2^-24 rounds back up to 2^-24), so the denominator is never 0 (accepted);
     - adagrad: sqrt(sum) + eps, refused only when the sum starts at 0 in FP16 too
       (optim.initial_accumulator_value; f-lm's 1.0 keeps every denominator >= 1);
     - sgd: no eps. A momentum buffer that overflows depends on the data, not on the config: the
@@ -138,7 +139,7 @@ def validate_optimizer_state(p, o) -> None:
             f"into the weights (pytorch issue 26218). {fix}, or optim.fused=auto (the fused "
             "kernel computes in FP32), or precision=mixed."
         )
-    if name in ("rmsprop", "rmsprop_tf"):
+    if name == "rmsprop":
         raise ConfigError(
             f"{why}: a step whose mean square underflows divides by zero and writes inf/NaN "
             f"into the weights (pytorch issue 26218). {fix}, or precision=mixed."
