@@ -122,8 +122,10 @@ class StateGuard:
             return found_inf, none
         # what the step wrote: the weights and the state, including state the step created
         written, owner = self._with_state(self._params)
+        # the largest magnitude: inf or NaN exactly when the tensor holds one (an L2 norm in
+        # FP16 would overflow on finite values)
         norms = torch._foreach_norm(written, float("inf"))
-        bad = ~torch.isfinite(torch.stack([n.float().to(found_inf.device) for n in norms]))
+        bad = ~torch.isfinite(torch.stack([n.to(found_inf.device) for n in norms]))
         first = owner.index_select(0, torch.argmax(bad.to(torch.uint8)).reshape(1))
         undo = bad.any().reshape(1).float()
         all_reduce_(undo, "max")  # every rank keeps or undoes the step together
