@@ -251,3 +251,26 @@ def test_rmsprop_tf_mean_square_never_reaches_0_in_fp16() -> None:
     assert (ms > 0).all() and ms.max() <= 2.0**-21
     assert step(pol, model, opt, [2.0**-24, 0.0])  # a gradient where the mean square is tiny
     assert torch.isfinite(model.w).all() and opt.skipped == 0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs config.validate to call precision.validate.validate_optimizer_state "
+    "(issue 23, the lead's part: config.py); remove this marker once it does",
+)
+def test_mpt_run_refuses_the_issue_s_adam_at_once_with_one_line(tmp_path) -> None:
+    from conftest import run_cli
+
+    proc = run_cli(
+        "experiment=demo",
+        "budget=smoke",
+        "precision=no_master",
+        "optim.name=adam",
+        "optim.fused=false",
+        run_dir=tmp_path / "run",
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run:")]
+    assert "optim.eps=1e-08 rounds to 0 in float16" in line and "optim.eps=1e-4" in line
+    assert not (tmp_path / "run" / "run.json").exists()
