@@ -274,3 +274,17 @@ def test_mpt_run_refuses_the_issue_s_adam_at_once_with_one_line(tmp_path) -> Non
     (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run:")]
     assert "optim.eps=1e-08 rounds to 0 in float16" in line and "optim.eps=1e-4" in line
     assert not (tmp_path / "run" / "run.json").exists()
+
+
+@pytest.mark.parametrize("fused", ["true", "false"])
+def test_fp16_holds_the_lr_schedule_on_a_step_the_guard_skipped(fused: str) -> None:
+    """precision.hold_lr_on_skip: fp16 has no scaler, but the guard skips steps, so the
+    schedule counts the updates applied, as under a scaler."""
+    from mpt_repro.schedule import LRSchedule
+
+    pol, model, opt = build("fp16", ["optim=sgd", f"optim.fused={fused}"], 1)
+    schedule = LRSchedule(opt, lambda i: 0.5**i, total_steps=10, hold_on_skip=True)
+    for g in ([4e4], [4e4], [1.0]):  # applied, undone (momentum overflow), applied
+        schedule.step(_step(pol, model, opt, g))
+    assert schedule.applied == 2 and opt.skipped == 1
+    assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.05 * 0.25)
