@@ -10,6 +10,7 @@ Hydra as `mpt-run` composes them; the optimizers come from mpt_repro.optim as a 
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 
@@ -288,3 +289,23 @@ def test_fp16_holds_the_lr_schedule_on_a_step_the_guard_skipped(fused: str) -> N
         schedule.step(_step(pol, model, opt, g))
     assert schedule.applied == 2 and opt.skipped == 1
     assert float(opt.param_groups[0]["lr"]) == pytest.approx(0.05 * 0.25)
+
+
+@pytest.mark.parametrize("fused", ["true", "false"])
+def test_a_checkpoint_between_undone_steps_resumes_bit_identically(fused: str) -> None:
+    optim = ["optim=sgd", f"optim.fused={fused}"]
+    grads = ([4e4], [4e4], [-4e4], [4e4], [4e4], [1.0])  # steps 2 and 5 are undone
+    pol, straight, opt = build("no_master", optim, 1, init_scale=1.0)
+    outcome = [step(pol, straight, opt, g) for g in grads]
+    assert outcome == [True, False, True, True, False, True]
+
+    pol, first, opt1 = build("no_master", optim, 1, init_scale=1.0)
+    for g in grads[:3]:
+        step(pol, first, opt1, g)
+    saved = {"model": copy.deepcopy(first.state_dict()), "opt": copy.deepcopy(opt1.state_dict())}
+    pol, resumed, opt2 = build("no_master", optim, 1, init_scale=1.0)
+    resumed.load_state_dict(saved["model"])
+    opt2.load_state_dict(saved["opt"])
+    assert [step(pol, resumed, opt2, g) for g in grads[3:]] == outcome[3:]
+    assert torch.equal(resumed.w.detach(), straight.w.detach())
+    assert opt2.skipped == opt.skipped == 2 and opt2.loss_scale == opt.loss_scale == 0.25
