@@ -155,10 +155,14 @@ def _run_planned(
         from mpt_repro.trainer import Trainer
 
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
-        _completed(record, trainer.fit(), start)
+        summary = trainer.fit()
+        _describe_data_again(record, task)
+        _completed(record, summary, start)
     except Diverged as e:
+        _describe_data_again(record, task)
         _diverged(record, e, trainer, start)
     except BaseException as e:
+        _describe_data_again(record, task)
         stopped = _end_abnormally(record, e, trainer, start, run_dir)
         if stopped is not None and stopped is not e:
             raise stopped from e  # the CLI answers a stop by a signal with its own exit status
@@ -172,6 +176,15 @@ def _run_planned(
                 _safely(write_run_summary, trainer.writer, cfg, record.data, names)
             trainer.close()
     return record.data
+
+
+def _describe_data_again(record: RunRecord, task: Any) -> None:
+    """The data as training left it: `data.on_corrupt=skip` counts the files it skipped (the
+    description at the start could not know them)."""
+    try:
+        record.update(data=task.describe_data())
+    except Exception as err:  # noqa: BLE001 - the record of how the run ended comes first
+        log.warning("could not describe the data again: %s", err)
 
 
 def _record_fields(

@@ -5,8 +5,8 @@ With ``precision.hold_lr_on_skip`` a skipped step (overflow) does not advance ``
 follows the updates actually applied, as apex's and fairseq's loops do. Whether a step was
 skipped is known only on the device; when the optimizer steps without a host sync (a fused
 kernel), the count stays on the device too and each group's LR is a device tensor filled from a
-table of the multipliers, so holding the LR costs no sync. Otherwise (no scaler, no hold, or an
-optimizer that already syncs) the count is an ordinary Python int.
+table of the multipliers, so holding the LR costs no sync. Otherwise (nothing that skips, no
+hold, or an optimizer that already syncs) the count is an ordinary Python int.
 """
 
 from __future__ import annotations
@@ -28,7 +28,10 @@ class LRSchedule:
         hold_on_skip: bool,
     ):
         self.optimizer, self.multiplier = optimizer, multiplier
-        self.hold = hold_on_skip and optimizer.scaler is not None
+        # steps are skipped by a loss scaler, or, without a master copy, by the guard of the
+        # FP16 optimizer state (precision/guard.py)
+        skips = optimizer.scaler is not None or getattr(optimizer, "guard", None) is not None
+        self.hold = hold_on_skip and skips
         groups = optimizer.param_groups
         self.base = [float(g.setdefault("initial_lr", float(g["lr"]))) for g in groups]
         self.on_device = self.hold and optimizer.sync_free

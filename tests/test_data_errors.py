@@ -204,3 +204,97 @@ def test_mpt_run_with_a_corrupt_file_in_a_worker_exits_2_with_one_line(tmp_path)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("mpt-run: error:")]
     assert len(errors) == 1 and "dogs_3.jpg" in errors[0] and "worker" in errors[0]
     assert "Traceback" not in proc.stderr
+
+
+# -- data.on_corrupt=skip is counted in the run record -----------------------------------------
+def skip_task(root: Path, *extra: str):
+    from conftest import build_task
+
+    task, _ = build_task(
+        "experiment=demo",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=8",
+        "data.resize_size=8",
+        "data.batch_size=4",
+        "data.on_corrupt=skip",
+        *extra,
+    )
+    return task
+
+
+def test_skipped_files_are_counted_named_and_left_out_of_the_sizes(tmp_path, one_thread):
+    """A real ImageFolder with a corrupt image in train/ and one in val/, read by two loader
+    worker processes: the main process's data description counts both."""
+    root = tree(tmp_path / "d", n=6)  # 12 train and 12 val images
+    bad_train, bad_val = (
+        root / "train" / "dogs" / "dogs_3.jpg",
+        root / "val" / "cats" / "cats_0.jpg",
+    )
+    corrupt(bad_train)
+    corrupt(bad_val)
+    task = skip_task(root, "data.num_workers=2")
+    before = task.describe_data()
+    assert (before["train_size"], before["eval_size"], before["skipped_files"]) == (12, 12, 0)
+    for _ in task.train_batches(0):  # one epoch: every training image is read once
+        pass
+    task.evaluate()
+    after = task.describe_data()
+    assert after["skipped_files"] == 2
+    assert after["skipped_paths"] == [str(bad_train), str(bad_val)]
+    assert (after["train_size"], after["eval_size"]) == (11, 11)  # the images used
+
+    # a resumed run keeps the count of the files skipped before it stopped
+    resumed = skip_task(root, "data.num_workers=0")
+    resumed.load_state_dict(task.state_dict())
+    assert resumed.describe_data()["skipped_paths"] == [str(bad_train), str(bad_val)]
+
+
+def test_without_skip_the_description_has_no_skip_count(tmp_path, one_thread):
+    root = tree(tmp_path / "d")
+    task = skip_task(root, "data.on_corrupt=fail", "data.num_workers=0")
+    described = task.describe_data()
+    assert (described["train_size"], described["eval_size"]) == (8, 8)
+    assert "skipped_files" not in described and task.state_dict() == {}
+
+
+def test_the_count_covers_a_subset_s_files_only(tmp_path):
+    """A budget's data.train_limit: a corrupt file outside the first N is not counted."""
+    from mpt_repro.data import describe_sizes
+
+    root = tree(tmp_path / "d")
+    data = build_image_data(cfg(root, on_corrupt="skip", train_limit=4))
+    inside, outside = data.train.dataset.samples[1][0], data.train.dataset.samples[6][0]
+    corrupt(Path(inside))
+    corrupt(Path(outside))
+    for i in range(len(data.train)):
+        data.train[i]
+    data.train.dataset[6]  # read by someone else (the folder itself), not by this subset
+    sizes = describe_sizes(data.train, data.eval, "skip")
+    assert sizes["skipped_paths"] == [inside] and sizes["train_size"] == 3
+
+
+@pytest.mark.slow
+def test_mpt_run_records_the_skipped_files_in_run_json(tmp_path):
+    from conftest import read_run, run_cli
+
+    root = tree(tmp_path / "d", n=6)
+    bad = root / "train" / "dogs" / "dogs_3.jpg"
+    corrupt(bad)
+    run_cli(
+        "experiment=demo",
+        "data=imagefolder",
+        f"data.root={root}",
+        "data.image_size=8",
+        "data.resize_size=8",
+        "data.batch_size=4",
+        "data.num_workers=2",
+        "data.on_corrupt=skip",
+        "trainer.epochs=1",
+        "trainer.max_steps=null",
+        "trainer.device=cpu",
+        run_dir=tmp_path / "run",
+    )
+    data = read_run(tmp_path / "run")["data"]
+    assert data["skipped_files"] == 1 and data["skipped_paths"] == [str(bad)]
+    assert data["train_size"] == 11

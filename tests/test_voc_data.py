@@ -125,6 +125,68 @@ def test_broken_layouts_name_the_file_and_what_to_do(voc: Path, breakage: str, m
         voc_annotations(str(root), splits)
 
 
+@pytest.mark.parametrize(
+    ("box", "problem"),
+    [
+        ((0, 5, 30, 40), "xmin or ymin below 1"),  # the devkit's first pixel is (1, 1)
+        ((20, -3, 60, 40), "xmin or ymin below 1"),
+        ((20, 5, 65, 40), "xmax > 64 or ymax > 48"),  # one pixel past a 64-wide image
+        ((20, 5, 60, 49), "xmax > 64 or ymax > 48"),
+        ((70, 60, 90, 80), "past the image's edge"),  # wholly outside
+        ((20, 5, 20, 40), "no area"),  # xmin = xmax
+        ((20, 40, 60, 40), "no area"),  # ymin = ymax
+        ((60, 5, 20, 40), "no area"),  # xmax < xmin
+        (("nan", 5, 60, 40), "not a number"),
+    ],
+)
+def test_a_box_outside_its_image_or_without_area_is_refused_naming_file_and_object(
+    tmp_path: Path, box: tuple, problem: str
+) -> None:
+    objects = [("chair", False, 1, 1, 10, 20), ("dog", False, *box)]
+    write_voc(tmp_path, "2007", "trainval", {"000005": (64, 48, objects)})
+    with pytest.raises(DataError) as err:
+        voc_annotations(str(tmp_path), ["2007/trainval"])
+    message = str(err.value)
+    assert "VOC2007/Annotations/000005.xml: object 2 (dog)" in message
+    assert problem in message and "in a 64x48 image" in message
+    assert "fix or remove this object in the XML" in message and "\n" not in message
+
+
+def test_mpt_run_with_a_box_outside_its_image_exits_2_with_one_line(tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    objects = [("dog", False, 20, 5, 65, 40)]  # one pixel past the 64-pixel-wide image
+    for year, split in (("2007", "trainval"), ("2012", "trainval"), ("2007", "test")):
+        write_voc(tmp_path / "voc", year, split, {f"{year}{split}": (64, 48, objects)})
+    run_dir = tmp_path / "run"
+    proc = run_cli(
+        "experiment=ssd",
+        "budget=smoke",
+        f"data.root={tmp_path / 'voc'}",
+        run_dir=run_dir,
+        check=False,
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run:")]
+    assert "2007trainval.xml: object 1 (dog)" in line and "xmax > 64" in line
+
+
+def test_boxes_on_the_image_edges_are_inside(tmp_path: Path) -> None:
+    # the whole image, and a box two pixels wide in the last column pair
+    objects = [("chair", False, 1, 1, 64, 48), ("dog", False, 63, 47, 64, 48)]
+    write_voc(tmp_path, "2007", "trainval", {"000005": (64, 48, objects)})
+    (ann,) = voc_annotations(str(tmp_path), ["2007/trainval"])
+    assert ann.boxes.tolist() == [[0, 0, 64, 48], [62, 46, 64, 48]]
+
+
+def test_a_size_without_pixels_is_refused(tmp_path: Path) -> None:
+    write_voc(tmp_path, "2007", "trainval", {"000005": (64, 48, [])})
+    xml = tmp_path / "VOC2007" / "Annotations" / "000005.xml"
+    xml.write_text(xml.read_text().replace("<width>64<", "<width>0<"))
+    with pytest.raises(DataError, match="000005.xml: <size> says 0x48 pixels"):
+        voc_annotations(str(tmp_path), ["2007/trainval"])
+
+
 def test_a_corrupt_or_resized_image_names_the_file(voc: Path) -> None:
     ds = DetectionDataset(read_split(str(voc), "2007/trainval"), None)
     jpg = voc / "VOC2007" / "JPEGImages" / "000007.jpg"

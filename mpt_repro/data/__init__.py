@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch.utils.data import Dataset, Subset
 
 from mpt_repro.errors import ConfigError, DataError
@@ -37,6 +38,70 @@ class ImageData:
                 f"{self.num_classes} classes (a model=custom factory gets num_classes=...) or "
                 "point data.root at the data the model is for"
             )
+
+
+SKIPPED_LISTED = 10  # run.json names this many skipped files; the count is complete
+
+
+def _base(dataset: Dataset) -> tuple[Dataset, list[int] | None]:
+    """The data set under any Subsets, and the indices into it that ``dataset`` uses (None:
+    all of them)."""
+    used = None
+    while isinstance(dataset, Subset):
+        indices = list(dataset.indices)
+        used = indices if used is None else [indices[i] for i in used]
+        dataset = dataset.dataset
+    return dataset, used
+
+
+def skipped_files(dataset: Dataset) -> list[str]:
+    """The files of ``dataset`` (an image folder, or Subsets of one) that data.on_corrupt=skip
+    has skipped so far, in this process or its loader workers, in sample order. [] for data
+    sets that never skip (those without a ``corrupt`` flag tensor)."""
+    base, used = _base(dataset)
+    flags = getattr(base, "corrupt", None)
+    if flags is None:
+        return []
+    bad = flags.nonzero().flatten().tolist()
+    if used is not None:
+        kept = set(used)
+        bad = [i for i in bad if i in kept]
+    return [base.samples[i][0] for i in bad]
+
+
+def skip_state(splits: dict[str, Dataset]) -> dict:
+    """For a checkpoint: the indices of the samples each split's folder has skipped, so that a
+    resumed run still counts the files skipped before it stopped ({} when none was skipped)."""
+    state = {}
+    for name, dataset in splits.items():
+        flags = getattr(_base(dataset)[0], "corrupt", None)
+        skipped = flags.nonzero().flatten().tolist() if flags is not None else []
+        if skipped:
+            state[name] = skipped
+    return {"skipped_samples": state} if state else {}
+
+
+def load_skip_state(splits: dict[str, Dataset], state: dict) -> None:
+    for name, indices in (state.get("skipped_samples") or {}).items():
+        flags = getattr(_base(splits[name])[0], "corrupt", None)
+        if flags is not None and indices:
+            flags[torch.tensor(indices, dtype=torch.int64)] = True
+
+
+def describe_sizes(train: Dataset, eval: Dataset, on_corrupt: str = "fail") -> dict:
+    """run.json "data" sizes: the images each split used. With data.on_corrupt=skip the files
+    skipped so far are left out of the sizes, counted (train and eval together) and the first
+    SKIPPED_LISTED named; called again at the end of a run, it covers the whole run."""
+    sizes = {"train_size": len(train), "eval_size": len(eval)}
+    if on_corrupt != "skip":
+        return sizes
+    train_bad, eval_bad = skipped_files(train), skipped_files(eval)
+    return {
+        "train_size": len(train) - len(train_bad),
+        "eval_size": len(eval) - len(eval_bad),
+        "skipped_files": len(train_bad) + len(eval_bad),
+        "skipped_paths": (train_bad + eval_bad)[:SKIPPED_LISTED],
+    }
 
 
 def register_dataset(name: str) -> Callable:

@@ -34,8 +34,10 @@ Bad files: problems raise DataError naming the file and the fix. A corrupt or un
 stops the run (data.on_corrupt=fail, the default: the official ImageNet release has no corrupt
 file, so one means a broken copy, and silently skipping would change the training set between
 runs without anyone noticing). data.on_corrupt=skip logs a warning per bad file and uses the
-next image in its place (for data sets scraped from the web). Any other error while loading a
-sample is reported with the file's path; from a loader worker it arrives as one line
+next image in its place (for data sets scraped from the web); every skipped file is marked in a
+flag tensor in shared memory, so the skips of loader workers reach the main process, and the run
+record's data description counts them (mpt_repro.data.describe_sizes). Any other error while
+loading a sample is reported with the file's path; from a loader worker it arrives as one line
 (mpt_repro/data/device.py), not as the worker's traceback.
 """
 
@@ -161,6 +163,9 @@ class ImageNetFolder(ImageFolder):
         self.targets = [t for _, t in self.samples]
         self.geometric, self.on_corrupt = geometric, on_corrupt
         self._warned: set[str] = set()
+        # corrupt[i]: sample i was skipped (on_corrupt=skip). In shared memory: loader workers
+        # (forked or spawned) write the same flags that the main process reads for the record.
+        self.corrupt = torch.zeros(len(self.samples), dtype=torch.bool).share_memory_()
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
         x, target = self.load_uint8(index)
@@ -168,13 +173,14 @@ class ImageNetFolder(ImageFolder):
 
     def load_uint8(self, index: int) -> tuple[torch.Tensor, int]:
         for k in range(MAX_SKIPPED_IN_A_ROW + 1):
-            path, target = self.samples[(index + k) % len(self.samples)]
+            i = (index + k) % len(self.samples)
+            path, target = self.samples[i]
             try:
                 return T.functional.pil_to_tensor(self.geometric(self.loader(path))), target
             except CorruptImage as e:
                 if self.on_corrupt != "skip":
                     raise
-                self.skip_warning(path, e)
+                self.skipped(i, e)
             except DataError:
                 raise
             except Exception as e:  # a transform's error, a PIL bug...: which file, and what
@@ -188,8 +194,11 @@ class ImageNetFolder(ImageFolder):
         path, target = self.samples[index]
         return read_bytes(path), target, index
 
-    def skip_warning(self, path: str, e: BaseException) -> None:
-        if path not in self._warned:  # once per file (and per loader worker)
+    def skipped(self, index: int, e: BaseException) -> None:
+        """Mark sample ``index`` as skipped and warn (once per file and loader worker)."""
+        self.corrupt[index] = True
+        path = self.samples[index][0]
+        if path not in self._warned:
             self._warned.add(path)
             log.warning("data.on_corrupt=skip: skipping %s (%s)", path, e)
 
@@ -269,7 +278,7 @@ class DeviceDecode:
         except CorruptImage as e:
             if self.folder.on_corrupt != "skip":
                 raise
-            self.folder.skip_warning(path, e)
+            self.folder.skipped(index, e)
             return None
 
 

@@ -17,14 +17,16 @@ the detectors' background class.
 them and does not count them as positives (the official devkit); training keeps them or drops
 them per data.train_difficult (SSD's original trains on them, py-faster-rcnn does not).
 
-All annotations are parsed when the data set is built, so a missing or corrupt XML stops the run
-before training with DataError naming the file. A corrupt image stops it when it is read (in a
-loader worker, re-raised by the DataLoader) with DataError naming the file: as for ImageNet,
-silently skipping files would change the training set without anyone noticing.
+All annotations are parsed when the data set is built, so a missing or corrupt XML, or a box
+outside its image or without area (check_box), stops the run before training with DataError
+naming the file and the object. A corrupt image stops it when it is read (in a loader worker,
+re-raised by the DataLoader) with DataError naming the file: as for ImageNet, silently skipping
+files would change the training set without anyone noticing.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Sequence
@@ -99,6 +101,37 @@ def _text(node: ET.Element, tag: str, path: str) -> str:
     return child.text.strip()
 
 
+def check_box(
+    xml_path: str, k: int, name: str, box: tuple[float, ...], width: int, height: int
+) -> None:
+    """Refuse a box that is not inside its image with a positive area (DataError naming the file
+    and the object). VOC boxes are 1-based pixel indices: the devkit's top-left pixel is (1, 1),
+    a box over the whole image is (1, 1, width, height). Required: 1 <= xmin < xmax <= width
+    and 1 <= ymin < ymax <= height (xmin = xmax is a line of pixels, no object), the rule
+    GluonCV's VOC reader raised on (gluoncv/data/pascal_voc/detection.py, _validate_label) while
+    reading VOC2007+2012. A box that breaks it is an annotation error; clipping it (as torchvision's
+    and PaddleDetection's readers do) would train on a box nobody drew."""
+    x1, y1, x2, y2 = box
+    problems = []
+    if not all(math.isfinite(v) for v in box):
+        problems.append("a coordinate that is not a number")
+    else:
+        if x1 < 1 or y1 < 1:
+            problems.append("xmin or ymin below 1, left of or above the image")
+        if x2 > width or y2 > height:
+            problems.append(f"xmax > {width} or ymax > {height}, past the image's edge")
+        if x2 <= x1 or y2 <= y1:
+            problems.append("no area (xmax <= xmin or ymax <= ymin)")
+    if problems:
+        corners = ", ".join(f"{v:g}" for v in box)
+        raise DataError(
+            f"{xml_path}: object {k} ({name}) has the box (xmin, ymin, xmax, ymax) = ({corners}) "
+            f"in a {width}x{height} image: {'; '.join(problems)}. VOC boxes need "
+            "1 <= xmin < xmax <= width and 1 <= ymin < ymax <= height (1-based pixels); fix or "
+            "remove this object in the XML (docs/experiments_detection.md, Data)"
+        )
+
+
 def parse_annotation(xml_path: str, image_id: str, image_path: str) -> Annotation:
     """Read one Annotations/<id>.xml; DataError naming the file if it is missing or malformed."""
     try:
@@ -116,6 +149,11 @@ def parse_annotation(xml_path: str, image_id: str, image_path: str) -> Annotatio
         raise DataError(f"{xml_path}: no <size>; restore this file from the VOC tarball")
     try:
         width, height = int(_text(size, "width", xml_path)), int(_text(size, "height", xml_path))
+        if width < 1 or height < 1:
+            raise DataError(
+                f"{xml_path}: <size> says {width}x{height} pixels; restore this file from the VOC "
+                "tarball"
+            )
         boxes, labels, difficult = [], [], []
         for obj in root.iter("object"):
             name = _text(obj, "name", xml_path).lower()
@@ -130,10 +168,7 @@ def parse_annotation(xml_path: str, image_id: str, image_path: str) -> Annotatio
             x1, y1, x2, y2 = (
                 float(_text(bb, k, xml_path)) for k in ("xmin", "ymin", "xmax", "ymax")
             )
-            if not (x2 >= x1 and y2 >= y1):
-                raise DataError(
-                    f"{xml_path}: box {(x1, y1, x2, y2)} has xmax < xmin or ymax < ymin"
-                )
+            check_box(xml_path, len(boxes) + 1, name, (x1, y1, x2, y2), width, height)
             diff = obj.find("difficult")
             boxes.append((x1 - 1.0, y1 - 1.0, x2, y2))  # 1-based inclusive -> continuous
             labels.append(CLASS_INDEX[name])

@@ -16,6 +16,10 @@ AdamW with ``fused=True``) take it as ``found_inf`` and skip the update inside t
 way torch.amp.GradScaler drives them; the scale moves with ``torch.where``. An optimizer without a
 fused kernel, or a scaler that plans on the host (adaptive), costs one host read per step: that
 is ``sync_free`` False, and the LR schedule then counts steps on the host.
+
+Without a master copy (``no_master``, ``fp16``) the optimizer's own state is FP16 and can turn
+finite gradients into inf/NaN weights; a StateGuard (guard.py) undoes such a step and it counts
+as an overflow.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
 from mpt_repro.precision.fp8_modules import FP8Runtime
+from mpt_repro.precision.guard import StateGuard, needs_guard
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.scalers import LossScaler
 
@@ -66,7 +71,16 @@ class PrecisionOptimizer:
         self.fused = bool(optimizer.defaults.get("fused")) and getattr(
             optimizer, "_step_supports_amp_scaling", False
         )
-        self.sync_free = self.scaler is None or (self.fused and self.scaler.sync_free)
+        # FP16 weights updated directly: the optimizer's FP16 state needs the guard (guard.py)
+        self.guard = (
+            StateGuard(optimizer, self.params, on_device=self.fused)
+            if needs_guard(self.params)
+            else None
+        )
+        if self.guard is not None and not self.fused:
+            self.sync_free = False  # the guard's verdict is read on the host
+        else:
+            self.sync_free = self.scaler is None or (self.fused and self.scaler.sync_free)
         self.steps = 0  # step() calls (host count: the host knows it called)
         # whether the last step was applied, where the host read it anyway (no fused kernel, or
         # a scaler that plans on the host), so that the LR schedule need not read it a second
@@ -79,6 +93,8 @@ class PrecisionOptimizer:
         self._first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
         self._last_bad = torch.full((), -1, dtype=torch.int64, device=device)
         self._last_bad_nan = torch.zeros((), dtype=torch.bool, device=device)
+        # the last one was in the update (an FP16 weight or optimizer state), caught by the guard
+        self._last_bad_state = torch.zeros((), dtype=torch.bool, device=device)
         self._index_cache: dict[tuple[int, ...], Tensor] = {}
         if self.fused and isinstance(optimizer, torch.optim.SGD):
             _zero_momentum_buffers(optimizer)
@@ -139,19 +155,30 @@ class PrecisionOptimizer:
                 i for i in present if clip_only is None or re.search(clip_only, self.names[i])
             ]
             torch.nn.utils.clip_grad_norm_([self.params[i] for i in chosen], clip_grad_norm)
-        if self.scaler is None:
-            self.optimizer.step()
-        elif self.fused:
+        guard = self.guard
+        if guard is not None:
+            guard.save([self.params[i] for i in present], found_inf.device)
+        if self.fused and (self.scaler is not None or guard is not None):
             self.optimizer.grad_scale, self.optimizer.found_inf = None, found_inf.reshape(())
             self.optimizer.step()  # the kernel leaves params and state alone when found_inf
             del self.optimizer.grad_scale, self.optimizer.found_inf
-        else:  # no fused kernel: one host read decides
-            self.host_stepped = not bool(found_inf)
-            if self.host_stepped:
-                self.optimizer.step()
-            else:
-                for p in self.params:  # an overflowing gradient must not reach the next step
-                    p.grad = None
+        elif self.scaler is None or guard is not None:
+            self.optimizer.step()  # with the guard, tried even on an overflow: it undoes it
+            self.host_stepped = True if guard is None else None  # the guard's verdict: below
+        elif not bool(found_inf):  # no fused kernel: one host read decides
+            self.host_stepped = True
+            self.optimizer.step()
+        else:
+            self.host_stepped = False
+            self._drop_grads()
+        if guard is not None:
+            gradients_bad = (found_inf > 0).reshape(())
+            found_inf, bad_param = guard.undo_if_nonfinite(found_inf)
+            self._note_state_overflow(bad_param, gradients_bad)
+            if not self.fused:  # the guard read its verdict on the host: the schedule may use it
+                self.host_stepped = not guard.undone
+            if guard.undone:  # known on the host only without a fused kernel
+                self._drop_grads()
         if self.fp8 is not None:  # an FP16 master copy (fp8.master=fp16): idempotent after a skip
             self.fp8.round_master_(self.params)
         if self.master is not None:
@@ -162,6 +189,22 @@ class PrecisionOptimizer:
             if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
                 self.host_stepped = not self.scaler.host_overflow  # read by the scaler (adaptive)
         return (found_inf == 0).reshape(())
+
+    def _drop_grads(self) -> None:
+        for p in self.params:  # an overflowing gradient must not reach the next step
+            p.grad = None
+
+    def _note_state_overflow(self, param: Tensor, gradients_bad: Tensor) -> None:
+        """Remember a step the guard undid although no gradient was found non-finite: the
+        parameter whose FP16 weight or optimizer state would have become inf/NaN (on the
+        device; without a scaler nobody looks at the gradients, so the cause may be one)."""
+        hit = (param >= 0) & ~gradients_bad
+        fresh = hit & (self._first_bad < 0)
+        self._first_bad_step = torch.where(fresh, self.steps, self._first_bad_step)
+        self._first_bad = torch.where(fresh, param, self._first_bad)
+        self._last_bad = torch.where(hit, param, self._last_bad)
+        self._last_bad_nan = torch.where(hit, False, self._last_bad_nan)
+        self._last_bad_state = torch.where(hit, True, self._last_bad_state & ~gradients_bad)
 
     @torch.no_grad()
     def _diagnose(self, present: list[int], grads: list[Tensor]) -> None:
@@ -197,10 +240,13 @@ class PrecisionOptimizer:
             "first_nonfinite_layer": self.names[first] if first >= 0 else None,
             "first_nonfinite_step": step if step >= 0 else None,
             "last_nonfinite_layer": self.names[last] if last >= 0 else None,
-            "last_nonfinite_kind": ("nan" if bool(self._last_bad_nan) else "inf")
-            if last >= 0
-            else None,
+            "last_nonfinite_kind": self._last_kind() if last >= 0 else None,
         }
+
+    def _last_kind(self) -> str:
+        if bool(self._last_bad_state):
+            return "update"  # the FP16 weight or optimizer state after the step (guard.py)
+        return "nan" if bool(self._last_bad_nan) else "inf"
 
     # -- checkpoints ---------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -212,7 +258,14 @@ class PrecisionOptimizer:
             "fp8": self.fp8.state_dict() if self.fp8 is not None else None,
             "device_state": {
                 k: getattr(self, k).item()
-                for k in ("_skipped", "_first_bad", "_first_bad_step", "_last_bad", "_last_bad_nan")
+                for k in (
+                    "_skipped",
+                    "_first_bad",
+                    "_first_bad_step",
+                    "_last_bad",
+                    "_last_bad_nan",
+                    "_last_bad_state",
+                )
             },
         }
 

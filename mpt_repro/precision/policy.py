@@ -243,11 +243,17 @@ class PrecisionPolicy:
                 continue
             bad = o.nonfinite()
             layer = self._qualified(n, bad["last_nonfinite_layer"])
+            kind = bad["last_nonfinite_kind"]
+            where = (
+                f"last non-finite update in layer {layer!r} (its FP16 weight or optimizer state "
+                "would have become inf/NaN: the state has no FP32 master copy)"
+                if kind == "update"
+                else f"last non-finite gradient in layer {layer!r} ({kind})"
+            )
             raise Diverged(
                 f"loss scale stuck at its floor {o.loss_scale:g} for "
                 f"{self.cfg.floor_patience} consecutive skipped steps "
-                f"(precision.floor_patience); last non-finite gradient in layer {layer!r} "
-                f"({bad['last_nonfinite_kind']}). Lower the LR, clip gradients, or use more "
+                f"(precision.floor_patience); {where}. Lower the LR, clip gradients, or use more "
                 "precision.",
                 at,
                 layer=layer,

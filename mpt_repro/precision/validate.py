@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+import struct
+
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision.config import enum_name as _name
 
@@ -84,9 +87,73 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
         )
 
 
-def _validate_adaptive(p, weights: str) -> None:
-    import math
+def as_fp16(x: float) -> float:
+    """x rounded to float16 (IEEE half, round to nearest even), without torch."""
+    try:
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    except OverflowError:  # beyond float16's largest finite value
+        return math.copysign(math.inf, x)
 
+
+def fp16_optimizer_state(p) -> bool:
+    """True when the optimizer updates FP16 weights directly, so that torch keeps its state
+    (momentum, moments, sums of squares) in FP16 too: no_master and fp16, or any such combination
+    of precision.compute_dtype=float16, weights=low_precision and master_weights=false."""
+    return (
+        _name(p.compute_dtype) == "float16"
+        and _name(p.weights) == "low_precision"
+        and not p.master_weights
+    )
+
+
+def validate_optimizer_state(p, o) -> None:
+    """Refuse an optimizer whose FP16 state would divide by zero (p: precision, o: optim).
+
+    Without a master copy the optimizers below add optim.eps to an FP16 denominator that can be
+    0 (a second moment or a mean square that underflowed, an accumulator that starts at 0): an
+    eps that rounds to 0 in FP16 (at most 2^-25, e.g. the usual 1e-8) makes that 0 / 0 or g / 0,
+    and the weight NaN or inf (pytorch issue 26218). Per optimizer (docs/precision.md, "FP16
+    optimizer state"):
+    - adam, adamw with optim.fused=false: the foreach path computes in FP16 (refused); the fused
+      kernel (fused=auto or true) computes in FP32 and only stores FP16 (accepted);
+    - rmsprop (always foreach): sqrt(v) + eps in FP16, v starts at 0 (refused);
+    - rmsprop_tf: sqrt(ms + eps) with ms starting at 1; decaying, it stops at FP16's smallest
+      value (0.9 x 2^-24 rounds back up to 2^-24), so the denominator is never 0 (accepted);
+    - adagrad: sqrt(sum) + eps, refused only when the sum starts at 0 in FP16 too
+      (optim.initial_accumulator_value; f-lm's 1.0 keeps every denominator >= 1);
+    - sgd: no eps. A momentum buffer that overflows depends on the data, not on the config: the
+      guard in precision/guard.py skips such steps at run time, for every optimizer.
+    Needs no torch: config validation calls it before torch is imported.
+    """
+    if not fp16_optimizer_state(p) or as_fp16(o.eps) != 0:
+        return
+    name, fused = o.name, str(o.fused).lower()
+    why = (
+        f"optim.eps={o.eps:g} rounds to 0 in float16, the dtype of the {name} state under "
+        f"precision={p.name} (no FP32 master copy)"
+    )
+    fix = "Set optim.eps=1e-4 (any value >= 6e-8 is held by float16)"
+    if name in ("adam", "adamw") and fused == "false":
+        raise ConfigError(
+            f"{why}: a step whose second moment underflows divides by zero and writes inf/NaN "
+            f"into the weights (pytorch issue 26218). {fix}, or optim.fused=auto (the fused "
+            "kernel computes in FP32), or precision=mixed."
+        )
+    if name == "rmsprop":
+        raise ConfigError(
+            f"{why}: a step whose mean square underflows divides by zero and writes inf/NaN "
+            f"into the weights (pytorch issue 26218). {fix}, or precision=mixed."
+        )
+    if name == "adagrad" and as_fp16(o.initial_accumulator_value) == 0:
+        raise ConfigError(
+            f"{why}, and so does optim.initial_accumulator_value={o.initial_accumulator_value:g}:"
+            " the first step divides a gradient by sqrt(0) + 0 and writes inf/NaN into the "
+            f"weights (pytorch issue 26218). {fix}, or optim.initial_accumulator_value=1.0 (as "
+            "f-lm), or precision=mixed."
+        )
+
+
+def _validate_adaptive(p, weights: str) -> None:
     from mpt_repro.precision.adaptive import FORMULAS, METHODS
 
     if weights != "low_precision" or not p.master_weights:

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
 from mpt_repro import distributed
-from mpt_repro.data import build_image_data
+from mpt_repro.data import build_image_data, describe_sizes, load_skip_state, skip_state
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
@@ -172,11 +172,17 @@ class Classification(SampledTask):
         n = max(s["total"], 1)
         return {"loss": s["loss"] / n, "top1": 100.0 * s["top1"] / n, "top5": 100.0 * s["top5"] / n}
 
+    def state_dict(self) -> dict:
+        return skip_state({"train": self.data.train, "eval": self.data.eval})
+
+    def load_state_dict(self, state: dict) -> None:
+        load_skip_state({"train": self.data.train, "eval": self.data.eval}, state)
+
     def describe_data(self) -> dict:
         return {
             "name": self.cfg.data.name,
             "root": self.cfg.data.root,
-            "train_size": len(self.data.train),
-            "eval_size": len(self.data.eval),
+            # the images used: with data.on_corrupt=skip, less the skipped files, counted
+            **describe_sizes(self.data.train, self.data.eval, self.cfg.data.on_corrupt),
             "description": self.data.description,
         }

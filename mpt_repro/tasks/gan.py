@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpt_repro import distributed
-from mpt_repro.data import build_image_data
+from mpt_repro.data import build_image_data, describe_sizes, load_skip_state, skip_state
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.models import build_model
 from mpt_repro.models.dcgan import sample_noise
@@ -256,18 +256,19 @@ class GAN(SampledTask):
         save_image(grid, out / f"step_{step:06d}.png")
 
     def state_dict(self) -> dict:
-        return {"noise_rng": self.noise_rng.get_state()}
+        splits = {"train": self.data.train, "eval": self.data.eval}
+        return {"noise_rng": self.noise_rng.get_state(), **skip_state(splits)}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("noise_rng") is not None:
             self.noise_rng.set_state(state["noise_rng"])
+        load_skip_state({"train": self.data.train, "eval": self.data.eval}, state)
 
     def describe_data(self) -> dict:
         return {
             "name": self.cfg.data.name,
             "root": self.cfg.data.root,
-            "train_size": len(self.data.train),
-            "eval_size": len(self.data.eval),
+            **describe_sizes(self.data.train, self.data.eval, self.cfg.data.on_corrupt),
             "image_size": self.image_size,
             "description": self.data.description,
         }
