@@ -416,10 +416,8 @@ def validate(cfg: DictConfig) -> None:
         cfg.paper_loss_scale,
         "must be > 0 or null",
     )
-    from mpt_repro.precision.validate import validate_precision
+    from mpt_repro.precision.validate import validate_optimizer_state, validate_precision
     from mpt_repro.telemetry.config import validate_telemetry
-
-    from mpt_repro.precision.validate import validate_optimizer_state
 
     validate_precision(cfg.precision, cfg.paper_loss_scale)
     validate_optimizer_state(cfg.precision, cfg.optim)  # FP16 state an eps would turn into 0/0
