@@ -92,7 +92,7 @@ class Task:
         params = sum(p.numel() for m in self.models.values() for p in m.parameters())
         described = {
             "name": self.cfg.model.name,  # a custom model's own name (model.name)
-            "variant": self.cfg.model.variant or None,
+            "variant": self.cfg.model.get("variant") or None,  # only models that have several
             "parameters": params,
         }
         if is_custom_model(self.cfg.model):

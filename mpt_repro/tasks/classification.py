@@ -126,7 +126,7 @@ class Classification(SampledTask):
             out,
             y,
             label_smoothing=self.cfg.optim.label_smoothing,
-            aux_weights=self.cfg.model.aux_weight,
+            aux_weights=self.cfg.model.get("aux_weight", 0.0),  # only models with aux heads
         )
 
     def recalibrate_bn(self, batches: int) -> None:
