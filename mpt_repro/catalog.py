@@ -36,6 +36,23 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
 
 
+def model_options() -> list[str]:
+    return options("model")
+
+
+def option_schemas(group: str) -> dict[str, str]:
+    """{option: the name of its schema} for a group with a schema per option (model, data), as
+    each option's file names it (`- /schema/<group>@_here_: <name>` in its defaults)."""
+    found = {}
+    for name in options(group):
+        for entry in _load(CONF_DIR / group / f"{name}.yaml").get("defaults") or []:
+            if isinstance(entry, dict):
+                for key, value in entry.items():
+                    if key.startswith(f"/schema/{group}"):
+                        found[name] = str(value)
+    return found
+
+
 def recipes(experiment: str) -> list[str]:
     """The recipes an experiment has: public (the experiment file's own settings) and every
     recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""

@@ -1,23 +1,28 @@
-"""The typed configuration schema, registered in Hydra's ConfigStore, and the checks around it.
+"""The typed configuration: the schema registered in Hydra's ConfigStore, and the checks around it.
 
 Every YAML file in conf/ is merged onto these dataclasses, so a misspelled key or a value of the
-wrong type is refused before any work starts. Three checks go further:
+wrong type is refused before any work starts. The model and data groups have one schema per
+option (mpt_repro/schema.py): a key another option reads does not exist in this run's. Then:
 
-- `check_command_line` refuses a key the schema does not have, with or without a leading `+`
-  (Hydra would add a `+key` silently, and the run would ignore it);
-- `check_overrides_are_read` refuses a command-line key that the selected experiment does not
-  read (another model's field, a loss-scaling knob under a preset without scaling), from the
-  table READ_ONLY_BY below;
+- `check_command_line` refuses a key no schema has, with or without a leading `+` (Hydra would
+  add a `+key` silently, and the run would ignore it), suggesting the nearest one;
+- `check_overrides_are_read` refuses a command-line key the run does not read: not a field of
+  the option the run uses (the `+` case), or a field whose `read_when` metadata (beside the field,
+  schema.read_when) names kinds other than the run's (`optim.momentum` with Adam, a loss-scaling
+  knob under a preset without scaling);
 - `validate` checks the values that types cannot (a negative learning rate, a batch size of 0,
-  contradictory precision knobs) and raises ConfigError naming the key.
+  contradictory precision knobs; each option's schema checks its own fields) and raises
+  ConfigError naming the key.
 
-Nothing here imports torch: `mpt-run --help` and shell completion load this module.
+Nothing here imports torch: `mpt-run --help`, shell completion and every refusal load this
+module before torch.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -27,11 +32,19 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from mpt_repro.catalog import CONF_DIR, options, recipes  # noqa: E402,F401  (re-exported)
+from mpt_repro.catalog import CONF_DIR, options, recipes  # noqa: F401  (re-exported)
 from mpt_repro.errors import ConfigError
-from mpt_repro.identity import is_custom_model
 from mpt_repro.precision.config import PrecisionConfig
+from mpt_repro.schema import (
+    OPTION_SCHEMAS,
+    read_when,
+    register_option_schemas,
+    require,
+    schema_of,
+)
 from mpt_repro.telemetry.config import TelemetryConfig
+
+_check = require  # the checks below read as sentences: _check(ok, key, value, "must be ...")
 
 
 def option_name(value: Any) -> str:
@@ -46,91 +59,36 @@ def known_tasks() -> list[str]:
     return registered()
 
 
-@dataclass
-class DataConfig:
-    name: str = "digits"  # digits | synthetic | imagenet | imagefolder | corpus | images
-    root: str | None = None  # data folder (imagenet: holds train/ and val/)
-    num_classes: int = 10
-    channels: int = 1
-    image_size: int = 8  # training crop
-    resize_size: int | None = None  # validation: resize shorter side, then center-crop image_size
-    augmentation: str = "none"  # none | caffe | torchvision | inception
-    batch_size: int = 64
-    eval_batch_size: int | None = None  # null: same as batch_size
-    num_workers: int = 0
-    pin_memory: bool = True
-    train_limit: int | None = None  # use only the first N training examples (budgets)
-    eval_limit: int | None = None
-    # synthetic data: random tensors of the configured shape, for speed measurements
-    synthetic_train_size: int = 2048
-    synthetic_eval_size: int = 256
-    synthetic_pool: int = 256  # distinct images, made once and kept on the training device
-    # ImageNet / imagefolder
-    decode: str = "cpu"  # cpu: loader workers decode JPEGs | gpu: nvJPEG on the CUDA device
-    on_corrupt: str = "fail"  # fail: stop, naming the file | skip: warn, use the next image
-    holdout_every: int = 10  # imagefolder with no val/ folder: every N-th image is held out
-    # word-level corpora (train.txt / valid.txt / test.txt)
-    seq_len: int = 35  # truncated back-propagation through time
-    min_freq: int = 1  # words seen fewer times become <unk>
-    max_vocab: int | None = None
-    # detection (data=voc): splits "<year>/<set>", the longer-side cap (Faster R-CNN's 1000) and
-    # whether `difficult` boxes are training targets (evaluation always ignores them)
-    train_splits: list[str] = field(default_factory=list)  # e.g. [2007/trainval, 2012/trainval]
-    eval_splits: list[str] = field(default_factory=list)  # e.g. [2007/test]
-    max_size: int | None = None
-    train_difficult: bool = True
-
-
-@dataclass
-class ModelConfig:
-    """One schema for every architecture; a model ignores the fields it does not use."""
-
-    name: str = "digits_cnn"
-    # alexnet, googlenet: caffe (the paper's, default) | torchvision; resnet50: preact | torchvision
-    variant: str = ""
-    width: int = 32
-    dropout: float = 0.0
-    # auxiliary classifiers (googlenet, inception_v2, inception_v3), trained only
-    aux_logits: bool = False
-    aux_weight: float = 0.3  # each auxiliary loss's weight (Caffe prototxts 0.3, TF-slim v3 0.4)
-    aux_dropout: float = 0.7  # googlenet's auxiliary heads (BVLC prototxt: 0.7)
-    # NHWC memory format for CNNs on CUDA (tensor-core convolutions without layout transposes);
-    # ignored on the CPU and for models that are not CNNs
-    channels_last: bool = True
-    # language model (LSTM with projection, optional sampled softmax)
-    embed_dim: int = 64
-    hidden_size: int = 128
-    proj_size: int = 0  # 0: no projection
-    num_layers: int = 2
-    num_sampled: int = 0  # sampled-softmax negatives; 0: full softmax
-    # initial forget-gate bias (TF LSTMCell / f-lm: 1.0); null: none (all biases start at 0)
-    forget_bias: float | None = None
-    # f-lm's num_shards: the embedding and softmax weights are initialised per shard of
-    # ceil(vocabulary / init_shards) rows, U(+-sqrt(3 / rows)) (mpt_repro/models/lstm_lm.py)
-    init_shards: int = 8
-    # GAN
-    latent_dim: int = 100
-    gen_features: int = 64
-    disc_features: int = 64
-    noise: str = "uniform"  # uniform U(-1, 1) (Radford et al.) | normal N(0, 1) (pytorch/examples)
-    # detection: a VGG-16 weights file (torchvision state dict or a vgg16 run's checkpoint)
-    backbone_weights: str | None = None
-    # model=custom: factory "package.module:factory" called as factory(num_classes=..., **kwargs)
-    target: str = ""
-    kwargs: dict[str, Any] = field(default_factory=dict)
+# the task kinds validate() accepts without importing the registry (tests/test_config_reads.py
+# keeps it equal to mpt_repro.tasks.registered())
+TASKS = ("classification", "detection", "gan", "language_model")
+OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
+SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
+_MOMENTUM = ("rmsprop", "rmsprop_tf", "sgd")
+_EPS = ("adagrad", "adam", "adamw", "rmsprop", "rmsprop_tf")
 
 
 @dataclass
 class OptimConfig:
+    """An optimizer and its LR schedule. One schema for every optimizer: the fields only some
+    optimizers or schedules read say which (read_when), and a command line that sets one for
+    another is refused."""
+
     name: str = "sgd"  # sgd | adam | adamw | adagrad | rmsprop | rmsprop_tf
     lr: float = 0.1
-    momentum: float = 0.9
-    nesterov: bool = False
+    momentum: float = field(default=0.9, metadata=read_when("optim.name", *_MOMENTUM))
+    nesterov: bool = field(default=False, metadata=read_when("optim.name", "sgd"))
     weight_decay: float = 0.0
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-8  # rmsprop: added to sqrt(v); rmsprop_tf: added to v inside the sqrt (TF)
-    alpha: float = 0.99  # rmsprop, rmsprop_tf: decay of the mean square (TF calls it decay)
-    initial_accumulator_value: float = 0.0  # adagrad
+    betas: list[float] = field(
+        default_factory=lambda: [0.9, 0.999], metadata=read_when("optim.name", "adam", "adamw")
+    )
+    # rmsprop: added to sqrt(v); rmsprop_tf: added to v inside the sqrt (TF)
+    eps: float = field(default=1e-8, metadata=read_when("optim.name", *_EPS))
+    # rmsprop, rmsprop_tf: decay of the mean square (TF calls it decay)
+    alpha: float = field(default=0.99, metadata=read_when("optim.name", "rmsprop", "rmsprop_tf"))
+    initial_accumulator_value: float = field(
+        default=0.0, metadata=read_when("optim.name", "adagrad")
+    )
     # Per-parameter-group multipliers of lr and weight_decay (Caffe's lr_mult / decay_mult), by
     # kind (mpt_repro/optim.py param_kinds): "bias" = biases of layers with a weight matrix
     # (conv, linear, LSTM); "norm" = the other 1-d parameters (batch/layer-norm scale and shift).
@@ -140,14 +98,18 @@ class OptimConfig:
     norm_decay_mult: float = 1.0
     # LR schedule, in epochs (fractions allowed); stepped every iteration
     schedule: str = "constant"  # constant | step | multistep | poly | cosine | exponential
-    step_size: float = 30.0
-    milestones: list[float] = field(default_factory=list)
-    gamma: float = 0.1
-    power: float = 1.0  # poly
+    step_size: float = field(default=30.0, metadata=read_when("optim.schedule", "step"))
+    milestones: list[float] = field(
+        default_factory=list, metadata=read_when("optim.schedule", "multistep")
+    )
+    gamma: float = field(
+        default=0.1, metadata=read_when("optim.schedule", "exponential", "multistep", "step")
+    )
+    power: float = field(default=1.0, metadata=read_when("optim.schedule", "poly"))
     warmup_epochs: float = 0.0
     # scale the LR with the global batch: lr * global_batch / base_batch_size (linear rule)
     lr_scaling: str = "none"  # none | linear
-    base_batch_size: int = 256
+    base_batch_size: int = field(default=256, metadata=read_when("optim.lr_scaling", "linear"))
     grad_clip: float | None = None  # max global grad norm, applied to unscaled gradients
     # which parameters the clip norm covers and clips: a regex searched in parameter names
     # (f-lm: "lstm\." clips the LSTM's gradients only); null: every parameter
@@ -156,10 +118,11 @@ class OptimConfig:
     # overflowing step on the device, so a step needs no host sync. auto: wherever the kernel
     # exists | true | false (foreach)
     fused: str = "auto"
-    # objective (the trainer/tasks apply these)
-    label_smoothing: float = 0.0  # classification: TF's softmax_cross_entropy label_smoothing
-    lm_loss_times_steps: bool = False  # LM: backpropagate mean token loss x seq_len (f-lm)
-    embedding_grad_scale: float = 1.0  # LM: embedding gradients x this before clipping (f-lm)
+    # objective (the trainer/tasks apply these): TF's softmax_cross_entropy label_smoothing
+    label_smoothing: float = field(default=0.0, metadata=read_when("task", "classification"))
+    # LM: backpropagate mean token loss x seq_len (f-lm); embedding gradients x this (f-lm)
+    lm_loss_times_steps: bool = field(default=False, metadata=read_when("task", "language_model"))
+    embedding_grad_scale: float = field(default=1.0, metadata=read_when("task", "language_model"))
     # evaluate an exponential moving average of the parameters (FP32) with this decay; null: the
     # raw weights. Inception v3 (TF-slim) 0.9999, the big LSTM (f-lm) 0.999
     ema_decay: float | None = None
@@ -184,11 +147,11 @@ class TrainerConfig:
     # before each evaluation, re-estimate BatchNorm's running statistics on this many training
     # batches with the current weights (0: off). Smoke budgets: a few steps of running averages
     # are meaningless, and an evaluation with them looks broken (loss NaN or 1e6)
-    recalibrate_bn: int = 0
+    recalibrate_bn: int = field(default=0, metadata=read_when("task", "classification"))
     # torch.compile the training forward (classification): fewer kernels, fused elementwise ops.
     # Opt-in: compiling takes minutes, and the hooks of precision=adaptive and of telemetry
     # cannot be compiled (refused with them)
-    compile: bool = False
+    compile: bool = field(default=False, metadata=read_when("task", "classification"))
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
@@ -222,15 +185,19 @@ class PathsConfig:
 @dataclass
 class Config:
     experiment_name: str = MISSING
+    task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     # the recipe behind the run (conf/recipe: public | nvcaffe), recorded in run.json's config
     recipe: str = "public"
-    task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     seed: int = 0
     resume: bool = False  # continue the run in its directory from its last checkpoint
     overwrite: bool = False  # train again over a finished run (its files are moved aside first)
-    paper_loss_scale: float | None = None
-    data: DataConfig = field(default_factory=DataConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    # the paper's static loss scale for this experiment (null: none stated); read only by the
+    # presets whose loss_scaling is `paper`
+    paper_loss_scale: float | None = field(
+        default=None, metadata=read_when("precision.loss_scaling", "paper")
+    )
+    data: Any = MISSING  # an option of conf/data/ with its own schema (mpt_repro/schema.py)
+    model: Any = MISSING  # an option of conf/model/ with its own schema
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     precision: PrecisionConfig = field(default_factory=PrecisionConfig)
@@ -243,70 +210,44 @@ class Config:
 def register_configs() -> None:
     from mpt_repro.identity import register_resolvers
 
-    ConfigStore.instance().store(name="schema", node=Config)
+    store = ConfigStore.instance()
+    store.store(name="schema", node=Config)
+    register_option_schemas(store)  # schema/model/<name>, schema/data/<name>
     register_resolvers()  # ${mpt_run_path:...}, the run directory's name (conf/config.yaml)
 
 
-def _check(ok: bool, key: str, value: Any, must: str) -> None:
-    if not ok:
-        raise ConfigError(
-            f"{key} {must} (got {value!r}). Fix it in the config or on the command line, e.g. "
-            f"{key}=..."
-        )
-
-
-OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
-SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
-AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip")
-
-
+# -- values ----------------------------------------------------------------------------------------
 def validate(cfg: DictConfig) -> None:
     """Check what the types cannot; raise ConfigError naming the key. Imports no torch: mpt-run
     refuses a bad value before torch loads (mpt_repro/preflight.py)."""
     _check_finite(cfg)
-    d, o, t = cfg.data, cfg.optim, cfg.trainer
-    _check(d.batch_size > 0, "data.batch_size", d.batch_size, "must be a positive integer")
-    _check(
-        d.eval_batch_size is None or d.eval_batch_size > 0,
-        "data.eval_batch_size",
-        d.eval_batch_size,
-        "must be positive",
-    )
-    _check(d.image_size > 0, "data.image_size", d.image_size, "must be positive")
-    _check(d.num_workers >= 0, "data.num_workers", d.num_workers, "must be >= 0")
-    _check(d.seq_len > 0, "data.seq_len", d.seq_len, "must be positive")
-    _check(
-        d.train_limit is None or d.train_limit > 0,
-        "data.train_limit",
-        d.train_limit,
-        "must be positive or null",
-    )
-    _check(
-        d.eval_limit is None or d.eval_limit > 0,
-        "data.eval_limit",
-        d.eval_limit,
-        "must be positive or null",
-    )
-    _check(
-        d.augmentation in AUGMENTATIONS,
-        "data.augmentation",
-        d.augmentation,
-        f"must be one of {AUGMENTATIONS}",
-    )
-    _check(d.decode in ("cpu", "gpu"), "data.decode", d.decode, "must be cpu or gpu")
-    _check(
-        d.on_corrupt in ("fail", "skip"), "data.on_corrupt", d.on_corrupt, "must be fail or skip"
-    )
-    _check(d.holdout_every >= 2, "data.holdout_every", d.holdout_every, "must be >= 2")
-    _check(d.synthetic_pool > 0, "data.synthetic_pool", d.synthetic_pool, "must be positive")
+    for group in ("model", "data"):  # each option's schema checks its own fields
+        schema = schema_of(cfg[group])
+        if schema is not None:
+            schema.check(cfg[group], cfg)
+    validate_optim(cfg.optim)
+    validate_trainer(cfg.trainer, cfg.distributed)
+    validate_run(cfg)
+    from mpt_repro.precision.validate import validate_optimizer_state, validate_precision
+    from mpt_repro.telemetry.config import validate_telemetry
+
+    validate_precision(cfg.precision, cfg.paper_loss_scale)
+    validate_optimizer_state(cfg.precision, cfg.optim)  # FP16 state an eps would turn into 0/0
+    validate_telemetry(cfg.telemetry)
+
+
+def validate_optim(o: DictConfig) -> None:
     _check(o.name in OPTIMIZERS, "optim.name", o.name, f"must be one of {OPTIMIZERS}")
     _check(o.schedule in SCHEDULES, "optim.schedule", o.schedule, f"must be one of {SCHEDULES}")
     _check(o.lr > 0, "optim.lr", o.lr, "must be > 0")
     _check(0 <= o.momentum < 1, "optim.momentum", o.momentum, "must be in [0, 1)")
-    _check(o.weight_decay >= 0, "optim.weight_decay", o.weight_decay, "must be >= 0")
     _check(o.eps > 0, "optim.eps", o.eps, "must be > 0")
+    _check(0 <= o.alpha < 1, "optim.alpha", o.alpha, "must be in [0, 1)")
     _check(0 < o.gamma <= 1, "optim.gamma", o.gamma, "must be in (0, 1]")
-    _check(o.warmup_epochs >= 0, "optim.warmup_epochs", o.warmup_epochs, "must be >= 0")
+    for key in ("weight_decay", "warmup_epochs", "bias_lr_mult", "bias_decay_mult"):
+        _check(o[key] >= 0, f"optim.{key}", o[key], "must be >= 0")
+    for key in ("norm_lr_mult", "norm_decay_mult"):
+        _check(o[key] >= 0, f"optim.{key}", o[key], "must be >= 0")
     _check(
         o.lr_scaling in ("none", "linear"),
         "optim.lr_scaling",
@@ -337,45 +278,36 @@ def validate(cfg: DictConfig) -> None:
         list(o.betas),
         "must be two numbers in [0, 1)",
     )
-    validate_model_optim(cfg)
-    _check(t.epochs > 0, "trainer.epochs", t.epochs, "must be positive")
     _check(
-        t.max_steps is None or t.max_steps > 0,
-        "trainer.max_steps",
-        t.max_steps,
-        "must be positive or null",
+        0 <= o.label_smoothing < 1, "optim.label_smoothing", o.label_smoothing, "must be in [0, 1)"
     )
-    _check(t.log_every > 0, "trainer.log_every", t.log_every, "must be positive")
+    _check(
+        o.embedding_grad_scale > 0,
+        "optim.embedding_grad_scale",
+        o.embedding_grad_scale,
+        "must be > 0",
+    )
+    for key in ("grad_clip_params", "ema_params"):
+        _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
+
+
+def validate_trainer(t: DictConfig, dd: DictConfig) -> None:
+    _check(t.epochs > 0, "trainer.epochs", t.epochs, "must be positive")
+    for key in ("max_steps", "eval_every", "checkpoint_every"):
+        _check(t[key] is None or t[key] > 0, f"trainer.{key}", t[key], "must be positive or null")
+    for key in ("log_every", "diverge_patience"):
+        _check(t[key] > 0, f"trainer.{key}", t[key], "must be positive")
     _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
     _check(t.recalibrate_bn >= 0, "trainer.recalibrate_bn", t.recalibrate_bn, "must be >= 0")
+    cuda = str(t.device).startswith("cuda")
     _check(
-        t.eval_every is None or t.eval_every > 0,
-        "trainer.eval_every",
-        t.eval_every,
-        "must be positive or null",
-    )
-    _check(
-        t.checkpoint_every is None or t.checkpoint_every > 0,
-        "trainer.checkpoint_every",
-        t.checkpoint_every,
-        "must be positive or null",
-    )
-    _check(
-        t.diverge_patience > 0, "trainer.diverge_patience", t.diverge_patience, "must be positive"
-    )
-    _check(
-        t.device == "auto" or t.device == "cpu" or t.device.startswith("cuda"),
+        t.device in ("auto", "cpu") or cuda,
         "trainer.device",
         t.device,
         "must be auto, cpu, cuda or cuda:N",
     )
-    dd = cfg.distributed
-    _check(
-        dd.backend in ("auto", "nccl", "gloo"),
-        "distributed.backend",
-        dd.backend,
-        "must be auto, nccl or gloo",
-    )
+    backends = ("auto", "nccl", "gloo")
+    _check(dd.backend in backends, "distributed.backend", dd.backend, f"must be one of {backends}")
     _check(
         dd.batch_size_is in ("per_process", "global"),
         "distributed.batch_size_is",
@@ -383,8 +315,13 @@ def validate(cfg: DictConfig) -> None:
         "must be per_process or global",
     )
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
+
+
+def validate_run(cfg: DictConfig) -> None:
+    """The top-level keys: budget, recipe, task, where results go, resume/overwrite."""
     budgets = options("budget")
     _check(cfg.budget.name in budgets, "budget.name", cfg.budget.name, f"must be one of {budgets}")
+    check_budget_file(cfg)
     have = recipes(cfg.experiment_name)
     _check(
         cfg.recipe in have,
@@ -393,9 +330,7 @@ def validate(cfg: DictConfig) -> None:
         f"must be one of experiment={cfg.experiment_name}'s recipes: {', '.join(have)} "
         "(conf/experiment_recipe/ holds them; docs/recipes.md)",
     )
-    # the registry's names (tests/test_config_reads.py keeps KINDS equal to it): no torch import
-    tasks = list(KINDS["task"])
-    _check(cfg.task in tasks, "task", cfg.task, f"must be one of {tasks}")
+    _check(cfg.task in TASKS, "task", cfg.task, f"must be one of {list(TASKS)}")
     runs_dir = str(cfg.paths.runs_dir or "").strip()
     _check(
         bool(runs_dir) and Path(runs_dir).resolve() != Path(Path(runs_dir).resolve().anchor),
@@ -416,56 +351,33 @@ def validate(cfg: DictConfig) -> None:
         cfg.paper_loss_scale,
         "must be > 0 or null",
     )
-    from mpt_repro.precision.validate import validate_optimizer_state, validate_precision
-    from mpt_repro.telemetry.config import validate_telemetry
-
-    validate_precision(cfg.precision, cfg.paper_loss_scale)
-    validate_optimizer_state(cfg.precision, cfg.optim)  # FP16 state an eps would turn into 0/0
-    validate_telemetry(cfg.telemetry)
 
 
-def validate_model_optim(cfg: DictConfig) -> None:
-    """The recipe fields of model.* and optim.* (issue 12): multipliers, objective, EMA, regexes."""
-    m, o = cfg.model, cfg.optim
-    for key in ("bias_lr_mult", "bias_decay_mult", "norm_lr_mult", "norm_decay_mult"):
-        _check(o[key] >= 0, f"optim.{key}", o[key], "must be >= 0")
-    _check(0 <= o.alpha < 1, "optim.alpha", o.alpha, "must be in [0, 1)")
-    _check(
-        0 <= o.label_smoothing < 1, "optim.label_smoothing", o.label_smoothing, "must be in [0, 1)"
+def check_budget_file(cfg: DictConfig) -> None:
+    """A budget that trims the recipe, on an experiment whose data set is a real folder, needs
+    the experiment's own budget file: without it, budget=short would silently train the full
+    recipe on the full data set (the file is optional in the defaults list)."""
+    from mpt_repro import catalog
+
+    budget, experiment = cfg.budget.name, cfg.experiment_name
+    if catalog.full_recipe(budget) or experiment not in catalog.experiments():
+        return
+    stem = catalog.experiments()[experiment].file
+    if (CONF_DIR / "experiment_budget" / f"{stem}_{budget}.yaml").exists():
+        return
+    if catalog.data_root(experiment, budget) is None:  # no folder to read: the budget's trim holds
+        return
+    raise ConfigError(
+        f"budget={budget} has no conf/experiment_budget/{stem}_{budget}.yaml: it would train "
+        f"experiment={experiment}'s whole recipe on its whole data set. Add the file (an ImageNet "
+        f"experiment: `defaults: [_imagenet_{budget}, _self_]`, as "
+        f"conf/experiment_budget/alexnet_{budget}.yaml), or run budget=paper."
     )
-    _check(
-        o.embedding_grad_scale > 0,
-        "optim.embedding_grad_scale",
-        o.embedding_grad_scale,
-        "must be > 0",
-    )
-    for key in ("grad_clip_params", "ema_params"):
-        _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
-    _check(m.aux_weight >= 0, "model.aux_weight", m.aux_weight, "must be >= 0")
-    _check(0 <= m.aux_dropout < 1, "model.aux_dropout", m.aux_dropout, "must be in [0, 1)")
-    _check(0 <= m.dropout < 1, "model.dropout", m.dropout, "must be in [0, 1)")
-    _check(m.init_shards >= 1, "model.init_shards", m.init_shards, "must be >= 1")
-    _check(m.noise in NOISES, "model.noise", m.noise, f"must be one of {NOISES}")
-    if is_custom_model(m):
-        _check(bool(m.target), "model.target", m.target, "must name a factory (package.module:fn)")
-        builtin = set(options("model")) - {"custom"}
-        _check(
-            m.name not in builtin,
-            "model.name",
-            m.name,
-            f"names a built-in model ({', '.join(sorted(builtin))}); a model of your own "
-            "(model=custom) needs a name of its own, e.g. model.name=mynet",
-        )
-
-
-NOISES = ("uniform", "normal")
 
 
 def _check_finite(cfg: DictConfig) -> None:
     """Every number of the resolved configuration is finite: `optim.lr=inf` or `1e400` (which
     parses as inf) would train on NaN weights and end as if it were a result."""
-    import math
-
     from mpt_repro.identity import flatten
 
     values = OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)
@@ -491,21 +403,23 @@ def to_plain(cfg: DictConfig) -> dict:
     return OmegaConf.to_container(cfg, resolve=True, enum_to_str=True)  # type: ignore[return-value]
 
 
-# -- strict command lines ----------------------------------------------------------------------
+# -- strict command lines --------------------------------------------------------------------------
 # Keys under these schema nodes are free-form (a mapping handed on as is): `+node.anything=...`
-# is the documented way to add one. Every node typed as a dict in the schema is one; none of
-# today's fields is, so today no `+key=` addition is accepted.
+# is the documented way to add one. Every node typed as a dict in a schema is one: today
+# model.kwargs (model=custom's factory arguments).
 def extension_points() -> list[str]:
-    return [key for key, hint in _schema_fields(Config, "") if _origin(hint) is dict]
+    fields = _schema_fields(Config, "")
+    return sorted({k for k, hint in fields if _origin(hint) is dict and k not in OPTION_SCHEMAS})
 
 
 def check_command_line(argv: list[str]) -> str | None:
-    """Why the command line names a key the configuration does not have, or None.
+    """Why the command line names a key no schema has, or None.
 
     A misspelled key and a `+key=` addition get the same answer: Hydra would add the `+` one to
-    the config without complaint, and the run would ignore it (e.g. `+optim.lrr=0.1`).
-    Group choices (`precision=amp`), Hydra's own settings and malformed overrides are left to
-    Hydra, which reports those itself.
+    the config without complaint, and the run would ignore it (e.g. `+optim.lrr=0.1`). A key that
+    some option has but not the run's is left to `check_overrides_are_read`, once the config is
+    composed. Group choices (`precision=amp`), Hydra's own settings and malformed overrides are
+    left to Hydra, which reports those itself.
     """
     overrides = _parse(_override_args(argv))
     if overrides is None:
@@ -515,9 +429,7 @@ def check_command_line(argv: list[str]) -> str | None:
         key = o.key_or_group
         if o.is_delete() or o.package is not None or "/" in key or key.split(".")[0] == "hydra":
             continue
-        if key in groups:
-            continue
-        if _schema_has(key):
+        if key in groups or _schema_has(key):
             continue
         return _unknown_key_message(key)
     return None
@@ -554,11 +466,19 @@ def _origin(hint: Any) -> Any:
 
 
 def _schema_fields(cls: type, prefix: str) -> list[tuple[str, Any]]:
-    """(dotted key, type hint) of every field of a schema dataclass, nested ones included."""
+    """(dotted key, type hint) of every field of a schema dataclass, nested ones included; a
+    group with a schema per option (model, data) contributes the fields of all its options."""
     out = []
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key, hint = prefix + f.name, hints[f.name]
+        if hint is Any and f.name in OPTION_SCHEMAS:
+            seen: dict[str, Any] = {}
+            for schema in OPTION_SCHEMAS[f.name].values():
+                seen.update(_schema_fields(schema, key + "."))
+            out.append((key, dict))
+            out += list(seen.items())
+            continue
         out.append((key, hint))
         if dataclasses.is_dataclass(hint):
             out += _schema_fields(hint, key + ".")
@@ -570,10 +490,12 @@ def _schema_has(key: str) -> bool:
     if key in fields:
         return True
     parts = key.split(".")
-    for i in range(len(parts) - 1, 0, -1):  # under a free-form mapping, or an item of a list
-        parent = fields.get(".".join(parts[:i]))
-        if parent is not None and _origin(parent) in (dict, list, Any):
-            return True
+    for i in range(len(parts) - 1, 0, -1):
+        prefix = ".".join(parts[:i])
+        if prefix in OPTION_SCHEMAS:
+            return False  # a group with a schema per option: every key of it is listed
+        if prefix in fields and _origin(fields[prefix]) in (dict, list, Any):
+            return True  # under a free-form mapping, or an item of a list
     return False
 
 
@@ -598,130 +520,7 @@ def _unknown_key_message(key: str) -> str:
     return f"unknown key {key!r}: {where}{hint}. `mpt-run --help` lists every key; {plus}."
 
 
-# -- keys the selected experiment does not read ------------------------------------------------
-# A command-line key listed here is refused when the run's kind (model, data set, optimizer,
-# loss scaling, ...) is not among those that read it: `model.hidden_size=999` on the demo CNN or
-# `precision.init_scale=1024` under fp32 would change nothing, silently, in a new directory.
-# Keys not listed are read by every kind. When you add a model, a data set or a field that only
-# some kinds read, add it here (tests/test_config_reads.py checks the table against conf/ and
-# against the small models' parameter shapes).
-#
-# key -> (selector, the kinds that read it). A selector is a config key or a derived value
-# (SELECTORS); KINDS lists the kinds each selector knows: a kind missing from it (a model added
-# without updating this table) is never refused anything.
-READ_ONLY_BY: dict[str, tuple[str, tuple[str, ...]]] = {
-    # models
-    "model.variant": (
-        "model",
-        (
-            "alexnet",
-            "googlenet",
-            "inception_v2",
-            "inception_v3",
-            "resnet50",
-            "small_grad_mlp",
-            "vgg16",
-        ),
-    ),
-    "model.width": ("model", ("digits_cnn", "faster_rcnn_vgg16", "small_grad_mlp", "ssd300")),
-    "model.backbone_weights": ("model", ("faster_rcnn_vgg16", "ssd300")),
-    "model.dropout": (
-        "model",
-        ("alexnet", "digits_cnn", "googlenet", "inception_v2", "inception_v3", "lstm_lm", "vgg16"),
-    ),
-    "model.aux_logits": ("model", ("googlenet", "inception_v2", "inception_v3")),
-    "model.aux_weight": ("model", ("googlenet", "inception_v2", "inception_v3")),
-    "model.aux_dropout": ("model", ("googlenet",)),
-    "model.forget_bias": ("model", ("lstm_lm",)),
-    "model.init_shards": ("model", ("lstm_lm",)),
-    "model.noise": ("model", ("dcgan",)),
-    "model.target": ("model", ("custom",)),
-    "model.kwargs": ("model", ("custom",)),
-    "model.channels_last": ("task", ("classification",)),
-    "model.embed_dim": ("model", ("lstm_lm",)),
-    "model.hidden_size": ("model", ("lstm_lm",)),
-    "model.proj_size": ("model", ("lstm_lm",)),
-    "model.num_sampled": ("model", ("lstm_lm",)),
-    "model.num_layers": ("model", ("lstm_lm", "small_grad_mlp")),
-    "model.latent_dim": ("model", ("dcgan",)),
-    "model.gen_features": ("model", ("dcgan",)),
-    "model.disc_features": ("model", ("dcgan",)),
-    # data sets
-    "data.root": ("data.name", ("corpus", "imagefolder", "imagenet", "images", "voc")),
-    "data.train_splits": ("data.name", ("voc",)),
-    "data.eval_splits": ("data.name", ("voc",)),
-    "data.train_difficult": ("data.name", ("voc",)),
-    "data.max_size": ("task", ("detection",)),
-    "data.num_classes": ("data.name", ("imagenet", "synthetic")),
-    "data.channels": ("data.name", ("images", "synthetic")),
-    "data.image_size": ("data.name", ("imagefolder", "imagenet", "images", "synthetic", "voc")),
-    "data.resize_size": ("data.name", ("imagefolder", "imagenet")),
-    "data.augmentation": ("data.name", ("imagefolder", "imagenet", "synthetic", "voc")),
-    "data.num_workers": (
-        "data.name",
-        ("digits", "imagefolder", "imagenet", "images", "synthetic", "voc"),
-    ),
-    "data.pin_memory": (
-        "data.name",
-        ("digits", "imagefolder", "imagenet", "images", "synthetic", "voc"),
-    ),
-    "data.synthetic_train_size": ("data.name", ("synthetic",)),
-    "data.synthetic_eval_size": ("data.name", ("synthetic",)),
-    "data.synthetic_pool": ("data.name", ("synthetic",)),
-    "data.decode": ("data.name", ("imagefolder", "imagenet")),
-    "data.on_corrupt": ("data.name", ("imagefolder", "imagenet")),
-    "data.holdout_every": ("data.name", ("imagefolder",)),
-    "data.seq_len": ("data.name", ("corpus",)),
-    "data.min_freq": ("data.name", ("corpus",)),
-    "data.max_vocab": ("data.name", ("corpus",)),
-    # the loop
-    "trainer.compile": ("task", ("classification",)),
-    "trainer.recalibrate_bn": ("task", ("classification",)),
-    # optimizers and LR schedules
-    "optim.momentum": ("optim.name", ("rmsprop", "rmsprop_tf", "sgd")),
-    "optim.alpha": ("optim.name", ("rmsprop", "rmsprop_tf")),
-    "optim.nesterov": ("optim.name", ("sgd",)),
-    "optim.betas": ("optim.name", ("adam", "adamw")),
-    "optim.eps": ("optim.name", ("adagrad", "adam", "adamw", "rmsprop", "rmsprop_tf")),
-    "optim.label_smoothing": ("task", ("classification",)),
-    "optim.lm_loss_times_steps": ("task", ("language_model",)),
-    "optim.embedding_grad_scale": ("task", ("language_model",)),
-    "optim.initial_accumulator_value": ("optim.name", ("adagrad",)),
-    "optim.step_size": ("optim.schedule", ("step",)),
-    "optim.milestones": ("optim.schedule", ("multistep",)),
-    "optim.gamma": ("optim.schedule", ("exponential", "multistep", "step")),
-    "optim.power": ("optim.schedule", ("poly",)),
-    "optim.base_batch_size": ("optim.lr_scaling", ("linear",)),
-    # precision: by the loss scaling a run ends up with (`paper` resolved)
-    "paper_loss_scale": ("precision.loss_scaling", ("paper",)),
-    "precision.static_scale": ("precision.loss_scaling", ("static",)),
-    "precision.init_scale": ("loss_scaling", ("dynamic",)),
-    "precision.growth_factor": ("loss_scaling", ("dynamic",)),
-    "precision.backoff_factor": ("loss_scaling", ("dynamic",)),
-    "precision.hysteresis": ("loss_scaling", ("dynamic",)),
-    "precision.min_scale": ("loss_scaling", ("dynamic",)),
-    "precision.max_scale": ("loss_scaling", ("dynamic",)),
-    "precision.growth_interval": ("loss_scaling", ("adaptive", "dynamic")),
-    "precision.floor_patience": ("loss_scaling", ("adaptive", "dynamic", "static")),
-    "precision.per_loss_scale": ("loss_scaling", ("adaptive", "dynamic", "static")),
-    "precision.hold_lr_on_skip": ("loss_scaling", ("adaptive", "dynamic", "static")),
-    **{
-        f"precision.adaptive_{k}": ("loss_scaling", ("adaptive",))
-        for k in ("underflow_threshold", "scale_upper_bound", "accum_upper_bound")
-    },
-    "precision.adaptive_update_interval": ("loss_scaling", ("adaptive",)),
-    "precision.adaptive_method": ("loss_scaling", ("adaptive",)),
-    "precision.adaptive_formula": ("loss_scaling", ("adaptive",)),
-    "precision.adaptive_plan_cache": ("loss_scaling", ("adaptive",)),
-    # telemetry: every knob but the switch itself
-    **{
-        f"telemetry.{f.name}": ("telemetry.enabled", ("true",))
-        for f in dataclasses.fields(TelemetryConfig)
-        if f.name != "enabled"
-    },
-}
-
-
+# -- keys the run does not read --------------------------------------------------------------------
 def resolved_loss_scaling(cfg: DictConfig) -> str:
     """The loss scaling a run ends up with: `paper` is the experiment's constant when it states
     one, else dynamic (as PrecisionPolicy resolves it)."""
@@ -746,54 +545,16 @@ def loss_scaling_text(cfg: DictConfig) -> str:
     return kind
 
 
+# kinds that are not a config key of their own (schema.read_when selectors)
 SELECTORS: dict[str, Any] = {
-    # the model's kind: a custom model's name is its own identity, not a registry key
-    "model": lambda cfg: "custom" if is_custom_model(cfg.model) else cfg.model.name,
     "loss_scaling": resolved_loss_scaling,
     "telemetry.enabled": lambda cfg: str(bool(cfg.telemetry.enabled)).lower(),
 }
-# what a message calls each selector, and the other way out besides dropping the override
-SELECTOR_TEXT = {
-    "model": ("the model", "choose a model that reads it (model=...)"),
-    "data.name": ("the data set", "choose a data set that reads it (data=...)"),
-    "optim.name": ("optim.name", "set optim.name to an optimizer that reads it"),
-    "optim.schedule": ("optim.schedule", "set optim.schedule to a schedule that reads it"),
-    "optim.lr_scaling": ("optim.lr_scaling", "set optim.lr_scaling=linear"),
-    "precision.loss_scaling": (
-        "precision.loss_scaling",
-        "choose a precision preset that uses it (precision=...)",
-    ),
-    "loss_scaling": (
-        "the loss scaling (precision.loss_scaling, with paper resolved)",
-        "choose a precision preset that scales the loss that way (precision=...)",
-    ),
-    "task": ("the task", "choose an experiment of a task that reads it"),
-    "telemetry.enabled": ("telemetry.enabled", "turn telemetry on (telemetry=diagnostic)"),
-}
-KINDS: dict[str, tuple[str, ...]] = {
-    "model": (
-        "alexnet",
-        "custom",
-        "dcgan",
-        "digits_cnn",
-        "googlenet",
-        "inception_v2",
-        "inception_v3",
-        "lstm_lm",
-        "resnet50",
-        "small_grad_mlp",
-        "ssd300",
-        "faster_rcnn_vgg16",
-        "vgg16",
-    ),
-    "data.name": ("corpus", "digits", "imagefolder", "imagenet", "images", "synthetic", "voc"),
-    "optim.name": OPTIMIZERS,
-    "optim.schedule": SCHEDULES,
-    "optim.lr_scaling": ("linear", "none"),
-    "precision.loss_scaling": ("adaptive", "dynamic", "none", "paper", "static"),
-    "loss_scaling": ("adaptive", "dynamic", "none", "static"),
-    "task": ("classification", "detection", "gan", "language_model"),
-    "telemetry.enabled": ("false", "true"),
+# what a message calls a selector, when its key alone would not say it
+SELECTOR_WORDS = {
+    "loss_scaling": "the loss scaling (precision.loss_scaling, with paper resolved)",
+    "task": "the task",
+    "data.name": "the data set",
 }
 
 
@@ -804,26 +565,86 @@ def selected_kind(cfg: DictConfig, selector: str) -> str:
 
 
 def check_overrides_are_read(cfg: DictConfig, overrides: list[str]) -> None:
-    """Refuse a command-line override of a key this run does not read (READ_ONLY_BY).
+    """Refuse a command-line override of a key this run does not read.
 
-    `overrides` are the job's override strings (HydraConfig's overrides.task). Raises
-    ConfigError naming the key, the kind it would apply to and the run's own kind.
+    `overrides` are the job's override strings (HydraConfig's overrides.task), `cfg` the
+    configuration they composed. A key must be a field of the schema of the option the run uses
+    (a `+key` Hydra would have added to it is refused), and a field with `read_when` metadata
+    must name this run's kind. Raises ConfigError naming the key, what reads it and what this run
+    has.
     """
-    parsed = _parse(list(overrides)) or []
-    for o in parsed:
+    groups = _groups()
+    for o in _parse(list(overrides)) or []:
         key = o.key_or_group
-        # a factory's own arguments (+model.kwargs.width=64): read only by model=custom
-        table_key = "model.kwargs" if key.startswith("model.kwargs.") else key
-        if table_key not in READ_ONLY_BY or o.is_delete():
+        if o.is_delete() or key in groups or "/" in key or key.split(".")[0] == "hydra":
             continue
-        selector, readers = READ_ONLY_BY[table_key]
-        kind = selected_kind(cfg, selector)
-        if kind in readers or kind not in KINDS.get(selector, ()):
-            continue
-        label, way_out = SELECTOR_TEXT.get(selector, (selector, f"set {selector} otherwise"))
-        who = " or ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
-        raise ConfigError(
-            f"{key} would change nothing in this run: it is read only when {label} is {who}, "
-            f"and this run (experiment={cfg.experiment_name}) has {kind}. Remove {key}=... from "
-            f"the command line, or {way_out}."
-        )
+        field_ = _schema_field(cfg, key)
+        rule = field_.metadata.get("read_when") if field_ is not None else None
+        if rule and selected_kind(cfg, rule[0]) not in rule[1]:
+            raise ConfigError(_unread_message(key, rule, cfg))
+
+
+def _schema_field(cfg: DictConfig, key: str) -> dataclasses.Field | None:
+    """The schema field `key` names, walking down from the root: every part must be a field of
+    its parent's schema (a `+key` Hydra added to a schema that lacks it is refused); below a
+    free-form mapping (model.kwargs) anything goes (None)."""
+    node, found = cfg, None
+    for part in key.split("."):
+        schema = schema_of(node) if isinstance(node, DictConfig) else None
+        if schema is None:
+            return None  # a free-form mapping: its keys are the user's
+        fields = {f.name: f for f in dataclasses.fields(schema)}
+        if part not in fields:
+            raise ConfigError(not_a_setting(key, cfg))
+        found, node = fields[part], node.get(part)
+    return found
+
+
+def _unread_message(key: str, rule: tuple[str, tuple[str, ...]], cfg: DictConfig) -> str:
+    selector, readers = rule
+    kind = selected_kind(cfg, selector)
+    label = SELECTOR_WORDS.get(selector, selector)
+    who = " or ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
+    return (
+        f"{key} would change nothing in this run: it is read only when {label} is {who}, and "
+        f"this run (experiment={cfg.experiment_name}) has {kind}. Remove {key}=... from the "
+        "command line, or choose settings that read it."
+    )
+
+
+def options_with_field(group: str, field_name: str) -> list[str]:
+    """The options of `group` whose schema has `field_name`."""
+    from mpt_repro import catalog
+
+    schemas = OPTION_SCHEMAS.get(group, {})
+    return [
+        option
+        for option, name in catalog.option_schemas(group).items()
+        if name in schemas and field_name in {f.name for f in dataclasses.fields(schemas[name])}
+    ]
+
+
+def not_a_setting(key: str, cfg: DictConfig | None = None, schema: type | None = None) -> str:
+    """Why `model.hidden_size` (a field of another option's schema) cannot be set in this run:
+    the options that have it, and the one this run uses (from the composed config, or from the
+    schema Hydra refused the key in)."""
+    from mpt_repro import catalog
+
+    group, _, rest = key.partition(".")
+    leaf = rest.split(".")[0]
+    if group not in OPTION_SCHEMAS:
+        return f"{key} is not a setting of this run"
+    have = options_with_field(group, leaf)
+    if cfg is not None and group in cfg:
+        mine = [option_name(cfg[group].name)]
+    else:  # the options whose schema is the one that refused the key
+        names = {n for n, c in OPTION_SCHEMAS[group].items() if c is schema}
+        mine = [o for o, n in catalog.option_schemas(group).items() if n in names]
+    used = f"{group}={' or '.join(mine)}" if mine else f"this run's {group}"
+    if not have:
+        return f"{key}: no {group} option has a setting {leaf!r} ({used} neither)"
+    return (
+        f"{key} would change nothing in this run: {used} has no setting {leaf!r}; "
+        f"{', '.join(have)} {'has' if len(have) == 1 else 'have'} it. Remove {key}=... from the "
+        f"command line, or choose that {group} ({group}={have[0]})."
+    )

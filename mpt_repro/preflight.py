@@ -186,6 +186,10 @@ def composition_message(e: BaseException) -> str:
     wrong type, Hydra's own first lines otherwise (an unknown option lists the known ones)."""
     cause = e.__cause__ or e.__context__
     key = getattr(cause, "full_key", None)
+    if key and "not in" in str(cause):  # a key the option's schema does not have
+        from mpt_repro.config import not_a_setting
+
+        return "error: " + not_a_setting(key, schema=getattr(cause, "object_type", None))
     if key:
         value = _offending_value(str(e), key)
         needs = type_needed(key)

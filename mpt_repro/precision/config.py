@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
+from mpt_repro.schema import read_when
+
 
 def enum_name(v: Enum | str) -> str:
     """An Enum member's name, or the string itself: OmegaConf gives members, hand-built configs
@@ -129,6 +131,12 @@ class FP8Config:
     compile: bool = False
 
 
+# the loss scalings a knob of the scaler reads (`paper` resolved: static or dynamic)
+_SCALED = ("adaptive", "dynamic", "static")
+ADAPTIVE = read_when("loss_scaling", "adaptive")  # the layer-wise scaler's knobs
+DYNAMIC = read_when("loss_scaling", "dynamic")
+
+
 @dataclass
 class PrecisionConfig:
     name: str = "fp32"
@@ -138,35 +146,39 @@ class PrecisionConfig:
     bn_fp32: bool = True
     allow_tf32: bool = False
     loss_scaling: LossScaling = LossScaling.none
-    static_scale: float | None = None
+    static_scale: float | None = field(
+        default=None, metadata=read_when("precision.loss_scaling", "static")
+    )
     # dynamic scaling (defaults as torch.amp.GradScaler, plus hysteresis, floor and ceiling)
-    init_scale: float = 65536.0
-    growth_factor: float = 2.0
-    backoff_factor: float = 0.5
-    growth_interval: int = 2000
-    hysteresis: int = 1
-    min_scale: float = 1.0
-    max_scale: float = 16777216.0
+    init_scale: float = field(default=65536.0, metadata=DYNAMIC)
+    growth_factor: float = field(default=2.0, metadata=DYNAMIC)
+    backoff_factor: float = field(default=0.5, metadata=DYNAMIC)
+    growth_interval: int = field(
+        default=2000, metadata=read_when("loss_scaling", "adaptive", "dynamic")
+    )
+    hysteresis: int = field(default=1, metadata=DYNAMIC)
+    min_scale: float = field(default=1.0, metadata=DYNAMIC)
+    max_scale: float = field(default=16777216.0, metadata=DYNAMIC)
     # one scaler per optimizer (per loss) instead of one shared scale
-    per_loss_scale: bool = True
+    per_loss_scale: bool = field(default=True, metadata=read_when("loss_scaling", *_SCALED))
     # a skipped step does not advance the LR schedule (paper/fairseq/Megatron); false: iteration-
     # faithful
-    hold_lr_on_skip: bool = True
+    hold_lr_on_skip: bool = field(default=True, metadata=read_when("loss_scaling", *_SCALED))
     # end the run as diverged when the scale sits at min_scale for this many consecutive skipped
     # steps
-    floor_patience: int = 50
+    floor_patience: int = field(default=50, metadata=read_when("loss_scaling", *_SCALED))
     # adaptive (layer-wise) loss scaling, Zhao et al. 2019 (used when loss_scaling=adaptive)
-    adaptive_underflow_threshold: float = 1e-3
-    adaptive_scale_upper_bound: float = 16.0
-    adaptive_accum_upper_bound: float = 1024.0
-    adaptive_update_interval: int = 1
-    adaptive_method: str = "approx_range"
+    adaptive_underflow_threshold: float = field(default=1e-3, metadata=ADAPTIVE)
+    adaptive_scale_upper_bound: float = field(default=16.0, metadata=ADAPTIVE)
+    adaptive_accum_upper_bound: float = field(default=1024.0, metadata=ADAPTIVE)
+    adaptive_update_interval: int = field(default=1, metadata=ADAPTIVE)
+    adaptive_method: str = field(default="approx_range", metadata=ADAPTIVE)
     # which per-layer formula (docs/adaptive.md "Which formula"): paper (the paper's, default) |
     # code (the authors' final code as it runs: std(g) and max|g|, W dropped) | code_weights
     # (that code's weight branch: sigma x sqrt(0.5 fan_in), u_max / fan_in)
-    adaptive_formula: str = "paper"
+    adaptive_formula: str = field(default="paper", metadata=ADAPTIVE)
     # reuse the plan's walk of the autograd graph for a forward seen before (audited now and
     # then); false: walk every step, for networks whose graph between layers changes per step
-    adaptive_plan_cache: bool = True
+    adaptive_plan_cache: bool = field(default=True, metadata=ADAPTIVE)
     # 8-bit floating point (docs/fp8.md): emulated E5M2/E4M3, or torchao float8 on Hopper
     fp8: FP8Config = field(default_factory=FP8Config)

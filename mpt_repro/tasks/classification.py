@@ -183,6 +183,8 @@ class Classification(SampledTask):
             "name": self.cfg.data.name,
             "root": self.cfg.data.root,
             # the images used: with data.on_corrupt=skip, less the skipped files, counted
-            **describe_sizes(self.data.train, self.data.eval, self.cfg.data.on_corrupt),
+            **describe_sizes(
+                self.data.train, self.data.eval, self.cfg.data.get("on_corrupt", "fail")
+            ),
             "description": self.data.description,
         }

@@ -268,7 +268,9 @@ class GAN(SampledTask):
         return {
             "name": self.cfg.data.name,
             "root": self.cfg.data.root,
-            **describe_sizes(self.data.train, self.data.eval, self.cfg.data.on_corrupt),
+            **describe_sizes(
+                self.data.train, self.data.eval, self.cfg.data.get("on_corrupt", "fail")
+            ),
             "image_size": self.image_size,
             "description": self.data.description,
         }

@@ -6,27 +6,47 @@ Off by default; `telemetry=diagnostic` (conf/telemetry/diagnostic.yaml) or
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
+
+from mpt_repro.schema import read_when
+
+ON = read_when("telemetry.enabled", "true")  # every knob but the switch: read only when it is on
 
 
 @dataclass
 class TelemetryConfig:
     enabled: bool = False
-    every: int = 100  # sample one step in this many; nothing is added to the other steps
-    activations: bool = True  # activation-gradient histograms (hooks on the layers' outputs)
-    weights: bool = True  # weight-gradient histograms (hooks on the parameters' .grad)
-    lost_updates: bool = True  # FP32 snapshot of the weights, to count updates FP16 would lose
+    every: int = field(
+        default=100, metadata=ON
+    )  # sample one step in this many; nothing is added to the other steps
+    activations: bool = field(
+        default=True, metadata=ON
+    )  # activation-gradient histograms (hooks on the layers' outputs)
+    weights: bool = field(
+        default=True, metadata=ON
+    )  # weight-gradient histograms (hooks on the parameters' .grad)
+    lost_updates: bool = field(
+        default=True, metadata=ON
+    )  # FP32 snapshot of the weights, to count updates FP16 would lose
     # the loss scale whose effect the *_scaled fractions show; null: the run's current scale.
     # Set it on an FP32 run to ask "what would a scale of 8 have kept?" (paper Fig. 3, SSD).
-    what_if_scale: float | None = None
+    what_if_scale: float | None = field(default=None, metadata=ON)
     # after a skipped (overflowing) step that was not sampled, hook the next step to name the
     # layer; at most this many such probe steps in a run (0: never)
-    probe_limit: int = 10
-    layer_scalars: bool = True  # per-layer TensorBoard scalars (network totals are always written)
-    layer_histograms: bool = True  # per-layer TensorBoard histograms (network ones always)
-    record_file: str = "telemetry.jsonl"  # per-sample record in the run directory
-    figures: bool = True  # draw the PNG figures into the run directory at the end of the fit
+    probe_limit: int = field(default=10, metadata=ON)
+    layer_scalars: bool = field(
+        default=True, metadata=ON
+    )  # per-layer TensorBoard scalars (network totals are always written)
+    layer_histograms: bool = field(
+        default=True, metadata=ON
+    )  # per-layer TensorBoard histograms (network ones always)
+    record_file: str = field(
+        default="telemetry.jsonl", metadata=ON
+    )  # per-sample record in the run directory
+    figures: bool = field(
+        default=True, metadata=ON
+    )  # draw the PNG figures into the run directory at the end of the fit
 
 
 def validate_telemetry(cfg: Any) -> None:
