@@ -112,3 +112,18 @@ def build_task(*overrides: str):
 @pytest.fixture
 def smoke_overrides() -> list[str]:
     return ["experiment=demo", "budget=smoke"]
+
+
+def option_config(group: str, option: str | None = None, **fields):
+    """A model or data config as the option's own schema holds it (mpt_repro/schema.py), with
+    `fields` set: the option is `option`, else the `name` field (a model with a `target` is
+    model=custom)."""
+    from omegaconf import OmegaConf
+
+    from mpt_repro import catalog
+    from mpt_repro.schema import OPTION_SCHEMAS
+
+    if option is None:
+        option = "custom" if fields.get("target") else fields["name"]
+    schema = OPTION_SCHEMAS[group][catalog.option_schemas(group)[option]]
+    return OmegaConf.structured(schema(**fields))

@@ -1,59 +1,82 @@
-"""Strict command lines: unknown keys and `+` additions are refused alike, and so is a key that
-the selected experiment does not read (config.READ_ONLY_BY, checked here against conf/ and the
-code)."""
+"""Strict command lines: unknown keys and `+` additions are refused alike, and so is a key the run
+does not read: a field of another option's schema (mpt_repro/schema.py), or a field whose
+`read_when` metadata names other kinds. Checked here against conf/, the registries and what the
+small models build."""
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import pytest
-import yaml
 from conftest import CONF_DIR, compose
+from omegaconf import OmegaConf
 
-from mpt_repro import config
-from mpt_repro.config import (
-    KINDS,
-    READ_ONLY_BY,
-    SELECTOR_TEXT,
-    check_command_line,
-    check_overrides_are_read,
-)
+from mpt_repro import catalog, config
+from mpt_repro.config import check_command_line, check_overrides_are_read
 from mpt_repro.errors import ConfigError
-
-SCHEMA_KEYS = {key for key, _ in config._schema_fields(config.Config, "")}
-
-
-def _names(group: str) -> set[str]:
-    """The `name:` each option of a config group gives itself."""
-    return {yaml.safe_load(p.read_text())["name"] for p in (Path(CONF_DIR) / group).glob("*.yaml")}
+from mpt_repro.precision.config import LossScaling, PrecisionConfig
+from mpt_repro.preflight import preflight
+from mpt_repro.schema import OPTION_SCHEMAS
+from mpt_repro.telemetry.config import TelemetryConfig
 
 
-# -- the table itself ----------------------------------------------------------------------------
-def test_every_row_names_a_schema_key_and_known_kinds() -> None:
-    for key, (selector, readers) in READ_ONLY_BY.items():
-        assert key in SCHEMA_KEYS, key
-        assert selector in KINDS and selector in SELECTOR_TEXT, (key, selector)
-        assert readers and set(readers) <= set(KINDS[selector]), (key, readers)
+def refusal(*overrides: str) -> str | None:
+    """What mpt-run says of this command line before any work (None: it would run)."""
+    return preflight(["experiment=demo", *overrides])
 
 
-def test_the_kinds_are_those_of_conf_and_the_registries() -> None:
-    from mpt_repro.data import DATASETS, build_image_data  # noqa: F401
+# -- the schemas against conf/ and the registries --------------------------------------------------
+@pytest.mark.parametrize("group", sorted(OPTION_SCHEMAS))
+def test_every_option_names_a_schema_that_exists(group: str) -> None:
+    named = catalog.option_schemas(group)
+    assert sorted(named) == catalog.options(group)  # every option file names one
+    assert set(named.values()) <= set(OPTION_SCHEMAS[group])
+
+
+def test_the_options_are_those_of_the_registries() -> None:
+    from mpt_repro.data import DATASETS
     from mpt_repro.models import MODELS, _load_all
 
     _load_all()
-    # a custom model's name is its own (conf/model/custom.yaml: name: ${.target}): its kind is
-    # the option's file name
-    assert set(KINDS["model"]) == (_names("model") - {"${.target}"}) | {"custom"} == set(MODELS)
-    # image data sets register on first build; the corpus is the language model's own
-    import mpt_repro.data.digits  # noqa: F401
+    assert set(catalog.options("model")) == set(MODELS)
+    import mpt_repro.data.digits  # noqa: F401  (image data sets register on import)
     import mpt_repro.data.imagenet  # noqa: F401
     import mpt_repro.data.images  # noqa: F401
     import mpt_repro.data.synthetic  # noqa: F401
 
-    assert set(KINDS["data.name"]) == _names("data") | set(DATASETS) | {"corpus"}
-    assert list(KINDS["task"]) == config.known_tasks()
-    assert KINDS["optim.name"] == config.OPTIMIZERS
-    assert KINDS["optim.schedule"] == config.SCHEDULES
+    names = {compose([f"data={d}"]).data.name for d in catalog.options("data")}
+    assert names == set(DATASETS) | {"corpus", "voc"}
+    assert list(config.TASKS) == config.known_tasks()
+
+
+KINDS = {
+    "optim.name": set(config.OPTIMIZERS),
+    "optim.schedule": set(config.SCHEDULES),
+    "optim.lr_scaling": {"none", "linear"},
+    "task": set(config.TASKS),
+    "data.name": {compose([f"data={d}"]).data.name for d in catalog.options("data")},
+    "precision.loss_scaling": set(LossScaling.__members__),
+    "loss_scaling": {"adaptive", "dynamic", "none", "static"},
+    "telemetry.enabled": {"true", "false"},
+}
+
+
+def _read_when_rules():
+    classes = [config.OptimConfig, config.TrainerConfig, config.Config, PrecisionConfig]
+    classes += [TelemetryConfig, *(c for g in OPTION_SCHEMAS.values() for c in g.values())]
+    for cls in classes:
+        for f in dataclasses.fields(cls):
+            if "read_when" in f.metadata:
+                yield cls.__name__, f.name, f.metadata["read_when"]
+
+
+def test_every_read_when_names_a_known_selector_and_kinds() -> None:
+    rules = list(_read_when_rules())
+    assert len(rules) > 40  # the conditional fields of every group
+    for owner, name, (selector, kinds) in rules:
+        assert selector in KINDS, (owner, name, selector)
+        assert kinds and set(kinds) <= KINDS[selector], (owner, name, kinds)
 
 
 SHAPE_KEYS = ["width", "embed_dim", "hidden_size", "proj_size", "num_layers"]
@@ -67,14 +90,14 @@ SMALL_MODELS = {
 
 
 @pytest.mark.parametrize("model", sorted(SMALL_MODELS))
-def test_the_model_rows_agree_with_what_the_small_models_build(model: str, one_thread) -> None:
-    """A shape key that the table says a model reads changes its parameters, and one it says
-    the model ignores changes nothing."""
+def test_a_models_schema_holds_exactly_the_shape_keys_it_builds_from(model, one_thread) -> None:
+    """A shape key in a model's schema changes its parameters; one it lacks cannot be set."""
     import torch
 
     from mpt_repro.models import build_model
 
     cfg = compose([f"model={model}"]).model
+    fields = {f.name for f in dataclasses.fields(OmegaConf.get_type(cfg))}
 
     def shapes(key: str | None = None) -> list:
         c = cfg.copy()
@@ -85,19 +108,23 @@ def test_the_model_rows_agree_with_what_the_small_models_build(model: str, one_t
 
     base = shapes()
     for key in SHAPE_KEYS:
-        readers = READ_ONLY_BY[f"model.{key}"][1]
-        assert (shapes(key) != base) == (model in readers), (model, key)
+        if key in fields:
+            assert shapes(key) != base, (model, key)
+        else:
+            assert refusal(f"model={model}", f"model.{key}=3") is not None, (model, key)
 
 
-# -- strict command lines ------------------------------------------------------------------------
+# -- strict command lines --------------------------------------------------------------------------
 def test_a_plus_addition_gets_the_same_answer_as_a_typo() -> None:
     typo = check_command_line(["experiment=demo", "optim.lrr=0.1"])
     added = check_command_line(["experiment=demo", "+optim.lrr=0.1"])
     assert typo == added
     assert "unknown key 'optim.lrr'" in typo and "did you mean optim.lr?" in typo
     # the one documented extension point is model.kwargs (model=custom's factory arguments)
-    assert "a leading + adds keys only under model.kwargs" in typo
+    assert "a leading + adds keys only under model.kwargs." in typo
     assert "did you mean seed?" in check_command_line(["seeed=1"])
+    # a typo of a field of some model is suggested from every model's schema
+    assert "did you mean model.hidden_size?" in check_command_line(["model.hiden_size=1"])
 
 
 @pytest.mark.parametrize(
@@ -110,52 +137,52 @@ def test_a_plus_addition_gets_the_same_answer_as_a_typo() -> None:
         ["optim.milestones=[1,2]", "optim.betas.0=0.8"],  # a list and one of its items
         ["optim.lr=(("],  # malformed: Hydra reports it with its own message
         ["--cfg", "job", "telemetry=diagnostic", "telemetry.every=5"],
+        ["model.hidden_size=3"],  # some model has it: judged once the config is composed
     ],
 )
 def test_valid_command_lines_pass(argv: list[str]) -> None:
     assert check_command_line(argv) is None
 
 
-# -- keys the run does not read ------------------------------------------------------------------
+# -- keys the run does not read --------------------------------------------------------------------
 @pytest.mark.parametrize(
-    "overrides,key,kind",
+    "overrides,words",
     [
-        (["model.hidden_size=999"], "model.hidden_size", "digits_cnn"),
-        (["precision.init_scale=1024"], "precision.init_scale", "none"),  # fp32: no scaling
+        (["model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'; lstm_lm has"),
+        (["+model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'"),
+        (["+model.kwargs.width=8"], "model=digits_cnn has no setting 'kwargs'; custom has it"),
+        (["data.seq_len=10"], "data=digits has no setting 'seq_len'; corpus has it"),
+        (["precision.init_scale=1024"], "is dynamic, and this run (experiment=demo) has none."),
         (
             ["precision=mixed", "precision.adaptive_method=x"],
-            "precision.adaptive_method",
-            "dynamic",
+            "read only when the loss scaling (precision.loss_scaling, with paper resolved) is "
+            "adaptive, and this run (experiment=demo) has dynamic.",
         ),
-        (["optim.betas=[0.5,0.9]"], "optim.betas", "sgd"),
-        (["optim.milestones=[5]"], "optim.milestones", "constant"),
-        (["telemetry.every=5"], "telemetry.every", "false"),
-        (["data.seq_len=10"], "data.seq_len", "digits"),
+        (["optim.betas=[0.5,0.9]"], "optim.betas would change nothing"),
+        (["optim.milestones=[5]"], "when optim.schedule is multistep"),
+        (["telemetry.every=5"], "when telemetry.enabled is true, and this run"),
+        (["data.decode=gpu"], "data=digits has no setting 'decode'; imagefolder, imagenet have"),
+        (["data=synthetic", "data.resize_size=32"], "read only when the data set is imagefolder"),
+        (["trainer.compile=true", "experiment=lstm_lm"], "read only when the task is"),
         # lstm_lm states a paper scale: `mixed` scales statically there, so init_scale is idle
-        (
-            ["experiment=lstm_lm", "precision=mixed", "precision.init_scale=8"],
-            "init_scale",
-            "static",
-        ),
+        (["experiment=lstm_lm", "precision=mixed", "precision.init_scale=8"], "has static."),
     ],
 )
-def test_an_override_the_run_does_not_read_is_refused(overrides, key, kind) -> None:
-    overrides = ["experiment=demo", *overrides]
-    with pytest.raises(ConfigError) as err:
-        check_overrides_are_read(compose(overrides), overrides)
-    message = str(err.value)
-    assert key in message and f"has {kind}." in message and "would change nothing" in message
+def test_an_override_the_run_does_not_read_is_refused(overrides, words) -> None:
+    message = refusal(*overrides)
+    assert message is not None and words in message, message
 
 
 @pytest.mark.parametrize(
     "overrides",
     [
-        ["experiment=lstm_lm", "model.hidden_size=32", "data.seq_len=10"],
+        ["experiment=lstm_lm", "model.hidden_size=256", "data.seq_len=10"],
         ["precision=amp", "precision.init_scale=1024"],  # dynamic scaling reads it
         ["precision=mixed", "precision.init_scale=1024"],  # demo states no paper scale: dynamic
         ["optim.name=adam", "optim.betas=[0.5,0.9]"],  # the override that makes it read, too
         ["telemetry=diagnostic", "telemetry.every=5"],
         ["optim.lr=0.01", "precision=fp16"],  # keys every run reads
+        ["model=custom", "model.target=a.b:c", "+model.kwargs.width=8"],  # the factory's own
     ],
 )
 def test_an_override_the_run_reads_passes(overrides: list[str]) -> None:
@@ -163,11 +190,16 @@ def test_an_override_the_run_reads_passes(overrides: list[str]) -> None:
     check_overrides_are_read(compose(overrides), overrides)
 
 
-def test_a_kind_the_table_does_not_know_is_never_refused(monkeypatch) -> None:
-    """A model added without a row here keeps working (tests above ask for the row)."""
-    monkeypatch.setitem(KINDS, "model", ("lstm_lm",))
-    overrides = ["experiment=demo", "model.hidden_size=999"]
-    check_overrides_are_read(compose(overrides), overrides)
+def test_a_trimmed_budget_without_the_experiments_file_is_refused(monkeypatch) -> None:
+    """An ImageNet experiment added without conf/experiment_budget/<name>_short.yaml would train
+    its whole recipe on all of ImageNet at budget=short."""
+    real = catalog.experiments()
+    renamed = {**real, "resnet50": dataclasses.replace(real["resnet50"], file="resnet51")}
+    monkeypatch.setattr(catalog, "experiments", lambda: renamed)
+    with pytest.raises(ConfigError, match=r"conf/experiment_budget/resnet51_short.yaml"):
+        config.validate(compose(["experiment=resnet50", "budget=short"]))
+    config.validate(compose(["experiment=resnet50", "budget=paper"]))
+    config.validate(compose(["experiment=demo", "budget=short"]))  # no folder to read: trims
 
 
 def test_resume_and_overwrite_together_are_refused() -> None:

@@ -68,11 +68,11 @@ def test_a_file_nvjpeg_cannot_read_falls_back_to_pil_and_a_corrupt_one_fails(tmp
 def test_decode_gpu_without_a_gpu_is_refused():
     if torch.cuda.is_available():
         pytest.skip("a GPU is visible")
-    from omegaconf import OmegaConf
 
-    from mpt_repro.config import DataConfig
+    from conftest import option_config
+
     from mpt_repro.data import build_image_data
 
-    cfg = OmegaConf.structured(DataConfig(name="imagenet", root="/", decode="gpu"))
+    cfg = option_config("data", name="imagenet", root="/", decode="gpu")
     with pytest.raises(ConfigError, match="data.decode=cpu"):
         build_image_data(cfg)

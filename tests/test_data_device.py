@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import option_config
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from mpt_repro.config import DataConfig
 from mpt_repro.data import build_image_data
 from mpt_repro.data.device import normalize_on_device
 from mpt_repro.data.sampling import PoolBatches, build_epoch_loaders
@@ -44,7 +43,7 @@ def synthetic_cfg(**kw):
         synthetic_pool=6,
     )
     base.update(kw)
-    return OmegaConf.structured(DataConfig(**base))
+    return option_config("data", **base)
 
 
 class OpNames(TorchDispatchMode):

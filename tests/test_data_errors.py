@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import option_config
 from PIL import Image
 
-from mpt_repro.config import DataConfig
 from mpt_repro.data import build_image_data
 from mpt_repro.data.device import worker_error
 from mpt_repro.data.sampling import build_epoch_loaders
@@ -41,7 +40,7 @@ def cfg(root: Path, **kw):
         augmentation="none",
     )
     base.update(kw)
-    return OmegaConf.structured(DataConfig(**base))
+    return option_config("data", **base)
 
 
 def corrupt(path: Path) -> None:

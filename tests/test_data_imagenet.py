@@ -6,11 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import option_config
 from PIL import Image
 from torch.utils.data import DataLoader
 
-from mpt_repro.config import DataConfig
 from mpt_repro.data import build_image_data
 from mpt_repro.errors import DataError
 
@@ -50,7 +49,7 @@ def data_cfg(root, **kw):
         augmentation="caffe",
     )
     base.update(kw)
-    return OmegaConf.structured(DataConfig(**base))
+    return option_config("data", **base)
 
 
 @pytest.fixture

@@ -18,16 +18,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from omegaconf import OmegaConf
+from conftest import option_config
 from torch import nn
 
-from mpt_repro.config import ModelConfig
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 
 
 def build(name: str, meta: bool = True, num_classes: int = 1000, size: int = 224, **kw):
-    cfg = OmegaConf.structured(ModelConfig(name=name, **kw))
+    cfg = option_config("model", name=name, **kw)
     if meta:  # the meta device allocates nothing: counting costs no memory or init time
         with torch.device("meta"):
             return build_model(cfg, num_classes=num_classes, channels=3, image_size=size)

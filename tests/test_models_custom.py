@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import compose, read_run, run_cli
-from omegaconf import OmegaConf
+from conftest import compose, option_config, read_run, run_cli
 
-from mpt_repro.config import ModelConfig, validate
+from mpt_repro.config import validate
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import build_model
 
@@ -16,7 +15,7 @@ TARGET = "helpers_custom_model:tiny_classifier"
 
 
 def custom(target: str, **kwargs):
-    cfg = OmegaConf.structured(ModelConfig(name=target, target=target, kwargs=kwargs))
+    cfg = option_config("model", name=target, target=target, kwargs=kwargs)
     return build_model(cfg, num_classes=5, channels=1, image_size=8)
 
 

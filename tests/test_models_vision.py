@@ -7,18 +7,18 @@ import time
 
 import pytest
 import torch
-from conftest import ROOT, compose, read_run, run_cli
+from conftest import ROOT, compose, option_config, read_run, run_cli
 from omegaconf import OmegaConf
 
-from mpt_repro.config import ModelConfig, validate
+from mpt_repro.config import validate
 from mpt_repro.errors import ConfigError, DataError
 from mpt_repro.models import build_model
 
 EXPERIMENTS = ["alexnet", "vgg16", "googlenet", "inception_v2", "inception_v3", "resnet50"]
 
 
-def model_cfg(name: str, **kw) -> ModelConfig:
-    return OmegaConf.structured(ModelConfig(name=name, **kw))
+def model_cfg(name: str, **kw):
+    return option_config("model", name=name, **kw)
 
 
 def n_params(model: torch.nn.Module, skip_aux: bool = True) -> int:

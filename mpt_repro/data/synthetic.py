@@ -93,18 +93,16 @@ def synthetic(cfg: Any) -> ImageData:
             n, cfg.channels, cfg.image_size, cfg.num_classes, cfg.synthetic_pool, seed
         )
 
-    # a budget's limits cap the sizes (data.train_limit, data.eval_limit: the keys every data set
-    # has), so a budget file never needs a key of this data set alone
-    n_train = min(cfg.synthetic_train_size, cfg.train_limit or cfg.synthetic_train_size)
-    n_eval = min(cfg.synthetic_eval_size, cfg.eval_limit or cfg.synthetic_eval_size)
+    # a budget's data.train_limit and data.eval_limit cut these splits as they cut every data
+    # set's (build_image_data), so a budget file never needs a key of this data set alone
     return ImageData(
-        train=make(n_train, 1),
-        eval=make(n_eval, 2),
+        train=make(cfg.synthetic_train_size, 1),
+        eval=make(cfg.synthetic_eval_size, 2),
         num_classes=cfg.num_classes,
         channels=cfg.channels,
         description=(
             f"synthetic {cfg.channels}x{cfg.image_size}x{cfg.image_size}, {cfg.num_classes} "
-            f"classes, a pool of {min(cfg.synthetic_pool, n_train)} images on "
+            f"classes, a pool of {min(cfg.synthetic_pool, cfg.synthetic_train_size)} images on "
             "the training device"
         ),
     )
