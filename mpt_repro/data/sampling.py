@@ -122,13 +122,8 @@ def build_epoch_loaders(
         args["collate_fn"] = collate_fn
     prepare_train = prepare_eval = None
     if hasattr(_base(train)[0], "load_uint8"):  # ImageNet, imagefolder
-        gpu = getattr(d, "decode", "cpu") == "gpu"
-        how = "device_decode" if gpu else "device_prepare"
-        prepare_train = getattr(_base(train)[0], how)(device, **fmt)
-        prepare_eval = getattr(_base(eval)[0], how)(device, **fmt)
-        method = "load_raw" if gpu else "load_uint8"
-        train, eval = Read(train, method), Read(eval, method)
-        if gpu:  # undecoded files: lists of bytes, not stacked tensors
+        train, eval, prepare_train, prepare_eval = _read_on_device(train, eval, d, device, fmt)
+        if getattr(d, "decode", "cpu") == "gpu":  # undecoded files: lists of bytes
             from mpt_repro.data.imagenet import collate_raw
 
             args["collate_fn"] = collate_raw
@@ -153,6 +148,19 @@ def build_epoch_loaders(
         eval=DeviceBatches(eval_loader, prepare_eval),
         eval_shard=shard,
     )
+
+
+def _read_on_device(
+    train: Dataset, eval: Dataset, d: Any, device: torch.device, fmt: dict[str, Any]
+) -> tuple[Dataset, Dataset, Any, Any]:
+    """uint8 image data: the loaders read uint8 images (or undecoded files with data.decode=gpu)
+    and the device finishes them (normalisation, or nvJPEG decoding and the crops)."""
+    gpu = getattr(d, "decode", "cpu") == "gpu"
+    how = "device_decode" if gpu else "device_prepare"
+    prepare_train = getattr(_base(train)[0], how)(device, **fmt)
+    prepare_eval = getattr(_base(eval)[0], how)(device, **fmt)
+    method = "load_raw" if gpu else "load_uint8"
+    return Read(train, method), Read(eval, method), prepare_train, prepare_eval
 
 
 class Read(Dataset):

@@ -101,13 +101,45 @@ def evaluate_detections(
         raise ValueError(
             f"{len(detections)} images with detections but {len(ground_truths)} with ground truth"
         )
-    num_classes = len(class_names)
-    # Per detection (all images, in image order): image, label, score, IoU with the best box of
-    # its class in its image, and that box's global index.
-    rows_img, rows_label, rows_score, rows_iou, rows_gt = [], [], [], [], []
+    matched = _match(detections, ground_truths)
+    result = VOCResult(map=0.0, map_area=0.0, num_detections=len(matched.label))
+    aps, aps_area = [], []
+    for c, name in enumerate(class_names, start=1):
+        npos = int(np.sum((matched.gt_label == c) & ~matched.gt_difficult))
+        result.num_positives[name] = npos
+        if npos == 0:
+            continue
+        recall, precision = _curve(matched, c, npos, iou_threshold)
+        ap, ap_area = voc_ap(recall, precision, True), voc_ap(recall, precision, False)
+        result.per_class_ap[name] = 100.0 * ap
+        result.per_class_ap_area[name] = 100.0 * ap_area
+        aps.append(ap)
+        aps_area.append(ap_area)
+    result.map = 100.0 * float(np.mean(aps)) if aps else 0.0
+    result.map_area = 100.0 * float(np.mean(aps_area)) if aps_area else 0.0
+    return result
+
+
+@dataclass
+class _Matched:
+    """Per detection (all images, in image order): label, score, IoU with the best box of its
+    class in its image and that box's global index; per ground-truth box: label, difficult."""
+
+    label: np.ndarray
+    score: np.ndarray
+    iou: np.ndarray
+    gt: np.ndarray
+    gt_label: np.ndarray
+    gt_difficult: np.ndarray
+
+
+def _match(
+    detections: Sequence[dict[str, Any]], ground_truths: Sequence[dict[str, Any]]
+) -> _Matched:
+    rows_label, rows_score, rows_iou, rows_gt = [], [], [], []
     gt_label, gt_difficult = [], []
     offset = 0
-    for i, (det, gt) in enumerate(zip(detections, ground_truths)):
+    for det, gt in zip(detections, ground_truths):
         g_boxes = _as_numpy(gt["boxes"], np.float64, (-1, 4))
         g_labels = _as_numpy(gt["labels"], np.int64, (-1,))
         g_diff = _as_numpy(gt.get("difficult", np.zeros(len(g_labels))), bool, (-1,))
@@ -125,52 +157,46 @@ def evaluate_detections(
                 ovmax = iou[np.arange(n), jmax]
             else:
                 jmax, ovmax = np.zeros(n, dtype=np.int64), np.full(n, -1.0)
-            rows_img.append(np.full(n, i))
             rows_label.append(d_labels)
             rows_score.append(d_scores)
             rows_iou.append(ovmax)
             rows_gt.append(jmax + offset)
         offset += len(g_labels)
-    all_gt_label = np.concatenate(gt_label) if gt_label else np.zeros(0, dtype=np.int64)
-    all_gt_diff = np.concatenate(gt_difficult) if gt_difficult else np.zeros(0, dtype=bool)
-    cat = lambda parts, dt: np.concatenate(parts) if parts else np.zeros(0, dtype=dt)  # noqa: E731
-    d_label, d_score = cat(rows_label, np.int64), cat(rows_score, np.float64)
-    d_iou, d_gt = cat(rows_iou, np.float64), cat(rows_gt, np.int64)
 
-    result = VOCResult(map=0.0, map_area=0.0, num_detections=len(d_label))
-    aps, aps_area = [], []
-    for c in range(1, num_classes + 1):
-        name = class_names[c - 1]
-        npos = int(np.sum((all_gt_label == c) & ~all_gt_diff))
-        result.num_positives[name] = npos
-        if npos == 0:
-            continue
-        mine = np.nonzero(d_label == c)[0]
-        order = mine[np.argsort(-d_score[mine], kind="stable")]
-        hit = d_iou[order] >= iou_threshold
-        gt_idx = d_gt[order]
-        difficult = np.zeros_like(hit)
-        difficult[hit] = all_gt_diff[gt_idx[hit]]  # gt_idx means nothing where nothing was hit
-        candidate = hit & ~difficult
-        # the first detection (in score order) of a box is the true positive; later ones are
-        # duplicates, hence false positives
-        first = np.zeros(len(order), dtype=bool)
-        if candidate.any():
-            cand_pos = np.nonzero(candidate)[0]
-            _, first_of_box = np.unique(gt_idx[cand_pos], return_index=True)
-            first[cand_pos[first_of_box]] = True
-        tp = first
-        fp = ~hit | (candidate & ~first)
-        keep = ~difficult  # detections of difficult boxes are dropped from the curve
-        tp_cum = np.cumsum(tp[keep])
-        fp_cum = np.cumsum(fp[keep])
-        recall = tp_cum / npos
-        precision = tp_cum / np.maximum(tp_cum + fp_cum, np.finfo(np.float64).eps)
-        ap, ap_area = voc_ap(recall, precision, True), voc_ap(recall, precision, False)
-        result.per_class_ap[name] = 100.0 * ap
-        result.per_class_ap_area[name] = 100.0 * ap_area
-        aps.append(ap)
-        aps_area.append(ap_area)
-    result.map = 100.0 * float(np.mean(aps)) if aps else 0.0
-    result.map_area = 100.0 * float(np.mean(aps_area)) if aps_area else 0.0
-    return result
+    def cat(parts: list[np.ndarray], dtype: Any) -> np.ndarray:
+        return np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+
+    return _Matched(
+        cat(rows_label, np.int64),
+        cat(rows_score, np.float64),
+        cat(rows_iou, np.float64),
+        cat(rows_gt, np.int64),
+        cat(gt_label, np.int64),
+        cat(gt_difficult, bool),
+    )
+
+
+def _curve(m: _Matched, c: int, npos: int, iou_threshold: float) -> tuple[np.ndarray, np.ndarray]:
+    """Class c's recall and precision at each detection, in score order (the devkit's rules:
+    one true positive per box, later hits are duplicates, hits on difficult boxes dropped)."""
+    mine = np.nonzero(m.label == c)[0]
+    order = mine[np.argsort(-m.score[mine], kind="stable")]
+    hit = m.iou[order] >= iou_threshold
+    gt_idx = m.gt[order]
+    difficult = np.zeros_like(hit)
+    difficult[hit] = m.gt_difficult[gt_idx[hit]]  # gt_idx means nothing where nothing was hit
+    candidate = hit & ~difficult
+    # the first detection (in score order) of a box is the true positive; later ones are
+    # duplicates, hence false positives
+    first = np.zeros(len(order), dtype=bool)
+    if candidate.any():
+        cand_pos = np.nonzero(candidate)[0]
+        _, first_of_box = np.unique(gt_idx[cand_pos], return_index=True)
+        first[cand_pos[first_of_box]] = True
+    fp = ~hit | (candidate & ~first)
+    keep = ~difficult  # detections of difficult boxes are dropped from the curve
+    tp_cum = np.cumsum(first[keep])
+    fp_cum = np.cumsum(fp[keep])
+    recall = tp_cum / npos
+    precision = tp_cum / np.maximum(tp_cum + fp_cum, np.finfo(np.float64).eps)
+    return recall, precision

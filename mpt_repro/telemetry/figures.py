@@ -48,55 +48,60 @@ def draw_histogram(path: Path, total: dict, title: str, scale: float) -> None:
     """One exponent histogram: bars are % of all values (zeros included) per power of two."""
     plt = _plt()
     n = max(total["numel"], 1)
-    f = nx.fractions_of(total)
     counts, lo = total["hist"]["counts"], total["hist"]["lo"]
     fig, ax = plt.subplots(figsize=(10, 4.5))
-    floor = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(
-        scale
-    )  # FP16's floor for the true value, loss-scaled
+    # FP16's floor for the true value, loss-scaled
+    floor = nx.FP16_MIN_SUBNORMAL_EXP - math.log2(scale)
     left = math.floor(min(lo if counts else -30, -30, floor - 2)) - 1
     right = max(lo + len(counts) if counts else 0, 17) + 1
-    # FP16 ranges of the true value: what FP16 loses, holds imprecisely, holds, and overflows
-    ax.axvspan(
-        left, nx.FP16_MIN_SUBNORMAL_EXP, color="tab:red", alpha=0.12, label="lost in FP16 (< 2^-24)"
-    )
-    ax.axvspan(
-        nx.FP16_MIN_SUBNORMAL_EXP,
-        nx.FP16_MIN_NORMAL_EXP,
-        color="tab:orange",
-        alpha=0.15,
-        label="FP16 subnormal [2^-24, 2^-14)",
-    )
-    ax.axvspan(
-        nx.FP16_MIN_NORMAL_EXP,
-        math.log2(nx.FP16_MAX),
-        color="tab:green",
-        alpha=0.08,
-        label="FP16 normal",
-    )
-    ax.axvspan(
-        math.log2(nx.FP16_MAX), right, color="tab:red", alpha=0.25, label="overflow (> 65504)"
-    )
+    _fp16_ranges(ax, left, right)
     if counts:
         xs = [lo + i for i in range(len(counts))]
-        ax.bar(
-            xs,
-            [100.0 * c / n for c in counts],
-            width=1.0,
-            align="edge",
-            color="tab:blue",
-            edgecolor="white",
-            linewidth=0.3,
-        )
+        heights = [100.0 * c / n for c in counts]
+        ax.bar(xs, heights, width=1.0, align="edge", color="tab:blue", edgecolor="white", lw=0.3)
     if scale != 1.0:
         # with loss scale s, a true value x is held as s*x: FP16's floor moves down by log2(s)
-        ax.axvline(
-            floor, color="black", linestyle="--", linewidth=1, label=f"2^-24 / loss scale {scale:g}"
-        )
+        ax.axvline(floor, color="black", ls="--", lw=1, label=f"2^-24 / loss scale {scale:g}")
     ax.set_xlim(left, right)
     ax.set_xlabel("log2 |value| (bin e holds [2^e, 2^(e+1)))")
     ax.set_ylabel("% of all values")
     ax.set_title(title)
+    ax.text(
+        0.99,
+        0.97,
+        _histogram_text(total, scale),
+        transform=ax.transAxes,
+        ha="right",
+        va="top",
+        fontsize=8,
+        bbox=dict(boxstyle="round", facecolor="white", alpha=0.85),
+    )
+    ax.legend(loc="upper left", fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _fp16_ranges(ax, left: float, right: float) -> None:
+    """FP16's ranges of the true value: what it loses, holds imprecisely, holds, overflows."""
+    top = math.log2(nx.FP16_MAX)
+    for lo, hi, colour, alpha, label in (
+        (left, nx.FP16_MIN_SUBNORMAL_EXP, "tab:red", 0.12, "lost in FP16 (< 2^-24)"),
+        (
+            nx.FP16_MIN_SUBNORMAL_EXP,
+            nx.FP16_MIN_NORMAL_EXP,
+            "tab:orange",
+            0.15,
+            "FP16 subnormal [2^-24, 2^-14)",
+        ),
+        (nx.FP16_MIN_NORMAL_EXP, top, "tab:green", 0.08, "FP16 normal"),
+        (top, right, "tab:red", 0.25, "overflow (> 65504)"),
+    ):
+        ax.axvspan(lo, hi, color=colour, alpha=alpha, label=label)
+
+
+def _histogram_text(total: dict, scale: float) -> str:
+    f = nx.fractions_of(total)
     text = (
         f"values: {total['numel']:,}\nzero: {100 * f['zero']:.1f}%\n"
         f"lost in FP16 (< 2^-24): {100 * f['underflow']:.2f}%\nsubnormal: "
@@ -110,20 +115,7 @@ def draw_histogram(path: Path, total: dict, title: str, scale: float) -> None:
         )
     if f["nan"] or f["inf"]:
         text += f"\nnon-finite: {100 * (f['nan'] + f['inf']):.3f}%"
-    ax.text(
-        0.99,
-        0.97,
-        text,
-        transform=ax.transAxes,
-        ha="right",
-        va="top",
-        fontsize=8,
-        bbox=dict(boxstyle="round", facecolor="white", alpha=0.85),
-    )
-    ax.legend(loc="upper left", fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return text
 
 
 def draw_heatmap(path: Path, samples: list[dict]) -> None:
