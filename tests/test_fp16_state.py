@@ -17,9 +17,9 @@ import sys
 import pytest
 import torch
 from conftest import compose
-from test_sync_free import HostReads
 from torch import nn
 
+from mpt_repro.bench.measure import SyncCounter
 from mpt_repro.errors import ConfigError, Diverged
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
@@ -154,9 +154,9 @@ def test_an_undone_first_step_leaves_the_optimizer_as_new(fused: str) -> None:
 def test_clean_steps_are_applied_and_the_fused_path_reads_nothing_from_the_device() -> None:
     pol, model, opt = build("no_master", ["optim=sgd"], 1, init_scale=1.0)
     assert opt.fused and opt.sync_free
-    with HostReads() as reads:
+    with SyncCounter() as reads:
         outcome = [_step(pol, model, opt, g) for g in ([4e4], [4e4], [1.0])]
-    assert reads.count == 0  # the guard's check and restore stay on the device
+    assert reads.reads == 0  # the guard's check and restore stay on the device
     assert [bool(s) for s in outcome] == [True, False, True]
 
 
@@ -175,9 +175,9 @@ def test_without_a_fused_kernel_the_guard_reads_the_flag_once(preset: str) -> No
     pol, model, opt = build(preset, ["optim=sgd", "optim.fused=false"], 1, init_scale=1.0)
     assert not opt.sync_free
     for g in ([4e4], [4e4]):  # applied, then undone
-        with HostReads() as reads:
+        with SyncCounter() as reads:
             _step(pol, model, opt, g)
-        assert reads.count == 1
+        assert reads.reads == 1
     assert opt.skipped == 1
 
 
