@@ -218,9 +218,9 @@ class CustomModel(Classifier):
 
 
 # -- data sets -------------------------------------------------------------------------------------
-LOADED = ("digits", "imagefolder", "imagenet", "images", "synthetic", "voc")  # loader workers
-ROOTED = ("corpus", "imagefolder", "imagenet", "images", "voc")  # a folder on disk
-AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip")
+LOADED = ("cifar10", "digits", "imagefolder", "imagenet", "images", "synthetic", "voc")  # workers
+ROOTED = ("cifar10", "corpus", "imagefolder", "imagenet", "images", "voc")  # a folder on disk
+AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip", "cifar")
 
 
 @dataclass
@@ -259,7 +259,7 @@ class ImageData(DataSchema):
     )
     augmentation: str = field(
         default="none",
-        metadata=read_when("data.name", "imagefolder", "imagenet", "synthetic", "voc"),
+        metadata=read_when("data.name", "cifar10", "imagefolder", "imagenet", "synthetic", "voc"),
     )
 
     @classmethod
@@ -347,6 +347,11 @@ class VOC(DetectionData):
 
 
 @dataclass
+class CIFAR10(ImageData):
+    """CIFAR-10 in its python-pickle layout (cifar-10-batches-py), held in memory as uint8."""
+
+
+@dataclass
 class Corpus(DataSchema):
     """A word-level corpus: train.txt, valid.txt, test.txt."""
 
@@ -382,6 +387,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "imagefolder": ImageFolder,
         "images": Images,
         "voc": VOC,
+        "cifar10": CIFAR10,
         "corpus": Corpus,
     },
 }
