@@ -198,10 +198,14 @@ def comparison_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
 def comparison_key(config: Mapping[str, Any] | None) -> str:
     """A short digest of comparison_config: equal keys, comparable runs ("" when the record has no
     configuration: such a run is compared with nothing)."""
-    flat = comparison_config(config)
+    return digest(comparison_config(config))
+
+
+def digest(flat: Mapping[str, Any]) -> str:
+    """A short, stable digest of a flat mapping ("" for an empty one)."""
     if not flat:
         return ""
-    text = json.dumps(flat, sort_keys=True, default=str)
+    text = json.dumps(dict(flat), sort_keys=True, default=str)
     return hashlib.sha1(text.encode()).hexdigest()[:12]
 
 

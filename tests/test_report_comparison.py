@@ -355,3 +355,21 @@ def test_readme_custom_model_commands_run_as_written(tmp_path):
     assert (verdicts["seeds_paired"] == 2).all()
     report = (study / "report" / "report.md").read_text()
     assert "demo · mypkg.nets:make_net" in report and "duplicate" in report.lower()
+
+
+def test_a_preset_with_changed_knobs_is_its_own_column(results, tmp_path):
+    """`precision=mixed precision.init_scale=1024` is another recipe than mixed: never averaged
+    with mixed's seeds, named by the knob that differs, and mixed's Δ stays mixed's."""
+    root, _, records = results
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("report"))
+    run_cli(*SMOKE, "precision=mixed", "precision.init_scale=1024", f"paths.runs_dir={copy}")
+    out = tmp_path / "report"
+    assert cli.main([str(copy), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    lr = records["fp32", 0]["config"]["optim"]["lr"]
+    demo = table(out, "classification_smoke_digits").set_index("Experiment")
+    row = demo.loc[f"demo [optim.lr={lr}, trainer.diverge_patience=10]"]
+    assert row["mixed"].endswith("(n=2)")  # the two seeds of the preset as defined
+    assert row["mixed [precision.init_scale=1024.0]"].endswith("(n=1)")
+    deltas = pd.read_csv(out / "deltas.csv")
+    assert set(deltas["preset"]) >= {"mixed", "mixed [precision.init_scale=1024.0]"}

@@ -157,7 +157,7 @@ def write_raw(out: Path, runs, agg, settings: Settings) -> None:
     """The raw material, for anyone who wants other tables: one row per run (a diverged run's
     metric columns are empty: its `outcome` says what happened), one per group and preset, one
     per paired difference."""
-    hidden = ["precision_config", "metrics_detail", "comparison_config"]
+    hidden = ["precision_config", "metrics_detail", "comparison_config", "preset_config"]
     runs.drop(columns=hidden, errors="ignore").to_csv(out / "runs.csv", index=False)
     agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
     deltas_frame(runs, settings).to_csv(out / "deltas.csv", index=False)

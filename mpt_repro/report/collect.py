@@ -31,7 +31,7 @@ from typing import Any
 
 import pandas as pd
 
-from mpt_repro.identity import comparison_config, comparison_key, difference_labels
+from mpt_repro.identity import comparison_config, difference_labels, digest, flatten
 from mpt_repro.record import normalised_status
 
 SCHEMA_VERSIONS = (1, 2, 3)
@@ -285,12 +285,18 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
     status = normalised_status(record)
     metrics = (record.get("metrics") or {}) if status == "completed" else {}
     config = record.get("config")
+    # what else decides the training besides the configuration: the number of processes (the
+    # global batch, the LR scaling)
+    world = (record.get("distributed") or {}).get("world_size") or 1
+    compared = {**comparison_config(config), "world_size": world} if config else {}
     row = {
         "path": str(path.parent),
         "experiment": record["experiment"],
         "subject": subject(record),
-        "comparison": comparison_key(config),
-        "comparison_config": comparison_config(config),
+        "comparison": digest(compared),
+        "comparison_config": compared,
+        "preset_config": preset_config(record),
+        "preset_tweaked": preset_tweaked(record),
         "task": record["task"],
         "precision": record["precision"],
         "seed": record["seed"],
@@ -398,8 +404,61 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         "primary_finite",
     ]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+    runs = with_preset_variants(runs)
     runs = _without_duplicates(runs, problems)
     return with_group_labels(runs), problems
+
+
+def preset_config(record: dict) -> dict[str, Any]:
+    """The precision recipe a run used, flattened: the preset's knobs and the experiment's static
+    scale (read by the scaling presets), which the comparison key leaves out."""
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    precision = config.get("precision") or record.get("precision_config") or {}
+    return {
+        **{f"precision.{k}": v for k, v in flatten(precision).items()},
+        "paper_loss_scale": config.get("paper_loss_scale"),
+    }
+
+
+def preset_tweaked(record: dict) -> bool | None:
+    """Whether the run's command line changed its preset's knobs (or the experiment's static
+    scale); None for a record that does not list its overrides (schema 1 and 2)."""
+    overrides = record.get("overrides")
+    if not isinstance(overrides, list):
+        return None
+    keys = [str(o).lstrip("+~").split("=", 1)[0] for o in overrides]
+    return any(k.startswith("precision.") or k == "paper_loss_scale" for k in keys)
+
+
+def with_preset_variants(runs: pd.DataFrame) -> pd.DataFrame:
+    """A preset run with changed knobs (`precision=mixed precision.init_scale=1024`) is another
+    recipe than the preset itself: within a comparison group, the runs of a preset name that hold
+    different recipes are split. The preset as conf/ defines it keeps its name; the others are
+    named by the knobs in which they differ from it (`mixed [precision.init_scale=1024.0]`), so
+    seeds of two recipes are never averaged and `Δ mixed − fp32` stays the preset's."""
+    if runs.empty or "preset_config" not in runs:
+        return runs
+    runs = runs.copy()
+    for _, part in runs.groupby([*PAIR_KEYS, "precision"], sort=False, dropna=False):
+        keys = [digest(c) for c in part["preset_config"]]
+        if len(set(keys)) < 2:
+            continue
+        configs = dict(zip(keys, part["preset_config"]))
+        # the preset as defined: the one recipe none of whose runs changed a knob (a record that
+        # does not list its overrides counts as unchanged)
+        tweaked = {k for k, t in zip(keys, part["preset_tweaked"]) if t is True}
+        plain = set(keys) - tweaked
+        base = next(iter(plain)) if len(plain) == 1 else None
+        name = part["precision"].iloc[0]
+        names = []
+        for k in keys:
+            if k == base:
+                names.append(name)
+                continue
+            pair = {base: configs[base], k: configs[k]} if base else configs
+            names.append(f"{name} [{difference_labels(pair)[k]}]")
+        runs.loc[part.index, "precision"] = names
+    return runs
 
 
 def problems_frame(problems: list[Problem]) -> pd.DataFrame:
