@@ -39,13 +39,14 @@ from mpt_repro import distributed
 from mpt_repro.data import describe_sizes, load_skip_state, skip_state
 from mpt_repro.identity import is_custom_model
 from mpt_repro.models import build_model
-from mpt_repro.tasks import loops
-from mpt_repro.tasks.loops import (  # noqa: F401  (part of the task interface)
+from mpt_repro.tasks.loops import (  # noqa: F401  (micro_batches: part of the task interface)
     Loss,
     Phase,
     StepResult,
+    evaluate,
     micro_batches,
     recalibrate_bn,
+    train_step,
 )
 
 TASKS: dict[str, type[Task]] = {}
@@ -124,28 +125,28 @@ class Task:
         """An iteration's micro-batches (default: the item is one micro-batch)."""
         return [batch]
 
-    def loss(self, batch: Any) -> loops.Loss:
+    def loss(self, batch: Any) -> Loss:
         """The loss of one micro-batch, computed under autocast (single-optimizer tasks)."""
         raise NotImplementedError
 
-    def phases(self) -> list[loops.Phase]:
+    def phases(self) -> list[Phase]:
         """The optimizer steps of one iteration, in order. Default: the one optimizer, with
         `loss` on each micro-batch through its training forward."""
         (name,) = self.optimizers
-        return [loops.Phase(name, self.loss, (self.train_models[name],))]
+        return [Phase(name, self.loss, (self.train_models[name],))]
 
     def step_options(self, optimizer: str) -> dict[str, Any]:
         """Keyword arguments of that optimizer's step (PrecisionOptimizer.step)."""
         return {"clip_grad_norm": self.cfg.optim.grad_clip}
 
-    def train_step(self, batch: Any) -> loops.StepResult:
-        """One iteration: the shared step (loops.train_step)."""
-        return loops.train_step(self, batch)
+    def train_step(self, batch: Any) -> StepResult:
+        """One iteration: the shared step (tasks/loops.py)."""
+        return train_step(self, batch)
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
-        """The shared evaluation loop (loops.evaluate) over eval_batches."""
-        return loops.evaluate(self)
+        """The shared evaluation loop (tasks/loops.py) over eval_batches."""
+        return evaluate(self)
 
     def eval_batches(self) -> Iterable[Any]:
         raise NotImplementedError
@@ -169,7 +170,7 @@ class Task:
         inputs = self.recalibration_inputs(batches)
         if inputs is not None:
             (model,) = self.models.values()
-            loops.recalibrate_bn(model, inputs, self.policy.autocast)
+            recalibrate_bn(model, inputs, self.policy.autocast)
 
     def recalibration_inputs(self, batches: int) -> Iterable[Any] | None:
         """The model inputs BN recalibration runs, or None (no recalibration)."""

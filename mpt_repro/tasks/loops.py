@@ -18,7 +18,8 @@ for most tasks; the GAN's discriminator step, then its generator step). A phase
    `accumulate=False` runs its loss once on the iteration's micro-batches together;
 3. steps its optimizer, which returns the skip signal: a 0-d bool on the device.
 
-Nothing here reads a device value on the host.
+Nothing here reads a device value on the host. `task` is a Task (tasks/base.py, which imports
+this module: typed Any here so that no import runs back).
 """
 
 from __future__ import annotations
@@ -26,15 +27,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
 from mpt_repro import distributed
-
-if TYPE_CHECKING:
-    from mpt_repro.tasks.base import Task
 
 
 @dataclass
@@ -99,7 +97,7 @@ def micro_batches(items: list[Any], *ddp_models: nn.Module) -> Iterator[Any]:
             yield item
 
 
-def train_step(task: Task, batch: Any) -> StepResult:
+def train_step(task: Any, batch: Any) -> StepResult:
     """One iteration of `task` on `batch` (one item of its train_batches)."""
     items, phases = task.split(batch), task.phases()
     for phase in phases:
@@ -109,7 +107,7 @@ def train_step(task: Task, batch: Any) -> StepResult:
     return _result(phases, done)
 
 
-def _run_phase(task: Task, phase: Phase, items: list[Any]) -> _Done:
+def _run_phase(task: Any, phase: Phase, items: list[Any]) -> _Done:
     for opt in task.optimizers.values():
         opt.zero_grad()  # the other optimizers' too: nothing of another loss leaks into this step
     opt = task.optimizers[phase.optimizer]
@@ -125,7 +123,7 @@ def _run_phase(task: Task, phase: Phase, items: list[Any]) -> _Done:
     return _Done(loss, samples, logs, stepped)
 
 
-def _accumulate(task: Task, phase: Phase, opt: Any, items: list[Any]) -> tuple[Any, int, dict]:
+def _accumulate(task: Any, phase: Phase, opt: Any, items: list[Any]) -> tuple[Any, int, dict]:
     """Forward and backward of each micro-batch; the summed (mean) loss, examples and logs."""
     n = len(items)
     total, samples, logs = None, 0, {}
@@ -168,7 +166,7 @@ def _result(phases: list[Phase], done: list[_Done]) -> StepResult:
 
 # -- evaluation ---------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(task: Task) -> dict[str, float]:
+def evaluate(task: Any) -> dict[str, float]:
     """Every model in eval mode with rank 0's buffers; the task's eval_step on each of its
     eval_batches under autocast, added up into its eval_totals; eval_metrics of the totals over
     all ranks."""
