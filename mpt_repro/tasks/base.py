@@ -45,6 +45,7 @@ from mpt_repro.tasks.loops import (  # noqa: F401  (micro_batches: part of the t
     StepResult,
     evaluate,
     micro_batches,
+    predict,
     recalibrate_bn,
     train_step,
 )
@@ -147,6 +148,11 @@ class Task:
     def evaluate(self) -> dict[str, float]:
         """The shared evaluation loop (tasks/loops.py) over eval_batches."""
         return evaluate(self)
+
+    def predict(self, model: nn.Module, *inputs: Any) -> Any:
+        """`model(*inputs)` as evaluation runs it (eval mode, no_grad, autocast): for outputs
+        beyond the metrics, such as the GAN's sample grid."""
+        return predict(self, model, *inputs)
 
     def eval_batches(self) -> Iterable[Any]:
         raise NotImplementedError

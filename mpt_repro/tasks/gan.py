@@ -181,14 +181,11 @@ class GAN(SampledTask):
     def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
         return {k: s[k] / max(s["n"], 1) for k in ("d_loss", "g_loss", "d_real", "d_fake")}
 
-    @torch.no_grad()
     def sample_grid(self) -> torch.Tensor:
         """The fixed-noise samples as one image grid in [0, 1] (C, H, W), FP32 on the CPU."""
         from torchvision.utils import make_grid
 
-        self.generator.eval()
-        with self.policy.autocast():
-            images = self.generator(self.policy.cast_inputs(self.fixed_noise))
+        images = self.predict(self.generator, self.policy.cast_inputs(self.fixed_noise))
         return make_grid(images.float().cpu(), nrow=8, normalize=True, value_range=(-1, 1))
 
     def log_media(self, writer: Any, step: int) -> None:

@@ -182,6 +182,14 @@ def evaluate(task: Any) -> dict[str, float]:
     return task.eval_metrics(_over_ranks(totals, task.device))
 
 
+@torch.no_grad()
+def predict(task: Any, model: nn.Module, *inputs: Any) -> Any:
+    """`model(*inputs)` as evaluation runs it: eval mode, no_grad, autocast."""
+    model.eval()
+    with task.policy.autocast():
+        return model(*inputs)
+
+
 def _over_ranks(totals: dict[str, Any], device: torch.device) -> dict[str, Any]:
     """Numbers summed over the ranks (host reads: once per evaluation); lists joined in rank
     order."""
