@@ -74,6 +74,7 @@ class GAN(SampledTask):
             "discriminator", pair.discriminator, make
         )
         self.generator, self.opt_g, self.train_g = self.add_model("generator", pair.generator, make)
+        # the generator first, as telemetry's layer tables and checkpoints have always listed them
         self.models = {"generator": self.generator, "discriminator": self.discriminator}
         self.latent_dim = cfg.model.latent_dim
         # Noise has its own generator (saved with the task state), so a resumed run draws the same

@@ -60,6 +60,7 @@ class Phase:
     # False: the loss runs once on the iteration's micro-batches together, one backward
     accumulate: bool = True
     # with several phases each one's loss and skip flag are logged as <name>_loss, <name>_stepped
+    # (default: the optimizer's name)
     name: str = ""
 
 
@@ -156,10 +157,11 @@ def _result(phases: list[Phase], done: list[_Done]) -> StepResult:
     loss, stepped = done[0].loss, done[0].stepped
     for d in done[1:]:
         loss, stepped = loss + d.loss, stepped & d.stepped
-    logs = {f"{p.name}_loss": d.loss for p, d in zip(phases, done)}
+    names = [p.name or p.optimizer for p in phases]
+    logs = {f"{name}_loss": d.loss for name, d in zip(names, done)}
     for d in done:
         logs.update(d.logs)
-    logs.update({f"{p.name}_stepped": d.stepped.float() for p, d in zip(phases, done)})
+    logs.update({f"{name}_stepped": d.stepped.float() for name, d in zip(names, done)})
     stepped_by = {p.optimizer: d.stepped for p, d in zip(phases, done)}
     return StepResult(loss, stepped, sum(d.samples for d in done), logs, stepped_by)
 
