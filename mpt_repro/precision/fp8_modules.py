@@ -132,6 +132,13 @@ class FP8Runtime:
 
 
 # -- the autograd functions ----------------------------------------------------------------------
+def _backward_inputs(ctx, grad: Tensor) -> tuple[Tensor, Tensor, FP8Runtime, Tensor]:
+    """What a layer's backward starts from: its saved 8-bit operands, the runtime, and the error
+    quantized as it enters the GEMMs."""
+    xq, wq = ctx.saved_tensors
+    return xq, wq, ctx.rt, ctx.rt.quantize("errors", grad)
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, rt: FP8Runtime):
@@ -143,9 +150,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        xq, wq = ctx.saved_tensors
-        rt = ctx.rt
-        e = rt.quantize("errors", grad)
+        xq, wq, rt, e = _backward_inputs(ctx, grad)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = e.matmul(wq)
@@ -172,9 +177,7 @@ class _ConvFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        xq, wq = ctx.saved_tensors
-        rt = ctx.rt
-        e = rt.quantize("errors", grad)
+        xq, wq, rt, e = _backward_inputs(ctx, grad)
         need = ctx.needs_input_grad
         mask = [need[0], need[1], ctx.bias_sizes is not None and need[2]]
         gx, gw, gb = torch.ops.aten.convolution_backward(
