@@ -38,11 +38,13 @@ class ParameterEMA:
         self.decay, self.warmup = decay, warmup
         by_name = dict(model.named_parameters())
         chosen = [
-            i for i, n in enumerate(optimizer.names) if params is None or re.search(params, n)
+            (n, p)
+            for n, p in optimizer.named_parameters()
+            if params is None or re.search(params, n)
         ]
         # averaged from what the optimizer updates (FP32 masters if any), into the model's own
-        self.sources = [optimizer.params[i] for i in chosen]
-        self.targets = [by_name[optimizer.names[i]] for i in chosen]
+        self.sources = [p for _, p in chosen]
+        self.targets = [by_name[n] for n, _ in chosen]
         if params is None:  # and the running statistics, from the model itself
             buffers = [b for b in model.buffers() if b.is_floating_point()]
             self.sources += buffers

@@ -29,15 +29,14 @@ class LRSchedule:
     ):
         self.optimizer, self.multiplier = optimizer, multiplier
         # steps are skipped by a loss scaler, or, without a master copy, by the guard of the
-        # FP16 optimizer state (precision/guard.py)
-        skips = optimizer.scaler is not None or getattr(optimizer, "guard", None) is not None
-        self.hold = hold_on_skip and skips
+        # FP16 optimizer state (PrecisionOptimizer.skips)
+        self.hold = hold_on_skip and optimizer.skips != "never"
         groups = optimizer.param_groups
         self.base = [float(g.setdefault("initial_lr", float(g["lr"]))) for g in groups]
-        self.on_device = self.hold and optimizer.sync_free
+        self.on_device = self.hold and optimizer.skips == "on_device"
         self._count = 0
         if self.on_device:
-            device = optimizer.params[0].device
+            device = groups[0]["params"][0].device
             table = [multiplier(i) for i in range(total_steps + 1)]
             self._table = torch.tensor(table, dtype=torch.float64, device=device)
             self._count_t = torch.zeros((), dtype=torch.int64, device=device)

@@ -86,7 +86,7 @@ class Trainer:
         )
         multiplier = lr_multiplier(cfg.optim, spe, self.total_steps)
         self.schedules = {
-            name: LRSchedule(opt, multiplier, self.total_steps, policy.hold_lr_on_skip)
+            name: LRSchedule(opt, multiplier, self.total_steps, cfg.precision.hold_lr_on_skip)
             for name, opt in task.optimizers.items()
         }
         self.emas = self._build_emas()
@@ -228,23 +228,23 @@ class Trainer:
 
     def _log_train(self, loss: float, samples_per_s: float, progress: Any) -> None:
         lr = float(next(iter(self.task.optimizers.values())).param_groups[0]["lr"])
+        precision = self.policy.scalars()
         row = {
             "epoch": self._epoch_float(),
             "loss": loss,
             "lr": lr,
-            "loss_scale": self.policy.loss_scale(),
-            "skipped_steps": sum(o.skipped for o in self.task.optimizers.values()),
+            "loss_scale": precision["loss_scale"],
+            "skipped_steps": precision["skipped_steps"],
             "samples_per_s": samples_per_s,
             "wall_time_s": self.clock.total,
             **self.window.mean_logs(),
         }
         if self.metrics is not None:
             self.metrics.log(self.step, "train", row)
-            scales = self.policy.loss_scales()
-            if len(scales) > 1:  # several optimizers (the GAN): each loss has its own scale
-                for name, scale in scales.items():
-                    self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
-            for layer, scale in self.policy.layer_scales().items():  # adaptive: one per layer
+            # several optimizers (the GAN): each loss has its own scale; adaptive: one per layer
+            for name, scale in precision.get("loss_scales", {}).items():
+                self.writer.add_scalar(f"train/loss_scale/{name}", scale, self.step)
+            for layer, scale in precision.get("layer_scales", {}).items():
                 self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
         progress.update(
             self.step, loss=loss, samples_s=round(samples_per_s), scale=row["loss_scale"]

@@ -12,7 +12,6 @@ import copy
 import itertools
 import tempfile
 from collections.abc import Callable
-from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,7 +147,9 @@ class BareLoop:
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         self.masters = (
-            [p.detach().float().clone() for p in self.params] if policy.master_weights else None
+            [p.detach().float().clone() for p in self.params]
+            if cfg.precision.master_weights
+            else None
         )
         opt_params = self.masters or self.params
         if self.masters:
@@ -162,7 +163,8 @@ class BareLoop:
         fused = bool(self.opt.defaults.get("fused"))
         self.clip = cfg.optim.grad_clip
         self.scaler = None
-        if policy.scaling_kind != "none":
+        scale = policy.summary()["loss_scale"]  # the preset's kind, where warm-up left it
+        if scale["kind"] != "none":
             low_grads = not self.masters and policy.storage_dtype != torch.float32
             # GradScaler unscales FP16 grads only inside a fused optimizer's kernel: its
             # unscale_() (before a clip) and its non-fused step refuse them
@@ -175,19 +177,15 @@ class BareLoop:
             if low_grads and not fused:
                 self.why_not = "GradScaler cannot unscale FP16 grads without a fused optimizer"
                 return
-            dynamic = policy.scaling_kind == "dynamic"
+            dynamic = scale["kind"] == "dynamic"
             self.scaler = torch.amp.GradScaler(
                 device.type,
-                init_scale=policy.loss_scale(),  # where the suite's scale settled in warm-up
+                init_scale=scale["final"],  # where the suite's scale settled in warm-up
                 growth_interval=int(cfg.precision.growth_interval) if dynamic else 2**30,
             )
-        self.autocast = (
-            torch.autocast(device.type, dtype=policy.compute_dtype)
-            if policy.compute_dtype != torch.float32
-            else nullcontext()
-        )
+        self.autocast = policy.autocast  # torch.autocast in the compute dtype, or nothing
         self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
-        self.loss_fn = task._loss  # the task's own (label smoothing, aux heads)
+        self.loss_fn = task.criterion  # the task's own (label smoothing, aux heads)
         self.samples = bs.samples
 
     @staticmethod
@@ -203,7 +201,7 @@ class BareLoop:
             for p in self.params:
                 p.grad = None
         for x, y in self.micro:  # gradient accumulation: the mean over the micro-batches
-            with self.autocast:
+            with self.autocast():
                 loss = self.loss_fn(self.model(x), y) / len(self.micro)
             (self.scaler.scale(loss) if self.scaler is not None else loss).backward()
         if self.masters:

@@ -1,4 +1,5 @@
-"""Precision engine: PrecisionPolicy (the only dtype-aware code), loss scalers, master weights.
+"""Precision engine: PrecisionPolicy (the only dtype-aware code), loss scalers, master weights,
+and the plug-ins (scalers and number-format converters, plugins.py).
 
 See docs/precision.md for the knobs, the presets and the scaler semantics.
 
@@ -23,7 +24,9 @@ _EXPORTS = {
     "DynamicScaler": "mpt_repro.precision.scalers",
     "SCALERS": "mpt_repro.precision.scalers",
     "register_scaler": "mpt_repro.precision.scalers",
-    "build_scaler": "mpt_repro.precision.scalers",
+    "build_scaler": "mpt_repro.precision.plugins",
+    "Converter": "mpt_repro.precision.converters",
+    "register_converter": "mpt_repro.precision.converters",
     "MasterWeights": "mpt_repro.precision.master",
 }
 

@@ -22,6 +22,7 @@ from torch import nn
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision import fp8
+from mpt_repro.precision.converters import Converter, register_converter
 
 # FP8 tensor cores: Ada (8.9), Hopper (9.0) and later, for both recipes: torchao's float8
 # training has no capability check of its own and calls torch._scaled_mm, whose rowwise CUTLASS
@@ -152,3 +153,23 @@ def nothing_to_convert(model: nn.Module, precision_cfg, plan: dict[str, list[str
         "linear layers (alexnet, vgg16, faster_rcnn); precision.fp8.exempt=[first] converts "
         "the last layer where its sizes allow"
     )
+
+
+@register_converter("fp8_torchao")
+class TorchaoFP8(Converter):
+    """precision.fp8.mode=torchao: torchao's float8 training for the linear layers. Refuses at
+    construction (the policy's) a missing torchao or a device without FP8 tensor cores."""
+
+    @classmethod
+    def wanted(cls, cfg) -> bool:
+        return fp8.fp8_mode(cfg) == "torchao"
+
+    def __init__(self, cfg, device) -> None:
+        super().__init__(cfg, device)
+        validate_hardware(cfg, device)
+
+    def convert(self, model: nn.Module) -> nn.Module:
+        return apply_torchao_float8(model, self.cfg)
+
+    def describe(self) -> str | None:
+        return fp8.describe_fp8(self.cfg)

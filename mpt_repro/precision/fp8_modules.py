@@ -38,6 +38,7 @@ from torch.autograd.function import once_differentiable
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision import fp8
+from mpt_repro.precision.converters import Converter, register_converter
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +61,11 @@ class _Spec:
 
 
 class FP8Runtime:
-    """What the FP8 layers of one model share: the per-kind specs and the random streams."""
+    """What the FP8 layers of one model share: the per-kind specs and the random streams. The
+    optimizer over the model calls it after each step (a converters.StepHook: the FP16 master
+    rounding), and keeps its state in checkpoints and its summary in run.json under "fp8"."""
+
+    key = "fp8"
 
     def __init__(self, f8cfg, seed: int):
         self.specs = {k: _Spec(getattr(f8cfg, k)) for k in fp8.KINDS}
@@ -102,6 +107,9 @@ class FP8Runtime:
             gen = self.generator("master", params[0].device) if self.master_stochastic else None
             fp8.round_params_to_fp16_(params, self.master_stochastic, gen)
 
+    def after_step(self, params: list[Tensor]) -> None:
+        self.round_master_(params)  # idempotent after a skipped step
+
     def state_dict(self) -> dict:
         return {"seed": self.seed, "generators": {k: g.get_state() for k, g in self._gens.items()}}
 
@@ -124,6 +132,13 @@ class FP8Runtime:
 
 
 # -- the autograd functions ----------------------------------------------------------------------
+def _backward_inputs(ctx, grad: Tensor) -> tuple[Tensor, Tensor, FP8Runtime, Tensor]:
+    """What a layer's backward starts from: its saved 8-bit operands, the runtime, and the error
+    quantized as it enters the GEMMs."""
+    xq, wq = ctx.saved_tensors
+    return xq, wq, ctx.rt, ctx.rt.quantize("errors", grad)
+
+
 class _LinearFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias, rt: FP8Runtime):
@@ -135,9 +150,7 @@ class _LinearFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        xq, wq = ctx.saved_tensors
-        rt = ctx.rt
-        e = rt.quantize("errors", grad)
+        xq, wq, rt, e = _backward_inputs(ctx, grad)
         gx = gw = gb = None
         if ctx.needs_input_grad[0]:
             gx = e.matmul(wq)
@@ -164,9 +177,7 @@ class _ConvFn(torch.autograd.Function):
     @staticmethod
     @once_differentiable
     def backward(ctx, grad):
-        xq, wq = ctx.saved_tensors
-        rt = ctx.rt
-        e = rt.quantize("errors", grad)
+        xq, wq, rt, e = _backward_inputs(ctx, grad)
         need = ctx.needs_input_grad
         mask = [need[0], need[1], ctx.bias_sizes is not None and need[2]]
         gx, gw, gb = torch.ops.aten.convolution_backward(
@@ -323,6 +334,30 @@ def apply_fp8(model: nn.Module, precision_cfg, seed: int | None = None) -> nn.Mo
             [p for p in model.parameters() if p.is_floating_point()], stochastic=False
         )
     return model
+
+
+@register_converter("fp8_emulated")
+class EmulatedFP8(Converter):
+    """precision.fp8.mode=emulated: 8-bit operands in the conv/linear layers (apply_fp8), the
+    FP16 master rounding after each step, and the rising loss-scale floor (fp8.min_scale_at)."""
+
+    narrows_range = True  # FP32 arithmetic on 8-bit values: the gradients need the loss scale
+
+    @classmethod
+    def wanted(cls, cfg) -> bool:
+        return fp8.fp8_mode(cfg) == "emulated"
+
+    def convert(self, model: nn.Module) -> nn.Module:
+        return apply_fp8(model, self.cfg)
+
+    def step_hook(self, model: nn.Module) -> FP8Runtime | None:
+        return fp8_runtime(model)
+
+    def scale_floor(self, step: int) -> float:
+        return fp8.min_scale_at(step, self.cfg)
+
+    def describe(self) -> str | None:
+        return fp8.describe_fp8(self.cfg)
 
 
 def remove_fp8(model: nn.Module) -> nn.Module:

@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
-from mpt_repro.precision.fp8_modules import FP8Runtime
+from mpt_repro.precision.converters import StepHook
 from mpt_repro.precision.guard import StateGuard, needs_guard
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.scalers import LossScaler
@@ -60,13 +60,14 @@ class PrecisionOptimizer:
         model_params: list[Tensor],
         master: MasterWeights | None,
         scale_group: ScaleGroup | None,
-        fp8: FP8Runtime | None = None,
+        hooks: list[StepHook] | None = None,
     ):
         self.name, self.optimizer, self.names = name, optimizer, names
         self.model_params, self.master, self.scale_group = model_params, master, scale_group
         self.params = master.opt_params if master else model_params  # what the optimizer updates
         self.scaler = scale_group.scaler if scale_group else None
-        self.fp8 = fp8  # precision.fp8 (emulated): its random streams, its FP16 master rounding
+        # the model's converters' (e.g. emulated FP8's FP16 master rounding), run after each step
+        self.hooks = list(hooks or [])
         # the fused kernels read found_inf on the device (torch.amp.GradScaler's protocol)
         self.fused = bool(optimizer.defaults.get("fused")) and getattr(
             optimizer, "_step_supports_amp_scaling", False
@@ -104,6 +105,21 @@ class PrecisionOptimizer:
     def param_groups(self) -> list[dict]:
         return self.optimizer.param_groups
 
+    def named_parameters(self) -> list[tuple[str, Tensor]]:
+        """(the model's parameter name, the tensor this optimizer updates: its FP32 master when
+        there are masters), in model order."""
+        return list(zip(self.names, self.params))
+
+    @property
+    def skips(self) -> str:
+        """Whether and where a step may be skipped, for what counts applied updates (the LR
+        schedule): "never" (no scaler, no guard), "on_device" (the skip signal stays on the
+        device), or "on_host" (the step reads it on the host; `host_stepped` keeps what it read,
+        None where that read did not happen)."""
+        if self.scaler is None and self.guard is None:
+            return "never"
+        return "on_device" if self.sync_free else "on_host"
+
     @property
     def loss_scale(self) -> float:
         """The current scale (a host read: for log rows)."""
@@ -138,23 +154,51 @@ class PrecisionOptimizer:
         if self.master is not None:
             self.master.grads_to_masters()
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
+        found_inf = self._unscale(present)
+        self._prepare_grads(present, clip_grad_norm, clip_only, grad_multipliers)
+        found_inf = self._update(present, found_inf)
+        for hook in self.hooks:  # e.g. emulated FP8's FP16 master copy: idempotent after a skip
+            hook.after_step(self.params)
+        if self.master is not None:
+            self.master.masters_to_model()  # after a skipped step: the same values again
+        self._skipped += (found_inf > 0).reshape(())
+        if self.scale_group is not None:
+            self.scale_group.report(found_inf)
+            if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
+                self.host_stepped = not self.scaler.host_overflow  # read by the scaler (adaptive)
+        return (found_inf == 0).reshape(())
+
+    def _unscale(self, present: list[int]) -> Tensor:
+        """Unscale the present grads in place; the (1,) overflow flag, agreed by every rank."""
         grads = [self.params[i].grad for i in present]
         if self.scaler is None or not grads:
-            found_inf = torch.zeros(1, device=self._skipped.device)
-        else:
-            found_inf = self.scaler.unscale_(grads)
-            # every rank must skip or step together, or the replicas drift apart (no-op alone)
-            all_reduce_(found_inf, "max")
-            self._diagnose(present, grads)
+            return torch.zeros(1, device=self._skipped.device)
+        found_inf = self.scaler.unscale_(grads)
+        # every rank must skip or step together, or the replicas drift apart (no-op alone)
+        all_reduce_(found_inf, "max")
+        self._diagnose(present, grads)
+        return found_inf
+
+    def _prepare_grads(
+        self,
+        present: list[int],
+        clip_grad_norm: float | None,
+        clip_only: str | None,
+        grad_multipliers: dict[str, float] | None,
+    ) -> None:
+        """The unscaled grads multiplied, then clipped (step's arguments)."""
         for pattern, factor in (grad_multipliers or {}).items():
             chosen = [self.params[i].grad for i in present if re.search(pattern, self.names[i])]
             if chosen and factor != 1.0:
                 torch._foreach_mul_(chosen, factor)
-        if clip_grad_norm is not None and grads:
+        if clip_grad_norm is not None and present:
             chosen = [
                 i for i in present if clip_only is None or re.search(clip_only, self.names[i])
             ]
             torch.nn.utils.clip_grad_norm_([self.params[i] for i in chosen], clip_grad_norm)
+
+    def _update(self, present: list[int], found_inf: Tensor) -> Tensor:
+        """Step the torch optimizer or skip it; the overflow flag, with the guard's verdict."""
         guard = self.guard
         if guard is not None:
             guard.save([self.params[i] for i in present], found_inf.device)
@@ -171,24 +215,16 @@ class PrecisionOptimizer:
         else:
             self.host_stepped = False
             self._drop_grads()
-        if guard is not None:
-            gradients_bad = (found_inf > 0).reshape(())
-            found_inf, bad_param = guard.undo_if_nonfinite(found_inf)
-            self._note_state_overflow(bad_param, gradients_bad)
-            if not self.fused:  # the guard read its verdict on the host: the schedule may use it
-                self.host_stepped = not guard.undone
-            if guard.undone:  # known on the host only without a fused kernel
-                self._drop_grads()
-        if self.fp8 is not None:  # an FP16 master copy (fp8.master=fp16): idempotent after a skip
-            self.fp8.round_master_(self.params)
-        if self.master is not None:
-            self.master.masters_to_model()  # after a skipped step: the same values again
-        self._skipped += (found_inf > 0).reshape(())
-        if self.scale_group is not None:
-            self.scale_group.report(found_inf)
-            if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
-                self.host_stepped = not self.scaler.host_overflow  # read by the scaler (adaptive)
-        return (found_inf == 0).reshape(())
+        if guard is None:
+            return found_inf
+        gradients_bad = (found_inf > 0).reshape(())
+        found_inf, bad_param = guard.undo_if_nonfinite(found_inf)
+        self._note_state_overflow(bad_param, gradients_bad)
+        if not self.fused:  # the guard read its verdict on the host: the schedule may use it
+            self.host_stepped = not guard.undone
+        if guard.undone:  # known on the host only without a fused kernel
+            self._drop_grads()
+        return found_inf
 
     def _drop_grads(self) -> None:
         for p in self.params:  # an overflowing gradient must not reach the next step
@@ -255,7 +291,7 @@ class PrecisionOptimizer:
             "masters": self.master.state_dict() if self.master is not None else None,
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "steps": self.steps,
-            "fp8": self.fp8.state_dict() if self.fp8 is not None else None,
+            **{hook.key: hook.state_dict() for hook in self.hooks},
             "device_state": {
                 k: getattr(self, k).item()
                 for k in (
@@ -276,8 +312,9 @@ class PrecisionOptimizer:
         if self.scaler is not None and sd.get("scaler") is not None:
             self.scaler.load_state_dict(sd["scaler"])
         self.steps = int(sd["steps"])
-        if self.fp8 is not None and sd.get("fp8") is not None:
-            self.fp8.load_state_dict(sd["fp8"])
+        for hook in self.hooks:
+            if sd.get(hook.key) is not None:
+                hook.load_state_dict(sd[hook.key])
         for k, v in sd["device_state"].items():
             getattr(self, k).fill_(v)
 

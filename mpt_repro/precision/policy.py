@@ -13,7 +13,11 @@ copy), so the FP32 baseline exercises the same training loop as mixed:
     opt.backward(loss)
     stepped = opt.step(clip_grad_norm)                     # device bool, no host sync
 
-The policy never names a scaler kind's internals: scalers describe and summarise themselves.
+The policy never names a scaler kind's internals or a number format: scalers describe and
+summarise themselves, and formats (FP8) are converters (converters.py) that the policy applies by
+name (plugins.py). Code outside this package uses the surface listed in docs/precision.md
+("The surface"): prepare_model, build_optimizer, cast_inputs (and storage_dtype), autocast for
+the model side; scalars, check_divergence, summary, describe for the host side.
 """
 
 from __future__ import annotations
@@ -25,16 +29,10 @@ import torch
 from torch import nn
 
 from mpt_repro.errors import Diverged
-from mpt_repro.precision import (
-    adaptive,  # noqa: F401  (registers loss_scaling=adaptive)
-    fp8,
-    fp8_hardware,
-    fp8_modules,
-)
 from mpt_repro.precision.config import enum_name as _enum_name
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.optimizer import PrecisionOptimizer, ScaleGroup
-from mpt_repro.precision.scalers import SCALERS, build_scaler
+from mpt_repro.precision.plugins import build_scaler, converters_for
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SHORT = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
@@ -62,12 +60,13 @@ class PrecisionPolicy:
         self.bn_fp32 = bool(cfg.bn_fp32)
         self.hold_lr_on_skip = bool(cfg.hold_lr_on_skip)
         self.per_loss_scale = bool(cfg.per_loss_scale)
+        # the number formats the preset asks for (precision.fp8); built now, so that what only
+        # the device can tell (torchao's FP8 tensor cores) is refused before any work
+        self.converters = converters_for(cfg, self.device)
         self.scaling_kind, self.scaling_reason, self._init_scale = self._resolve_scaling()
         self.optimizers: dict[str, PrecisionOptimizer] = {}
         self._shared: ScaleGroup | None = None
         self._apply_tf32()
-        # precision.fp8 (torchao mode): torchao present and an FP8-capable device, before any work
-        fp8_hardware.validate_hardware(cfg, self.device)
 
     # -- construction -----------------------------------------------------------------------
     def _resolve_scaling(self) -> tuple[str, str, float]:
@@ -78,7 +77,7 @@ class PrecisionPolicy:
             return "dynamic", "experiment states no paper scale", float(self.cfg.init_scale)
         if kind == "static":
             return "static", "precision.static_scale", float(self.cfg.static_scale)
-        if kind == "none" and fp8.fp8_mode(self.cfg) == "emulated":
+        if kind == "none" and any(c.narrows_range for c in self.converters):
             return "none", "the no-scaling ablation", 1.0
         if kind == "none":
             reason = {
@@ -118,7 +117,7 @@ class PrecisionPolicy:
         if self.scaling_kind == "none":
             parts.append(f"no loss scaling ({self.scaling_reason})")
         else:
-            scaler = SCALERS[self.scaling_kind](self.cfg, self._init_scale, "cpu")
+            scaler = build_scaler(self.scaling_kind, self.cfg, self._init_scale, "cpu")
             parts.append(scaler.describe(self.scaling_reason))
             parts.append(
                 ("one scale per optimizer" if self.per_loss_scale else "one shared scale")
@@ -129,11 +128,11 @@ class PrecisionPolicy:
                 )
             )
         parts.append("TF32 on" if self.cfg.allow_tf32 else "TF32 off")
-        f8 = fp8.describe_fp8(self.cfg)
-        if f8 is not None and self.dtype_name == "float32":
-            parts[0] = f8 + ", other ops FP32"  # emulated: the layers' operands are the story
-        elif f8 is not None:
-            parts.insert(0, f8)
+        for clause in filter(None, (c.describe() for c in self.converters)):
+            if self.dtype_name == "float32":
+                parts[0] = clause + ", other ops FP32"  # the format's operands are the story
+            else:
+                parts.insert(0, clause)
         return f"{self.name}: " + ", ".join(parts)
 
     # -- model and inputs -------------------------------------------------------------------
@@ -145,11 +144,8 @@ class PrecisionPolicy:
         the paper's "BN in FP32" (§3.3) without an FP32 copy of every BN input saved for backward.
         """
         model = model.to(self.device)
-        # precision.fp8: 8-bit operands in conv/linear layers, emulated or torchao's
-        if fp8.fp8_mode(self.cfg) == "torchao":
-            model = fp8_hardware.apply_torchao_float8(model, self.cfg)
-        else:
-            model = fp8_modules.apply_fp8(model, self.cfg)
+        for converter in self.converters:  # precision.fp8: 8-bit operands in conv/linear layers
+            model = converter.convert(model)
         if not self.low_precision_weights:
             return model
         model.to(self.compute_dtype)
@@ -195,9 +191,8 @@ class PrecisionPolicy:
         if group is not None:
             group.members += 1
             group.scaler.attach(model, names, opt_params)
-        popt = PrecisionOptimizer(
-            name, torch_opt, names, params, master, group, fp8_modules.fp8_runtime(model)
-        )
+        hooks = [h for c in self.converters if (h := c.step_hook(model)) is not None]
+        popt = PrecisionOptimizer(name, torch_opt, names, params, master, group, hooks)
         self.optimizers[name] = popt
         return popt
 
@@ -205,15 +200,29 @@ class PrecisionPolicy:
         if self.scaling_kind == "none":
             return None  # no scaler at all (BF16 must never get one)
         if self.per_loss_scale or self._shared is None:
-            group = ScaleGroup(
-                build_scaler(self.scaling_kind, self.cfg, self._init_scale, self.device)
-            )
+            scaler = build_scaler(self.scaling_kind, self.cfg, self._init_scale, self.device)
+            scaler.floor_sources = [c.scale_floor for c in self.converters]
+            group = ScaleGroup(scaler)
             if not self.per_loss_scale:
                 self._shared = group
             return group
         return self._shared
 
     # -- host reads: log rows and the run record --------------------------------------------
+    def scalars(self) -> dict:
+        """What a train row of the log reads (host reads): "loss_scale" (the first optimizer's),
+        "skipped_steps" (summed over optimizers), and per optimizer "loss_scales" (several
+        optimizers only) and per layer "layer_scales" (layer-wise scalers only)."""
+        found: dict = {
+            "loss_scale": self.loss_scale(),
+            "skipped_steps": sum(o.skipped for o in self.optimizers.values()),
+        }
+        if len(self.optimizers) > 1:  # the GAN: each loss has its own scale
+            found["loss_scales"] = self.loss_scales()
+        if layers := self.layer_scales():  # adaptive: one per layer
+            found["layer_scales"] = layers
+        return found
+
     def loss_scale(self) -> float:
         """The first optimizer's current scale (the initial one before any optimizer exists)."""
         first = next(iter(self.optimizers.values()), None)
@@ -290,9 +299,11 @@ class PrecisionPolicy:
                 "loss_scale_max": s["max"],
             }
         diagnostics["per_optimizer"] = per_opt
-        fp8_summary = {n: o.fp8.summary() for n, o in self.optimizers.items() if o.fp8}
-        if fp8_summary:
-            diagnostics["fp8"] = _merge_diagnostics(fp8_summary)
+        hooks: dict[str, dict] = {}  # converters' (emulated FP8's "fp8"), by key and optimizer
+        for n, o in self.optimizers.items():
+            for hook in o.hooks:
+                hooks.setdefault(hook.key, {})[n] = hook.summary()
+        diagnostics.update({key: _merge_diagnostics(found) for key, found in hooks.items()})
         extra = {n: o.scaler.diagnostics() for n, o in self.optimizers.items() if o.scaler}
         extra = {n: d for n, d in extra.items() if d}
         if extra:  # layer-wise scalers: layer names prefixed by optimizer when there are several

@@ -15,7 +15,10 @@ with ``sync_free = False``.
 With ``loss_scaling=none`` (FP32, BF16, the no-scaling ablations) no scaler exists at all: the
 optimizer neither scales, nor inspects the grads, nor skips.
 
-New kinds register with ``@register_scaler("name")`` and are picked by ``precision.loss_scaling``.
+New kinds register with ``@register_scaler("name")`` and are picked by ``precision.loss_scaling``
+(plugins.py lists the built-in ones). A scaler knows no number format: a converter that raises
+the floor of the scale during training (precision.fp8's rising floor) is one of its
+``floor_sources``, which the policy sets.
 """
 
 from __future__ import annotations
@@ -25,8 +28,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor, nn
-
-from mpt_repro.precision.fp8 import min_scale_at
 
 SCALERS: dict[str, type[LossScaler]] = {}
 
@@ -40,18 +41,6 @@ def register_scaler(kind: str) -> Callable[[type[LossScaler]], type[LossScaler]]
         return cls
 
     return wrap
-
-
-def build_scaler(kind: str, cfg, init_scale: float | None, device: torch.device) -> LossScaler:
-    """A fresh scaler of ``kind`` configured from ``cfg`` (a PrecisionConfig)."""
-    if kind not in SCALERS:
-        from mpt_repro.errors import ConfigError
-
-        raise ConfigError(
-            f"precision.loss_scaling={kind} has no scaler implementation "
-            f"(available: {sorted(SCALERS)})."
-        )
-    return SCALERS[kind](cfg, init_scale, device)
 
 
 def unscale_and_check_(grads: Sequence[Tensor], inv_scale: Tensor) -> Tensor:
@@ -113,6 +102,8 @@ class LossScaler:
         self._growth_tracker = i64(0)  # consecutive clean steps since the last change
         self._hysteresis_left = i64(int(getattr(cfg, "hysteresis", 1)))
         self._diverged_at = i64(-1)  # attempt at which floor_count reached floor_patience
+        # floors that rise with the step count (converters' scale_floor, set by the policy)
+        self.floor_sources: list[Callable[[int], float | None]] = []
 
     # -- hooks for layer-wise scalers ------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -148,12 +139,11 @@ class LossScaler:
         return self._scale <= self.floor()
 
     def floor(self) -> float:
-        """The lowest scale now: precision.min_scale, or a floor that rises during training
-        (precision.fp8's enhanced loss scaling, Mellempudi et al. 2019). Host arithmetic on the
-        host's step count: no sync."""
-        return (
-            min_scale_at(self.steps, self.cfg) if hasattr(self.cfg, "fp8") else self.cfg.min_scale
-        )
+        """The lowest scale now: precision.min_scale, or the highest floor a source raises it to
+        at this step (precision.fp8's enhanced loss scaling, Mellempudi et al. 2019). Host
+        arithmetic on the host's step count: no sync."""
+        raised = [f for source in self.floor_sources if (f := source(self.steps)) is not None]
+        return max(raised, default=self.cfg.min_scale)
 
     # -- host reads (log rows, the run record) ---------------------------------------------
     @property

@@ -10,14 +10,19 @@ from mpt_repro.precision.config import enum_name as _name
 
 
 def validate_precision(p, paper_loss_scale: float | None = None) -> None:
-    dtype, scaling, weights = _name(p.compute_dtype), _name(p.loss_scaling), _name(p.weights)
     if not p.name:
         raise ConfigError("precision.name must name the preset (the run directory uses it).")
     from mpt_repro.precision import fp8_config as fp8  # no torch: refusals stay fast
 
     fp8.validate_fp8(p, paper_loss_scale)
+    _validate_storage(p)
     # emulated FP8 computes in FP32 on 8-bit values: its gradients need the loss scale
-    emulated_fp8 = fp8.fp8_mode(p) == "emulated"
+    _validate_scaling(p, emulated_fp8=fp8.fp8_mode(p) == "emulated")
+    _validate_scale_moves(p)
+
+
+def _validate_storage(p) -> None:
+    dtype, weights = _name(p.compute_dtype), _name(p.weights)
     if p.master_weights and weights == "fp32_autocast":
         raise ConfigError(
             "precision.master_weights=true needs precision.weights=low_precision: with FP32 "
@@ -31,6 +36,10 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
             "to store the weights in. Use precision.weights=fp32_autocast or "
             "compute_dtype=float16/bfloat16."
         )
+
+
+def _validate_scaling(p, emulated_fp8: bool) -> None:
+    dtype, scaling, weights = _name(p.compute_dtype), _name(p.loss_scaling), _name(p.weights)
     if dtype == "float32" and scaling != "none" and not emulated_fp8:
         raise ConfigError(
             f"precision.loss_scaling={scaling} with precision.compute_dtype=float32: FP32 "
@@ -63,14 +72,16 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
     if scaling == "adaptive":
         _validate_adaptive(p, weights)
     if scaling not in ("none", "paper"):
-        import mpt_repro.precision.adaptive  # noqa: F401  (registers loss_scaling=adaptive)
-        from mpt_repro.precision.scalers import SCALERS
+        from mpt_repro.precision.plugins import scaler_kinds  # torch only for a scaler's name
 
-        if scaling not in SCALERS:
+        if scaling not in scaler_kinds():
             raise ConfigError(
                 f"precision.loss_scaling={scaling} has no scaler implementation registered "
-                f"(available: none, paper, {', '.join(sorted(SCALERS))})."
+                f"(available: none, paper, {', '.join(scaler_kinds())})."
             )
+
+
+def _validate_scale_moves(p) -> None:
     if p.growth_factor <= 1:
         raise ConfigError(f"precision.growth_factor must be > 1 (got {p.growth_factor}).")
     if not 0 < p.backoff_factor < 1:

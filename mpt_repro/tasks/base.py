@@ -1,22 +1,54 @@
 """What a task is: everything that differs between experiments (models, batches, loss, metrics).
 
-The one training loop (mpt_repro/trainer.py) drives any Task; precision enters only through the
-PrecisionPolicy that the task uses for its forward and its optimizer steps.
+The one training loop (mpt_repro/trainer.py) drives any Task; the one training step and the
+one evaluation loop (mpt_repro/tasks/loops.py) run its code. A task writes what to compute:
+
+    class Speech(SampledTask):
+        def __init__(self, cfg, device, policy):
+            super().__init__(cfg, device, policy)
+            batch, global_batch = distributed.batch_sizes(cfg)
+            self.data = ...
+            self.model, self.optimizer, self.train_model = self.add_model(
+                "model", self.new_model(vocab_size=...), optimizer_factory(cfg.optim, global_batch)
+            )
+            self.use_loaders(build_epoch_loaders(self.data.train, self.data.eval, ...))
+
+        def loss(self, batch) -> Loss:                # one micro-batch, under autocast
+            ...
+            return Loss(ctc, samples=len(batch))
+
+        def eval_totals(self): return {"errors": 0, "words": 0}
+        def eval_step(self, batch) -> dict: ...     # under autocast and no_grad
+        def eval_metrics(self, totals) -> dict: ...  # from the totals of every rank
+
+Precision enters only through the PrecisionPolicy: `add_model` prepares the model and builds its
+optimizer, `self.policy.cast_inputs` casts inputs; autocast, backward and the optimizer step
+belong to loops.py. docs/design.md ("Task") has the whole interface.
 """
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch import nn
 
 from mpt_repro import distributed
+from mpt_repro.data import describe_sizes, load_skip_state, skip_state
 from mpt_repro.identity import is_custom_model
+from mpt_repro.models import build_model
+from mpt_repro.tasks.loops import (  # noqa: F401  (micro_batches: part of the task interface)
+    Loss,
+    Phase,
+    StepResult,
+    evaluate,
+    micro_batches,
+    predict,
+    recalibrate_bn,
+    train_step,
+)
 
 TASKS: dict[str, type[Task]] = {}
 
@@ -30,15 +62,12 @@ def register_task(name: str) -> Callable[[type], type]:
     return add
 
 
-@dataclass
-class StepResult:
-    loss: torch.Tensor  # the (unscaled) training loss of this iteration, detached
-    stepped: torch.Tensor  # 0-d bool on the device: False when the update was skipped (overflow)
-    samples: int  # examples processed (for samples/s)
-    logs: dict[str, torch.Tensor] = field(default_factory=dict)  # extra scalars (e.g. GAN losses)
-    # with several optimizers: which of them stepped (keys as in Task.optimizers); each LR schedule
-    # is held only when its own optimizer skipped
-    stepped_by: dict[str, torch.Tensor] = field(default_factory=dict)
+class Trained(NamedTuple):
+    """What add_model gives a task for one model."""
+
+    model: nn.Module  # prepared for the precision: what evaluation and checkpoints see
+    optimizer: Any  # its PrecisionOptimizer
+    forward: nn.Module  # what training calls: the DDP wrapper in a distributed run
 
 
 class Task:
@@ -50,32 +79,110 @@ class Task:
     metrics_detail: dict | None = None
 
     models: dict[str, nn.Module]
-    optimizers: dict[str, torch.optim.Optimizer]
+    optimizers: dict[str, Any]  # PrecisionOptimizers, by the names add_model gave them
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         self.cfg, self.device, self.policy = cfg, device, policy
+        self.models, self.optimizers = {}, {}
+        self.train_models: dict[str, nn.Module] = {}  # the training forwards, by model name
 
+    # -- models -----------------------------------------------------------------------------
+    def new_model(self, **kwargs: Any) -> Any:
+        """build_model(cfg.model, **kwargs) right after torch.manual_seed(cfg.seed), before
+        anything else draws random numbers: every precision preset starts from the same
+        weights."""
+        torch.manual_seed(self.cfg.seed)
+        return build_model(self.cfg.model, **kwargs)
+
+    def add_model(
+        self,
+        name: str,
+        model: nn.Module,
+        make_optimizer: Callable,
+        forward: Callable[[nn.Module], nn.Module] | None = None,
+    ) -> Trained:
+        """Prepare `model` for the precision policy on the task's device, build its optimizer
+        (`make_optimizer`, e.g. mpt_repro.optim.optimizer_factory) and its training forward:
+        `forward(model)` when given (a module around the model, e.g. one that also computes
+        the loss), wrapped in DDP in a distributed run. Registered as models[name],
+        optimizers[name] and train_models[name]; optimizers are reported in the order added."""
+        model = self.policy.prepare_model(model.to(self.device))
+        optimizer = self.policy.build_optimizer(model, make_optimizer, name=name)
+        wrapped = distributed.wrap_model(forward(model) if forward else model, self.cfg.distributed)
+        self.models[name], self.optimizers[name] = model, optimizer
+        self.train_models[name] = wrapped
+        return Trained(model, optimizer, wrapped)
+
+    # -- training -----------------------------------------------------------------------------
     def steps_per_epoch(self) -> int:
         raise NotImplementedError
 
     def train_batches(self, epoch: int, skip: int = 0) -> Iterator[Any]:
-        """Batches of one epoch, in an order fixed by (seed, epoch); the first `skip` left out
-        (resume).
-        """
+        """One item per iteration, in an order fixed by (seed, epoch); the first `skip` left out
+        (resume)."""
         raise NotImplementedError
+
+    def split(self, batch: Any) -> list[Any]:
+        """An iteration's micro-batches (default: the item is one micro-batch)."""
+        return [batch]
+
+    def loss(self, batch: Any) -> Loss:
+        """The loss of one micro-batch, computed under autocast (single-optimizer tasks)."""
+        raise NotImplementedError
+
+    def phases(self) -> list[Phase]:
+        """The optimizer steps of one iteration, in order. Default: the one optimizer, with
+        `loss` on each micro-batch through its training forward."""
+        (name,) = self.optimizers
+        return [Phase(name, self.loss, (self.train_models[name],))]
+
+    def step_options(self, optimizer: str) -> dict[str, Any]:
+        """Keyword arguments of that optimizer's step (PrecisionOptimizer.step)."""
+        return {"clip_grad_norm": self.cfg.optim.grad_clip}
 
     def train_step(self, batch: Any) -> StepResult:
-        raise NotImplementedError
+        """One iteration: the shared step (tasks/loops.py)."""
+        return train_step(self, batch)
 
-    @torch.no_grad()
+    # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> dict[str, float]:
+        """The shared evaluation loop (tasks/loops.py) over eval_batches."""
+        return evaluate(self)
+
+    def predict(self, model: nn.Module, *inputs: Any) -> Any:
+        """`model(*inputs)` as evaluation runs it (eval mode, no_grad, autocast): for outputs
+        beyond the metrics, such as the GAN's sample grid."""
+        return predict(self, model, *inputs)
+
+    def eval_batches(self) -> Iterable[Any]:
         raise NotImplementedError
 
-    # Optional parts -------------------------------------------------------------------------
-    def recalibrate_bn(self, batches: int) -> None:
-        """Re-estimate BatchNorm running statistics on `batches` training batches (tasks with
-        BN override it; trainer.recalibrate_bn)."""
+    def eval_totals(self) -> dict[str, Any]:
+        """The running totals before the first batch: a zero per sum, [] per collected list. Every
+        rank reduces these keys, also one with nothing to evaluate."""
+        raise NotImplementedError
 
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """What one batch adds to the totals (same keys), computed under autocast and no_grad."""
+        raise NotImplementedError
+
+    def eval_metrics(self, totals: dict[str, Any]) -> dict[str, float]:
+        """The metrics from the totals of every rank (numbers summed, lists joined)."""
+        raise NotImplementedError
+
+    def recalibrate_bn(self, batches: int) -> None:
+        """Re-estimate BatchNorm running statistics on `batches` training inputs
+        (trainer.recalibrate_bn), for tasks that give recalibration_inputs."""
+        inputs = self.recalibration_inputs(batches)
+        if inputs is not None:
+            (model,) = self.models.values()
+            recalibrate_bn(model, inputs, self.policy.autocast)
+
+    def recalibration_inputs(self, batches: int) -> Iterable[Any] | None:
+        """The model inputs BN recalibration runs, or None (no recalibration)."""
+        return None
+
+    # -- the rest -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
         return {}
 
@@ -108,52 +215,24 @@ def chunked(items: Iterable[Any], n: int) -> Iterator[list[Any]]:
         yield group
 
 
-def micro_batches(items: list[Any], ddp_model: nn.Module) -> Iterator[Any]:
-    """Each micro-batch of an iteration; the caller's forward and backward of every one but the
-    last run inside DDP's no_sync, so gradients are all-reduced once per optimizer step. Scale
-    each micro-batch's loss by 1/len(items): the sum is the mean over the whole batch."""
-    for i, item in enumerate(items):
-        last = i == len(items) - 1
-        with contextlib.nullcontext() if last else distributed.no_sync(ddp_model):
-            yield item
-
-
-@torch.no_grad()
-def recalibrate_bn(model: nn.Module, inputs: Iterable[Any]) -> int:
-    """Reset every BatchNorm's running statistics and re-estimate them as the plain average over
-    ``inputs`` (momentum None), with the current weights; returns how many inputs were used.
-    Each module keeps its own momentum after. A model without BatchNorm is left alone."""
-    bns = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    if not bns:
-        return 0
-    momenta = [m.momentum for m in bns]
-    for m in bns:
-        m.reset_running_stats()
-        m.momentum = None  # cumulative average over the recalibration batches
-    was_training = model.training
-    model.train()
-    used = 0
-    try:
-        for x in inputs:
-            model(x)
-            used += 1
-    finally:
-        for m, momentum in zip(bns, momenta):
-            m.momentum = momentum
-        model.train(was_training)
-    return used
-
-
 class SampledTask(Task):
-    """A task that trains on a loader ordered by an EpochSampler (`self.sampler`,
-    `self.train_loader`), `self.accumulate` micro-batches per iteration: the image tasks."""
+    """A task that trains on a loader ordered by an EpochSampler, `self.accumulate`
+    micro-batches per iteration, and evaluates on a loader of its own (use_loaders): the image
+    tasks. `self.data` has `train` and `eval` data sets and a `description`."""
 
+    data: Any
     sampler: Any
     train_loader: Any
+    eval_loader: Any
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         self.accumulate = cfg.trainer.accumulate
+
+    def use_loaders(self, loaders: Any) -> None:
+        """Train and evaluate on these (data.sampling.EpochLoaders)."""
+        self.sampler, self.train_loader = loaders.sampler, loaders.train
+        self.eval_loader = loaders.eval
 
     def steps_per_epoch(self) -> int:
         return self.sampler.batches_per_epoch() // self.accumulate
@@ -163,3 +242,30 @@ class SampledTask(Task):
         order; a resumed run skips the iterations it has done."""
         self.sampler.set_epoch(epoch, skip_batches=skip * self.accumulate)
         return chunked(self.train_loader, self.accumulate)
+
+    def split(self, batch: list[Any]) -> list[Any]:
+        return batch  # train_batches gives each iteration's micro-batches already
+
+    def eval_batches(self) -> Iterable[Any]:
+        return self.eval_loader
+
+    def _splits(self) -> dict[str, Any]:
+        return {"train": self.data.train, "eval": self.data.eval}
+
+    def state_dict(self) -> dict:
+        # the files data.on_corrupt=skip has skipped (nothing for data sets that never skip)
+        return skip_state(self._splits())
+
+    def load_state_dict(self, state: dict) -> None:
+        load_skip_state(self._splits(), state)
+
+    def describe_data(self, **details: Any) -> dict:
+        """run.json "data": name, root, the sizes used (less skipped files), `details`, and the
+        data set's description."""
+        return {
+            **super().describe_data(),
+            # data.on_corrupt: the image folders' (the other data sets never skip a file)
+            **describe_sizes(self.data.train, self.data.eval, self.cfg.data.get("on_corrupt")),
+            **details,
+            "description": self.data.description,
+        }

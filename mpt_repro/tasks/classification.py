@@ -11,20 +11,13 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Subset
 
 from mpt_repro import distributed
-from mpt_repro.data import build_image_data, describe_sizes, load_skip_state, skip_state
+from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
-from mpt_repro.models import build_model
 from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
-from mpt_repro.tasks.base import (
-    SampledTask,
-    StepResult,
-    micro_batches,
-    recalibrate_bn,
-    register_task,
-)
+from mpt_repro.tasks.base import Loss, SampledTask, register_task
 
 
 def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
@@ -51,33 +44,21 @@ class Classification(SampledTask):
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
-        batch, global_batch = distributed.batch_sizes(
-            cfg
-        )  # this process's and all processes' batch
+        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and the step's
         self.data = build_image_data(d)
         self.micro_batch = batch
-        # Seed right before building the model: every precision preset starts from the same weights.
-        torch.manual_seed(cfg.seed)
-        model = build_model(
-            cfg.model,
-            num_classes=self.data.num_classes,
-            channels=self.data.channels,
-            image_size=d.image_size,
+        model = self.new_model(
+            num_classes=self.data.num_classes, channels=self.data.channels, image_size=d.image_size
         )
         model = distributed.maybe_sync_bn(model, cfg.distributed, device)
         self.channels_last = cfg.model.channels_last and device.type == "cuda"
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        self.model = policy.prepare_model(model.to(device))
-        self.optimizer = policy.build_optimizer(
-            self.model, optimizer_factory(cfg.optim, global_batch), name="model"
+        self.model, self.optimizer, self.train_model = self.add_model(
+            "model", model, optimizer_factory(cfg.optim, global_batch)
         )
-        # Under DDP the forward/backward goes through the wrapper (gradient averaging); the bare
-        # model is what the optimizer, the checkpoints and evaluation see.
-        self.train_model = distributed.wrap_model(self.model, cfg.distributed)
         if cfg.trainer.compile:
-            self.train_model = compiled(self.train_model, cfg)
-        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
+            self.train_model = self.train_models["model"] = compiled(self.train_model, cfg)
         # batches arrive normalised on the device in the model's dtype and memory format: one
         # pass over the input (uint8 in the loader, one fused normalise-and-cast on the device)
         loaders = build_epoch_loaders(
@@ -90,12 +71,8 @@ class Classification(SampledTask):
             input_dtype=policy.storage_dtype,
             memory_format=torch.channels_last if self.channels_last else None,
         )
+        self.use_loaders(loaders)
         self._classes_checked = False
-        self.sampler, self.train_loader, self.eval_loader = (
-            loaders.sampler,
-            loaders.train,
-            loaders.eval,
-        )
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.to(self.device, non_blocking=True)
@@ -103,20 +80,12 @@ class Classification(SampledTask):
             x = x.contiguous(memory_format=torch.channels_last)
         return self.policy.cast_inputs(x), y.to(self.device, non_blocking=True)
 
-    def train_step(self, batches: list[Any]) -> StepResult:
-        self.train_model.train()
-        self.optimizer.zero_grad()
-        total, samples = 0.0, 0
-        for batch in micro_batches(batches, self.train_model):
-            x, y = self._to_device(*batch)
-            with self.policy.autocast():
-                loss = self._loss(self.train_model(x), y) / len(batches)
-            self.optimizer.backward(loss)
-            total, samples = total + loss.detach().float(), samples + y.shape[0]
-        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
-        return StepResult(loss=total, stepped=stepped, samples=samples)
+    def loss(self, batch: Any) -> Loss:
+        x, y = self._to_device(*batch)
+        return Loss(self.criterion(self.train_model(x), y), samples=y.shape[0])
 
-    def _loss(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+    def criterion(self, out: Any, y: torch.Tensor) -> torch.Tensor:
+        """The training loss of the model's output (FP32 under autocast)."""
         if not self._classes_checked:  # a model built for another class count: say so at once
             self.data.check_logits(out if torch.is_tensor(out) else out[0])
             self._classes_checked = True
@@ -129,62 +98,28 @@ class Classification(SampledTask):
             aux_weights=self.cfg.model.get("aux_weight", 0.0),  # only models with aux heads
         )
 
-    def recalibrate_bn(self, batches: int) -> None:
+    def recalibration_inputs(self, batches: int) -> Iterator[torch.Tensor]:
         # the first training examples in a fixed order (each rank its own shard), so the
         # statistics do not depend on where in an epoch the evaluation falls
         d, rank, world = self.cfg.data, distributed.rank(), distributed.world_size()
         shard = Subset(self.data.train, range(rank, len(self.data.train), world))
         loader = DataLoader(shard, batch_size=self.micro_batch, num_workers=d.num_workers)
+        return (self._to_device(*batch)[0] for batch in itertools.islice(loader, batches))
 
-        def inputs() -> Iterator[torch.Tensor]:
-            for batch in itertools.islice(loader, batches):
-                x, _ = self._to_device(*batch)
-                with self.policy.autocast():
-                    yield x
+    def eval_totals(self) -> dict[str, Any]:
+        return {"loss": 0.0, "top1": 0.0, "top5": 0.0, "total": 0}
 
-        recalibrate_bn(self.model, inputs())
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        x, y = self._to_device(*batch)
+        logits = self.model(x).float()
+        hits = logits.topk(min(5, self.data.num_classes), dim=1).indices.eq(y[:, None])
+        return {
+            "loss": F.cross_entropy(logits, y, reduction="sum"),
+            "top1": hits[:, 0].sum().float(),
+            "top5": hits.any(dim=1).sum().float(),
+            "total": y.shape[0],
+        }
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        distributed.sync_buffers(self.model)  # every rank evaluates rank 0's BN statistics
-        self.model.eval()
-        total, loss_sum = 0, torch.zeros((), device=self.device)
-        correct = torch.zeros(2, device=self.device)  # top-1, top-5
-        k = min(5, self.data.num_classes)
-        for batch in self.eval_loader:
-            x, y = self._to_device(*batch)
-            with self.policy.autocast():
-                logits = self.model(x)
-            logits = logits.float()
-            loss_sum += F.cross_entropy(logits, y, reduction="sum")
-            hits = logits.topk(k, dim=1).indices.eq(y[:, None])
-            correct += torch.stack([hits[:, 0].sum(), hits.any(dim=1).sum()]).float()
-            total += y.shape[0]
-        s = distributed.reduce_sums(
-            {
-                "loss": float(loss_sum),
-                "top1": float(correct[0]),
-                "top5": float(correct[1]),
-                "total": total,
-            },
-            self.device,
-        )
+    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
         n = max(s["total"], 1)
         return {"loss": s["loss"] / n, "top1": 100.0 * s["top1"] / n, "top5": 100.0 * s["top5"] / n}
-
-    def state_dict(self) -> dict:
-        return skip_state({"train": self.data.train, "eval": self.data.eval})
-
-    def load_state_dict(self, state: dict) -> None:
-        load_skip_state({"train": self.data.train, "eval": self.data.eval}, state)
-
-    def describe_data(self) -> dict:
-        return {
-            "name": self.cfg.data.name,
-            "root": self.cfg.data.root,
-            # the images used: with data.on_corrupt=skip, less the skipped files, counted
-            **describe_sizes(
-                self.data.train, self.data.eval, self.cfg.data.get("on_corrupt", "fail")
-            ),
-            "description": self.data.description,
-        }

@@ -24,14 +24,8 @@ from mpt_repro.data.detection_transforms import detection_collate
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
 from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
-from mpt_repro.models import build_model
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import (
-    SampledTask,
-    StepResult,
-    micro_batches,
-    register_task,
-)
+from mpt_repro.tasks.base import Loss, SampledTask, register_task
 
 # The input geometry each detector expects from the data pipeline (see the models' docstrings).
 GEOMETRY = {"ssd300": "warp", "faster_rcnn_vgg16": "shorter_side"}
@@ -87,31 +81,21 @@ class Detection(SampledTask):
         self.data = build_detection_data(d, GEOMETRY[name])
         self.metric_names = ["map", "map_area", *LOSS_PARTS[name]]  # eval metrics + train parts
         self.metrics_detail: dict[str, Any] = {}
-        # Seed right before building the model: every precision preset starts from the same weights.
-        torch.manual_seed(cfg.seed)
-        model = build_model(cfg.model, num_classes=self.data.num_classes, image_size=d.image_size)
+        model = self.new_model(num_classes=self.data.num_classes, image_size=d.image_size)
         self.backbone_source = getattr(model, "backbone_source", None)
-        self.model = policy.prepare_model(model.to(device))
         factory = caffe_param_groups(optimizer_factory(cfg.optim, global_batch), name)
-        self.optimizer = policy.build_optimizer(self.model, factory, name="model")
-        # Under DDP the forward/backward goes through the wrapper; the bare model is what the
-        # optimizer, the checkpoints and evaluation see.
-        self.train_model = distributed.wrap_model(self.model, cfg.distributed)
-        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
+        self.model, self.optimizer, self.train_model = self.add_model("model", model, factory)
         # variable numbers of boxes per image: batches are collated by detection_collate
-        loaders = build_epoch_loaders(
-            self.data.train,
-            self.data.eval,
-            d,
-            batch,
-            cfg.seed,
-            device,
-            collate_fn=detection_collate,
-        )
-        self.sampler, self.train_loader, self.eval_loader = (
-            loaders.sampler,
-            loaders.train,
-            loaders.eval,
+        self.use_loaders(
+            build_epoch_loaders(
+                self.data.train,
+                self.data.eval,
+                d,
+                batch,
+                cfg.seed,
+                device,
+                collate_fn=detection_collate,
+            )
         )
 
     def _to_device(self, batch: Any) -> tuple[torch.Tensor, torch.Tensor, list[dict]]:
@@ -123,52 +107,42 @@ class Detection(SampledTask):
         ]
         return images, sizes, on_device
 
-    def train_step(self, batches: list[Any]) -> StepResult:
-        """One optimizer step. Each micro-batch's loss is the sum of the model's FP32 parts
-        (computed with autocast off) over len(batches); backward scales it once, so every part
-        carries the same loss scale (Caffe's iter_size accumulates the same way)."""
-        self.train_model.train()
-        self.optimizer.zero_grad()
-        total, samples = 0.0, 0
-        logs: dict[str, torch.Tensor] = {}
-        for batch in micro_batches(batches, self.train_model):
-            images, sizes, targets = self._to_device(batch)
-            with self.policy.autocast():
-                parts = self.train_model(images, sizes, targets)
-            loss = sum(parts.values()) / len(batches)
-            self.optimizer.backward(loss)
-            total, samples = total + loss.detach(), samples + len(targets)
-            for k, v in parts.items():
-                logs[k] = logs.get(k, 0.0) + v.detach() / len(batches)
-        stepped = self.optimizer.step(clip_grad_norm=self.cfg.optim.grad_clip)
-        return StepResult(loss=total, stepped=stepped, samples=samples, logs=logs)
+    def loss(self, batch: Any) -> Loss:
+        """The sum of the model's FP32 loss parts (computed with autocast off); backward scales
+        it once, so every part carries the same loss scale (Caffe's iter_size accumulates the
+        same way). The parts are logged."""
+        images, sizes, targets = self._to_device(batch)
+        parts = self.train_model(images, sizes, targets)
+        return Loss(sum(parts.values()), samples=len(targets), logs=parts)
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        distributed.sync_buffers(self.model)
-        self.model.eval()
-        mine: list[tuple[int, dict[str, torch.Tensor]]] = []
-        for batch in self.eval_loader:
-            images, sizes, targets = batch
-            x = self.policy.cast_inputs(images.to(self.device, non_blocking=True))
-            with self.policy.autocast():
-                outputs = self.model(x, sizes)
-            for out, t in zip(outputs, targets):
-                sx, sy = t["scale"].tolist()  # input pixels per original pixel
-                to_original = torch.tensor([sx, sy, sx, sy])
-                mine.append(
-                    (
-                        int(t["index"]),
-                        {
-                            "boxes": out["boxes"].float().cpu() / to_original,
-                            "scores": out["scores"].float().cpu(),
-                            "labels": out["labels"].cpu(),
-                        },
-                    )
+    def eval_totals(self) -> dict[str, Any]:
+        return {"detections": []}
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Each image's detections, mapped back to the original image's pixels (on the host)."""
+        images, sizes, targets = batch
+        outputs = self.model(
+            self.policy.cast_inputs(images.to(self.device, non_blocking=True)), sizes
+        )
+        found = []
+        for out, t in zip(outputs, targets):
+            sx, sy = t["scale"].tolist()  # input pixels per original pixel
+            to_original = torch.tensor([sx, sy, sx, sy])
+            found.append(
+                (
+                    int(t["index"]),
+                    {
+                        "boxes": out["boxes"].float().cpu() / to_original,
+                        "scores": out["scores"].float().cpu(),
+                        "labels": out["labels"].cpu(),
+                    },
                 )
-        # every rank evaluated its shard; the AP needs all detections together
-        gathered = [d for part in distributed.all_gather_object(mine) for d in part]
-        by_index = dict(gathered)
+            )
+        return {"detections": found}
+
+    def eval_metrics(self, totals: dict[str, Any]) -> dict[str, float]:
+        """VOC07 AP over every rank's detections (the AP needs all of them together)."""
+        by_index = dict(totals["detections"])
         n = len(self.data.eval)
         empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0)}
         detections = [by_index.get(i, empty) for i in range(n)]
@@ -186,14 +160,7 @@ class Detection(SampledTask):
         return {"map": result.map, "map_area": result.map_area}
 
     def describe_data(self) -> dict:
-        return {
-            "name": self.cfg.data.name,
-            "root": self.cfg.data.root,
-            "train_size": len(self.data.train),
-            "eval_size": len(self.data.eval),
-            "classes": list(self.data.class_names),
-            "description": self.data.description,
-        }
+        return super().describe_data(classes=list(self.data.class_names))
 
     def describe_model(self) -> dict:
         return {**super().describe_model(), "backbone_weights": self.backbone_source}

@@ -17,7 +17,6 @@ with the global batch (other noise, per-process BatchNorm batch statistics).
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,22 +27,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from mpt_repro import distributed
-from mpt_repro.data import build_image_data, describe_sizes, load_skip_state, skip_state
+from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
-from mpt_repro.models import build_model
 from mpt_repro.models.dcgan import sample_noise
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import (
-    SampledTask,
-    StepResult,
-    micro_batches,
-    register_task,
-)
+from mpt_repro.tasks.base import Loss, Phase, SampledTask, register_task
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
-NOISE_SEED_PER_RANK = (
-    1_000_003  # rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
-)
+# rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
+NOISE_SEED_PER_RANK = 1_000_003
 
 
 @contextmanager
@@ -70,31 +62,23 @@ class GAN(SampledTask):
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
         d = cfg.data
-        batch, global_batch = distributed.batch_sizes(
-            cfg
-        )  # this process's and all processes' batch
+        batch, global_batch = distributed.batch_sizes(cfg)  # this process's and the step's
         self.data = build_image_data(d)
         self.image_size = d.image_size
-        # Seed right before building the models: every precision preset starts from the same
-        # weights.
-        torch.manual_seed(cfg.seed)
-        pair = build_model(cfg.model, channels=self.data.channels, image_size=self.image_size)
-        self.generator = policy.prepare_model(pair.generator.to(device))
-        self.discriminator = policy.prepare_model(pair.discriminator.to(device))
+        pair = self.new_model(channels=self.data.channels, image_size=self.image_size)
         make = optimizer_factory(cfg.optim, global_batch)
         # Discriminator first: policy.loss_scale() and the first-optimizer summaries report it.
-        self.opt_d = policy.build_optimizer(self.discriminator, make, name="discriminator")
-        self.opt_g = policy.build_optimizer(self.generator, make, name="generator")
-        self.models = {"generator": self.generator, "discriminator": self.discriminator}
-        self.optimizers = {"discriminator": self.opt_d, "generator": self.opt_g}
         # Under DDP the training forwards/backwards go through the wrappers (gradient averaging);
         # the bare networks are what the optimizers, checkpoints, evaluation and samples see.
-        self.train_g = distributed.wrap_model(self.generator, cfg.distributed)
-        self.train_d = distributed.wrap_model(self.discriminator, cfg.distributed)
+        self.discriminator, self.opt_d, self.train_d = self.add_model(
+            "discriminator", pair.discriminator, make
+        )
+        self.generator, self.opt_g, self.train_g = self.add_model("generator", pair.generator, make)
+        # the generator first, as telemetry's layer tables and checkpoints have always listed them
+        self.models = {"generator": self.generator, "discriminator": self.discriminator}
         self.latent_dim = cfg.model.latent_dim
         # Noise has its own generator (saved with the task state), so a resumed run draws the same
-        # z.
-        # One stream per rank: the ranks' shares of the global batch must not get the same noise.
+        # z. One stream per rank: the ranks' shares of the global batch must not get the same noise.
         self.noise_rng = torch.Generator(device=device).manual_seed(
             cfg.seed + 1 + NOISE_SEED_PER_RANK * distributed.rank()
         )
@@ -103,13 +87,10 @@ class GAN(SampledTask):
         self.fixed_noise = sample_noise(GRID_SAMPLES, cfg.model, device, generator=fixed)
         self.eval_noise = sample_noise(len(self.data.eval), cfg.model, device, generator=fixed)
         loaders = build_epoch_loaders(self.data.train, self.data.eval, d, batch, cfg.seed, device)
-        self.sampler, self.train_loader, self.eval_loader = (
-            loaders.sampler,
-            loaders.train,
-            loaders.eval,
-        )
+        self.use_loaders(loaders)
         # which evaluation noise goes with which image of this rank's slice
         self.eval_indices = torch.tensor(list(loaders.eval_shard), dtype=torch.long, device=device)
+        self._fakes: list[torch.Tensor] = []  # this iteration's generated images (the D step's)
 
     def _real(self, batch: Any) -> torch.Tensor:
         x = batch[0] if isinstance(batch, (list, tuple)) else batch  # labels, if any, are ignored
@@ -133,113 +114,79 @@ class GAN(SampledTask):
         target = torch.ones_like(logits) if real else torch.zeros_like(logits)
         return F.binary_cross_entropy_with_logits(logits.float(), target.float())
 
-    def _zero_grads(self) -> None:
-        # Both networks' grads (and their FP32 masters'), so that each step sees only its own
-        # loss's gradients.
-        self.opt_g.zero_grad()
-        self.opt_d.zero_grad()
+    def phases(self) -> list[Phase]:
+        """One iteration: a D step accumulated over the micro-batches, then a G step.
 
-    def train_step(self, batches: list[Any]) -> StepResult:
-        """One iteration over trainer.accumulate micro-batches: a D step, then a G step."""
-        G, D = self.train_g, self.train_d  # the DDP wrappers (the networks themselves alone)
-        G.train()
-        D.train()
-        n = len(batches)
-
-        # Discriminator: maximise log D(x) + log(1 - D(G(z))), accumulated over micro-batches.
-        self._zero_grads()
-        fakes, d_loss, d_real, d_fake, samples = [], 0.0, 0.0, 0.0, 0
-        for i, batch in enumerate(micro_batches(batches, D)):
-            real = self._real(batch)
+        With one shared loss scale (precision.per_loss_scale=false) both losses use the scale
+        the iteration began with; it moves once, after the G step (the policy's ScaleGroup)."""
+        return [
             # G's forward of an accumulating micro-batch must not arm its DDP all-reduce either
-            last = i == n - 1
-            with contextlib.nullcontext() if last else distributed.no_sync(G):
-                with self.policy.autocast():
-                    fake = G(self._noise(real.shape[0]))
-            with self.policy.autocast():
-                d_real_logits = D(real)
-                d_fake_logits = D(fake.detach())
-                loss = (self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)) / n
-            self.opt_d.backward(loss)
-            fakes.append(fake)
-            d_loss = d_loss + loss.detach()
-            d_real = d_real + torch.sigmoid(d_real_logits.detach().float()).mean() / n
-            d_fake = d_fake + torch.sigmoid(d_fake_logits.detach().float()).mean() / n
-            samples += real.shape[0]
-        d_stepped = self.opt_d.step(clip_grad_norm=self.cfg.optim.grad_clip)
+            Phase("discriminator", self._d_loss, (self.train_d, self.train_g), name="d"),
+            Phase("generator", self._g_loss, accumulate=False, name="g"),
+        ]
 
-        # Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
-        # Through the bare D with its parameters frozen: only G needs gradients here. D's DDP
-        # wrapper would expect (and all-reduce) D gradients nobody uses, and any D gradient
-        # left over could leak into D's next step. One backward over all micro-batches' fakes:
-        # G's wrapper, armed by the last forward, averages G's whole gradient once.
-        self._zero_grads()
-        with frozen(self.discriminator), self.policy.autocast():
-            g_loss = sum(self._bce(self.discriminator(f), True) for f in fakes) / n
-        self.opt_g.backward(g_loss)
-        g_stepped = self.opt_g.step(clip_grad_norm=self.cfg.optim.grad_clip)
-
-        logs = {
-            "d_loss": d_loss,
-            "g_loss": g_loss.detach(),
-            "d_real": d_real,
-            "d_fake": d_fake,
-            "d_stepped": d_stepped.float(),
-            "g_stepped": g_stepped.float(),
-        }
-        # loss: the sum of both, so a non-finite value in either one ends the run as diverged.
-        return StepResult(
-            loss=(d_loss + g_loss).detach(),
-            stepped=d_stepped & g_stepped,
-            samples=samples,
-            logs=logs,
-            stepped_by={"discriminator": d_stepped, "generator": g_stepped},
+    def _d_loss(self, batch: Any) -> Loss:
+        """Discriminator: maximise log D(x) + log(1 - D(G(z))) on one micro-batch."""
+        real = self._real(batch)
+        fake = self.train_g(self._noise(real.shape[0]))
+        self._fakes.append(fake)
+        d_real_logits = self.train_d(real)
+        d_fake_logits = self.train_d(fake.detach())
+        return Loss(
+            self._bce(d_real_logits, True) + self._bce(d_fake_logits, False),
+            samples=real.shape[0],
+            logs={
+                "d_real": torch.sigmoid(d_real_logits.detach().float()).mean(),
+                "d_fake": torch.sigmoid(d_fake_logits.detach().float()).mean(),
+            },
         )
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Both losses and the mean D outputs on the held-out images against fixed noise (eval-mode
-        BN).
-        """
-        G, D = self.generator, self.discriminator
-        for model in (G, D):
-            distributed.sync_buffers(model)  # every rank evaluates rank 0's BN statistics
-        G.eval()
-        D.eval()
-        sums = torch.zeros(4, device=self.device)
+    def _g_loss(self, batches: list[Any]) -> Loss:
+        """Generator: maximise log D(G(z)) on the same fakes, against the updated discriminator.
+
+        Through the bare D with its parameters frozen: only G needs gradients here. D's DDP
+        wrapper would expect (and all-reduce) D gradients nobody uses, and any D gradient left
+        over could leak into D's next step. One backward over all micro-batches' fakes: G's
+        wrapper, armed by the last forward, averages G's whole gradient once."""
+        fakes, self._fakes = self._fakes, []
+        with frozen(self.discriminator):
+            value = sum(self._bce(self.discriminator(f), True) for f in fakes) / len(fakes)
+        return Loss(value)
+
+    def eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        """This rank's held-out images in loader order, each with its own noise vector."""
         seen = 0
         for batch in self.eval_loader:
             real = self._real(batch)
             n = real.shape[0]
-            # this rank's images in loader order, each with its own noise vector
-            z = self.policy.cast_inputs(self.eval_noise[self.eval_indices[seen : seen + n]])
-            with self.policy.autocast():
-                d_real_logits = D(real)
-                d_fake_logits = D(G(z))
-                d_loss = self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)
-                g_loss = self._bce(d_fake_logits, True)
-            sums += n * torch.stack(
-                [
-                    d_loss,
-                    g_loss,
-                    torch.sigmoid(d_real_logits.float()).mean(),
-                    torch.sigmoid(d_fake_logits.float()).mean(),
-                ]
-            )
+            yield real, self.policy.cast_inputs(self.eval_noise[self.eval_indices[seen : seen + n]])
             seen += n
-        names = ("d_loss", "g_loss", "d_real", "d_fake")
-        s = distributed.reduce_sums({**dict(zip(names, sums.tolist())), "n": seen}, self.device)
-        d_loss, g_loss, d_real, d_fake = (s[k] / max(s["n"], 1) for k in names)
-        return {"d_loss": d_loss, "g_loss": g_loss, "d_real": d_real, "d_fake": d_fake}
 
-    @torch.no_grad()
+    def eval_totals(self) -> dict[str, Any]:
+        return {"d_loss": 0.0, "g_loss": 0.0, "d_real": 0.0, "d_fake": 0.0, "n": 0}
+
+    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        """Both losses and the mean D outputs against the noise (eval-mode BN), summed."""
+        real, z = batch
+        n = real.shape[0]
+        d_real_logits = self.discriminator(real)
+        d_fake_logits = self.discriminator(self.generator(z))
+        return {
+            "d_loss": n * (self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)),
+            "g_loss": n * self._bce(d_fake_logits, True),
+            "d_real": n * torch.sigmoid(d_real_logits.float()).mean(),
+            "d_fake": n * torch.sigmoid(d_fake_logits.float()).mean(),
+            "n": n,
+        }
+
+    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
+        return {k: s[k] / max(s["n"], 1) for k in ("d_loss", "g_loss", "d_real", "d_fake")}
+
     def sample_grid(self) -> torch.Tensor:
         """The fixed-noise samples as one image grid in [0, 1] (C, H, W), FP32 on the CPU."""
         from torchvision.utils import make_grid
 
-        self.generator.eval()
-        with self.policy.autocast():
-            images = self.generator(self.policy.cast_inputs(self.fixed_noise))
+        images = self.predict(self.generator, self.policy.cast_inputs(self.fixed_noise))
         return make_grid(images.float().cpu(), nrow=8, normalize=True, value_range=(-1, 1))
 
     def log_media(self, writer: Any, step: int) -> None:
@@ -256,24 +203,15 @@ class GAN(SampledTask):
         save_image(grid, out / f"step_{step:06d}.png")
 
     def state_dict(self) -> dict:
-        splits = {"train": self.data.train, "eval": self.data.eval}
-        return {"noise_rng": self.noise_rng.get_state(), **skip_state(splits)}
+        return {"noise_rng": self.noise_rng.get_state(), **super().state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         if state.get("noise_rng") is not None:
             self.noise_rng.set_state(state["noise_rng"])
-        load_skip_state({"train": self.data.train, "eval": self.data.eval}, state)
+        super().load_state_dict(state)
 
     def describe_data(self) -> dict:
-        return {
-            "name": self.cfg.data.name,
-            "root": self.cfg.data.root,
-            **describe_sizes(
-                self.data.train, self.data.eval, self.cfg.data.get("on_corrupt", "fail")
-            ),
-            "image_size": self.image_size,
-            "description": self.data.description,
-        }
+        return super().describe_data(image_size=self.image_size)
 
     def describe_model(self) -> dict:
         count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731

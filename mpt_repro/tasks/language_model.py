@@ -25,10 +25,9 @@ from torch import nn
 from mpt_repro import distributed
 from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches, shard_streams
 from mpt_repro.errors import ConfigError
-from mpt_repro.models import build_model
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import StepResult, Task, micro_batches, register_task
+from mpt_repro.tasks.base import Loss, StepResult, Task, register_task
 
 # Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
 # vocabulary does not need (seq_len x batch) x 793K logits at once.
@@ -95,17 +94,13 @@ class LanguageModel(Task):
             self.eval_streams.size(0) * eval_global,
         )
         vocab_size = len(self.corpus.vocab)
-        # Seed right before building the model: every precision preset starts from the same weights.
-        torch.manual_seed(cfg.seed)
-        self.model = policy.prepare_model(build_model(m, vocab_size=vocab_size).to(device))
-        self.optimizer = policy.build_optimizer(
-            self.model, optimizer_factory(cfg.optim, global_batch), name="model"
-        )
-        self.models, self.optimizers = {"model": self.model}, {"model": self.optimizer}
         self.sampler = LogUniformSampler(vocab_size, m.num_sampled) if m.num_sampled > 0 else None
         # Trained through DDP (gradient averaging); the bare model is what is saved and evaluated.
-        self.train_model = distributed.wrap_model(
-            _LossForward(self.model, self.sampler), cfg.distributed
+        self.model, self.optimizer, self.train_model = self.add_model(
+            "model",
+            self.new_model(vocab_size=vocab_size),
+            optimizer_factory(cfg.optim, global_batch),
+            forward=lambda model: _LossForward(model, self.sampler),
         )
         # The candidate draws have their own generator (saved with the task state): resume is exact.
         # Deliberately the same seed on every rank: one candidate set serves the whole global
@@ -113,6 +108,7 @@ class LanguageModel(Task):
         # On the host on every device: the sampler runs there (models/lstm_lm.py says why).
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.hidden: Hidden | None = None  # this rank's streams' carried state
+        self._carried: list[Hidden] = []  # each micro-batch's new state, this iteration
 
     def steps_per_epoch(self) -> int:
         return num_bptt_batches(self.train_streams, self.seq_len)
@@ -123,61 +119,67 @@ class LanguageModel(Task):
             self.hidden = self.model.init_hidden(self.train_streams.size(1), self.device)
         return bptt_batches(self.train_streams, self.seq_len, skip)
 
-    def train_step(self, batch: Any) -> StepResult:
+    def split(self, batch: Any) -> list[Any]:
+        """With trainer.accumulate=N the window's streams are N micro-batches of columns, each
+        carrying its own slice of the hidden state: N x data.batch_size streams per step."""
         x, y = batch
-        self.train_model.train()
-        self.optimizer.zero_grad()
-        # With trainer.accumulate=N the window's streams are N micro-batches of columns, each
-        # carrying its own slice of the hidden state: N x data.batch_size streams per step.
-        n, o = self.cfg.trainer.accumulate, self.cfg.optim
+        n = self.cfg.trainer.accumulate
+        columns = zip(x.tensor_split(n, dim=1), y.tensor_split(n, dim=1))
+        hidden_parts = zip(*(h.tensor_split(n, dim=1) for h in self.hidden))
+        return [(xi, yi, hi) for (xi, yi), hi in zip(columns, hidden_parts)]
+
+    def loss(self, batch: Any) -> Loss:
+        """Each rank's loss is the mean over its equal share of the window's tokens, so DDP's
+        gradient average is the gradient of the global mean."""
+        x, y, hidden = batch
+        loss, hidden = self.train_model(x, y, hidden, self.generator)
+        self._carried.append(tuple(h.detach() for h in hidden))
         # f-lm backpropagates the token-mean loss times the BPTT length (optim.lm_loss_times_steps):
         # the gradient magnitudes that the paper's "loss scale 128" rests on
-        grad_factor = x.shape[0] if o.lm_loss_times_steps else 1
-        columns = list(zip(x.tensor_split(n, dim=1), y.tensor_split(n, dim=1)))
-        hidden_parts = list(zip(*(h.tensor_split(n, dim=1) for h in self.hidden)))
-        total, new_hidden = 0.0, []
-        for (xi, yi), hi in zip(micro_batches(columns, self.train_model), hidden_parts):
-            with self.policy.autocast():
-                # Each rank's loss is the mean over its equal share of the window's tokens, so
-                # DDP's gradient average is the gradient of the global mean.
-                loss, hidden = self.train_model(xi, yi, hi, self.generator)
-                loss = loss / n
-            self.optimizer.backward(loss * grad_factor if grad_factor != 1 else loss)
-            new_hidden.append(tuple(h.detach() for h in hidden))
-            total = total + loss.detach().float()
-        self.hidden = tuple(torch.cat(parts, dim=1) for parts in zip(*new_hidden))
-        stepped = self.optimizer.step(
-            clip_grad_norm=o.grad_clip,
-            clip_only=o.grad_clip_params,  # f-lm clips the LSTM's gradients only
-            grad_multipliers={r"^embedding\.": o.embedding_grad_scale},  # f-lm: x batch size
-        )
+        grad_factor = x.shape[0] if self.cfg.optim.lm_loss_times_steps else 1
         # samples = tokens, so samples/s is words per second, the usual LM throughput figure
-        return StepResult(loss=total, stepped=stepped, samples=y.numel())
+        return Loss(loss, samples=y.numel(), grad_factor=grad_factor)
 
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        """Full-softmax cross-entropy per token on the validation text, and its exponential.
-
-        Each rank evaluates its own block of the validation streams; the token-loss sums and
-        token counts are summed over the ranks, so the result is the one-process one."""
-        self.model.eval()
-        chunk_rows = max(1, EVAL_LOGIT_ELEMENTS // len(self.corpus.vocab))
-        total, tokens = torch.zeros((), device=self.device), 0
-        if self.eval_streams.size(1) > 0:  # more processes than validation streams: nothing here
-            hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
-            for x, y in bptt_batches(self.eval_streams, self.seq_len):
-                with self.policy.autocast():
-                    features, hidden = self.model(x, hidden)
-                    total += self.model.full_loss(
-                        features, y, reduction="sum", chunk_rows=chunk_rows
-                    )
-                tokens += y.numel()
-        s = distributed.reduce_sums({"loss": float(total), "tokens": tokens}, self.device)
-        loss = s["loss"] / max(s["tokens"], 1)
+    def step_options(self, optimizer: str) -> dict[str, Any]:
+        o = self.cfg.optim
         return {
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 700.0)),
-        }  # exp overflows a float past ~709
+            "clip_grad_norm": o.grad_clip,
+            "clip_only": o.grad_clip_params,  # f-lm clips the LSTM's gradients only
+            "grad_multipliers": {r"^embedding\.": o.embedding_grad_scale},  # f-lm: x batch size
+        }
+
+    def train_step(self, batch: Any) -> StepResult:
+        """The shared step; the micro-batches' new states, joined, carry into the next window."""
+        self._carried = []
+        result = super().train_step(batch)
+        self.hidden = tuple(torch.cat(parts, dim=1) for parts in zip(*self._carried))
+        return result
+
+    def eval_batches(self) -> Iterator[Any]:
+        """The validation windows in text order (none when there are more processes than
+        validation streams); the state carries from one to the next."""
+        if self.eval_streams.size(1) == 0:
+            return iter(())
+        self._eval_hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
+        return bptt_batches(self.eval_streams, self.seq_len)
+
+    def eval_totals(self) -> dict[str, Any]:
+        return {"loss": 0.0, "tokens": 0}
+
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Full-softmax cross-entropy summed over the window's tokens, computed this many rows
+        at a time (a 793K-word vocabulary needs no (seq_len x batch) x 793K logits at once).
+        Summed over the ranks' blocks of the validation streams, it is the one-process sum."""
+        x, y = batch
+        features, self._eval_hidden = self.model(x, self._eval_hidden)
+        chunk_rows = max(1, EVAL_LOGIT_ELEMENTS // len(self.corpus.vocab))
+        loss = self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
+        return {"loss": loss, "tokens": y.numel()}
+
+    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
+        """Cross-entropy per token on the validation text, and its exponential."""
+        loss = s["loss"] / max(s["tokens"], 1)
+        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows past ~709
 
     def state_dict(self) -> dict:
         hidden = None if self.hidden is None else [h.cpu() for h in self.hidden]
