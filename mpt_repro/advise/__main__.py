@@ -1,5 +1,7 @@
 """`python -m mpt_repro.advise ...`: the same as `mpt-advise ...`."""
 
-from mpt_repro.advise.cli import console_main
+import sys
 
-console_main()
+from mpt_repro.advise.cli import main
+
+sys.exit(main())

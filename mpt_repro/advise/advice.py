@@ -1,8 +1,8 @@
 """The advice of run directories: build it, write it, or give mpt-report a section of it.
 
-    from mpt_repro.advise import advice_section
-    text = advice_section(run_dirs)                      # Markdown; "" when no run has telemetry
-    text = advice_section(run_dirs, figures_dir=report_dir / "advice")   # with the figures
+from mpt_repro.advise import advice_section
+text = advice_section(run_dirs)                      # Markdown; "" when no run has telemetry
+text = advice_section(run_dirs, figures_dir=report_dir / "advice")   # with the figures
 """
 
 from __future__ import annotations

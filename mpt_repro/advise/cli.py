@@ -33,17 +33,37 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "+model.kwargs.in_channels=1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    ap.add_argument("targets", nargs="+", metavar="RUN_DIR | KEY=VALUE",
-                    help="run directories, or mpt-run overrides for a diagnostic run")  # fmt: skip
-    ap.add_argument("--keep", type=float, default=DEFAULT_KEEP,
-                    help="fraction of nonzero gradients the underflow bound keeps above 2^-24 "
-                    f"(default {DEFAULT_KEEP})")  # fmt: skip
-    ap.add_argument("--steps", type=int, default=DEFAULT_STEPS,
-                    help=f"steps of the diagnostic run (default {DEFAULT_STEPS})")  # fmt: skip
-    ap.add_argument("--every", type=int, default=None,
-                    help="sample every N steps in the diagnostic run (default: steps / 20)")  # fmt: skip
-    ap.add_argument("--out", type=Path, default=None,
-                    help="where to write advice.md/.json and the figure (default RUN_DIR/advice)")  # fmt: skip
+    ap.add_argument(
+        "targets",
+        nargs="+",
+        metavar="RUN_DIR | KEY=VALUE",
+        help="run directories, or mpt-run overrides for a diagnostic run",
+    )
+    ap.add_argument(
+        "--keep",
+        type=float,
+        default=DEFAULT_KEEP,
+        help="fraction of nonzero gradients the underflow bound keeps above 2^-24 "
+        f"(default {DEFAULT_KEEP})",
+    )
+    ap.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_STEPS,
+        help=f"steps of the diagnostic run (default {DEFAULT_STEPS})",
+    )
+    ap.add_argument(
+        "--every",
+        type=int,
+        default=None,
+        help="sample every N steps of the diagnostic run (default: steps / 20)",
+    )
+    ap.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="folder for advice.md, advice.json and the figure (default RUN_DIR/advice)",
+    )
     ap.add_argument("--no-figures", action="store_true", help="write no figure")
     return ap.parse_args(argv)
 
@@ -76,7 +96,6 @@ def out_dir(args: argparse.Namespace, run_dir: Path, i: int, n: int) -> Path:
 def run(args: argparse.Namespace) -> None:
     from mpt_repro.advise.advice import build_advice, write_advice
     from mpt_repro.advise.launch import run_diagnostic
-    from mpt_repro.advise.render import markdown
 
     run_dirs, overrides = split_targets(args.targets)
     if overrides:
@@ -85,7 +104,7 @@ def run(args: argparse.Namespace) -> None:
     for i, advice in enumerate(advices):
         out = out_dir(args, advice.evidence.run_dir, i, len(advices))
         files = write_advice(advice, out, figures=not args.no_figures)
-        print(markdown(advice))
+        print(files[0].read_text())  # advice.md: what the console shows is what was written
         print(f"written: {', '.join(str(f) for f in files)}\n")
 
 
@@ -102,8 +121,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
     return 0
-
-
-def console_main() -> None:
-    """The console script's entry point (pyproject.toml)."""
-    sys.exit(main())

@@ -107,7 +107,9 @@ def load_evidence(run_dir: Path) -> RunEvidence:
 def _read_run_json(run_dir: Path) -> dict:
     path = run_dir / "run.json"
     if not path.is_file():
-        raise AdviceError(f"{run_dir} is not a run directory (no run.json): give a folder mpt-run wrote")
+        raise AdviceError(
+            f"{run_dir} is not a run directory (no run.json): give a folder mpt-run wrote"
+        )
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:

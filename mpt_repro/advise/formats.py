@@ -100,7 +100,11 @@ def range_counts(hist: Hist, window: Window, shift: int = 0) -> RangeCounts:
 def bins_text(window: Window, shift: int) -> dict[str, str]:
     """The bins (exponents of the unscaled values) each count of range_counts sums: the trace
     from a figure back to its histogram."""
-    lo, normal, top = window.subnormal_exp - shift, window.normal_exp - shift, window.top_exp - shift
+    lo, normal, top = (
+        window.subnormal_exp - shift,
+        window.normal_exp - shift,
+        window.top_exp - shift,
+    )
     return {
         "lost": f"e < {lo}",
         "subnormal": f"{lo} <= e < {normal}",

@@ -8,6 +8,7 @@ run of the same command is reused.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -49,7 +50,9 @@ def planned_run_dir(overrides: list[str]) -> Path:
     register_configs()
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"):
+        with initialize_config_dir(
+            config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
+        ):
             try:
                 cfg = compose("config", overrides=overrides, return_hydra_config=True)
             except Exception as e:  # noqa: BLE001 - every composition error gets its one line
@@ -70,21 +73,44 @@ def finished_with_telemetry(run_dir: Path) -> bool:
     return record.get("status") == "completed" and bool(tel.get("samples"))
 
 
-def run_diagnostic(overrides: list[str], steps: int, every: int | None) -> Path:
-    """Start (or reuse) the diagnostic run; its directory."""
-    if any(o.startswith("-") for o in overrides):
-        raise AdviceError(f"mpt-advise starts one run: leave out {overrides[0]!r} (no -m sweeps)")
+def refusal(args: list[str]) -> str | None:
+    """What mpt-run would refuse in these overrides (an unknown key, a bad value, a busy run
+    directory), as one line, before anything starts."""
+    from mpt_repro.config import check_command_line
+    from mpt_repro.preflight import preflight
+
+    problem = check_command_line(args) or preflight(args)
+    return problem.removeprefix("error: ") if problem else None
+
+
+def run_diagnostic(
+    overrides: list[str],
+    steps: int,
+    every: int | None,
+    env: dict | None = None,
+    capture: bool = False,
+) -> Path:
+    """Start (or reuse) the diagnostic run; its directory. `env`: the child's environment;
+    `capture`: keep its output (else its log goes to stderr, beside its progress bar, so that
+    stdout carries only the advice)."""
     args = diagnostic_overrides(overrides, steps, every)
     run_dir = planned_run_dir(args)
     if finished_with_telemetry(run_dir) and not _given(overrides, "overwrite"):
         print(f"mpt-advise: reusing the finished diagnostic run {run_dir} (overwrite=true trains "
               "it again)", file=sys.stderr)  # fmt: skip
         return run_dir
-    print(f"mpt-advise: diagnostic run: mpt-run {' '.join(args)}", file=sys.stderr)
-    code = subprocess.call([sys.executable, "-m", "mpt_repro.cli", *args])
+    problem = refusal(args)
+    if problem:
+        raise AdviceError(problem)
+    print(f"mpt-advise: diagnostic run: mpt-run {shlex.join(args)}", file=sys.stderr)
+    cmd = [sys.executable, "-m", "mpt_repro.cli", *args]
+    if capture:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        code, said = done.returncode, f": {done.stderr.strip()[-1000:]}"
+    else:
+        code, said = subprocess.call(cmd, env=env, stdout=sys.stderr), " (its message is above)"
     if code != 0:
-        raise AdviceError(f"the diagnostic run did not finish (mpt-run exit status {code}; its "
-                          "message is above)")  # fmt: skip
+        raise AdviceError(f"the diagnostic run did not finish (mpt-run exit status {code}){said}")
     if not finished_with_telemetry(run_dir):
         raise AdviceError(f"the diagnostic run in {run_dir} ended without telemetry samples "
                           "(diverged? see its run.json)")  # fmt: skip

@@ -64,7 +64,7 @@ def _windows(ax, relative: bool) -> None:
 def _panel(ax, rows: list[tuple[str, str, dict]], title: str, relative: bool) -> None:
     _windows(ax, relative)
     lows, highs = [], []
-    for y, (layer, kind, hist) in enumerate(rows):
+    for y, (_layer, kind, hist) in enumerate(rows):
         if not hist:
             continue
         e0, q0, q1, e1 = spread(hist)
@@ -80,7 +80,7 @@ def _panel(ax, rows: list[tuple[str, str, dict]], title: str, relative: bool) ->
     ax.invert_yaxis()  # input layers at the top
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("binades below the tensor's largest value" if relative else "log2 |gradient|")
-    ax.legend(loc="lower left", fontsize=6)
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2, fontsize=7)
 
 
 def draw(evidence: RunEvidence, scale_log2: int, path: Path) -> Path:
@@ -93,14 +93,17 @@ def draw(evidence: RunEvidence, scale_log2: int, path: Path) -> Path:
     names = list(evidence.layers)
     recorded = [(n, k, evidence.layers[n].hist(k)) for n in names for k in KINDS]
     scaled = [(n, k, {e + scale_log2: c for e, c in h.items()}) for n, k, h in recorded]
-    per_tensor = [(n, k, relative_to_top(evidence, n, k)) for n, k in ((n, k) for n in names for k in KINDS)]
-    height = min(2.5 + 0.22 * len(recorded), 60)
+    per_tensor = [
+        (n, k, relative_to_top(evidence, n, k)) for n, k in ((n, k) for n in names for k in KINDS)
+    ]
+    height = min(3.5 + 0.22 * len(recorded), 60)
     fig, axes = plt.subplots(1, 3, figsize=(18, height), sharey=True)
     _panel(axes[0], recorded, "as recorded (FP32 values)", relative=False)
     _panel(axes[1], scaled, f"times the advised loss scale 2^{scale_log2} (FP16)", relative=False)
     _panel(axes[2], per_tensor, "per-tensor scaled (FP8): from each tensor's top", relative=True)
-    fig.suptitle(f"Gradient exponent ranges per layer: {evidence.label} (blue: activation "
-                 "gradients, orange: weight gradients; thick: middle 98%)", fontsize=10)  # fmt: skip
+    title = f"Gradient exponent ranges per layer: {evidence.label}"
+    key = "blue: activation gradients, orange: weight gradients; thick: the middle 98%"
+    fig.suptitle(f"{title} ({key})", fontsize=10)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)

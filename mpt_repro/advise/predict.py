@@ -24,24 +24,29 @@ class Recipe:
     window: fm.Window
     scaling: str  # "dynamic", "static", "none" or "per_tensor" (FP8: one scale per tensor)
     master: bool  # FP32 master weights (updates are never lost to FP16 rounding)
-    overrides: str  # the mpt-run overrides that run it ("{scale}": the static scale)
+    overrides: tuple[str, ...]  # the mpt-run overrides that run it ("{scale}": the static scale)
 
 
 # FP8 recipes are judged on their gradients (errors and weight gradients), where the loss scale
-# question is; the emulated hybrid preset with per-tensor scaling of its backward operands runs it.
-_FP8 = "precision=fp8_hybrid_emulated"
-_TENSORWISE = " precision.fp8.errors.scaling=tensorwise precision.fp8.weight_grads.scaling=tensorwise"
-_E4M3 = " precision.fp8.errors.format=e4m3 precision.fp8.weight_grads.format=e4m3"
+# question is; the emulated hybrid preset with per-tensor scaling of its backward operands runs it,
+# in every layer (the presets exempt the first and last ones: the worst layers say which matter).
+_FP8 = ("precision=fp8_hybrid_emulated", "precision.fp8.exempt=[]")
+_TENSORWISE = (
+    "precision.fp8.errors.scaling=tensorwise",
+    "precision.fp8.weight_grads.scaling=tensorwise",
+)
+_E4M3 = ("precision.fp8.errors.format=e4m3", "precision.fp8.weight_grads.format=e4m3")
+_STATIC = ("precision=mixed", "precision.loss_scaling=static", "precision.static_scale={scale}")
+
 RECIPES = (
     Recipe("dynamic", "FP16, master copy, dynamic scaling", fm.FP16, "dynamic", True,
-           "precision=mixed precision.loss_scaling=dynamic"),
-    Recipe("static", "FP16, master copy, static scale", fm.FP16, "static", True,
-           "precision=mixed precision.loss_scaling=static precision.static_scale={scale}"),
+           ("precision=mixed", "precision.loss_scaling=dynamic")),
+    Recipe("static", "FP16, master copy, static scale", fm.FP16, "static", True, _STATIC),
     Recipe("no_master", "FP16, no master copy (dynamic scaling)", fm.FP16, "dynamic", False,
-           "precision=no_master precision.loss_scaling=dynamic"),
+           ("precision=no_master", "precision.loss_scaling=dynamic")),
     Recipe("no_scaling", "FP16, master copy, no loss scaling", fm.FP16, "none", True,
-           "precision=no_scaling"),
-    Recipe("bf16", "BF16 autocast", fm.BF16, "none", True, "precision=bf16"),
+           ("precision=no_scaling",)),
+    Recipe("bf16", "BF16 autocast", fm.BF16, "none", True, ("precision=bf16",)),
     Recipe("e4m3", "FP8 E4M3 gradients, per-tensor scaled", fm.E4M3, "per_tensor", True,
            _FP8 + _E4M3 + _TENSORWISE),
     Recipe("e5m2", "FP8 E5M2 gradients, per-tensor scaled", fm.E5M2, "per_tensor", True,
@@ -72,8 +77,9 @@ class Prediction:
         lost, nonzero = self.updates
         return lost / nonzero if nonzero else 0.0
 
-    def command(self) -> str:
-        return self.recipe.overrides.format(scale=scale_text(self.shift))
+    def overrides(self) -> list[str]:
+        """The mpt-run overrides of this recipe, at its scale."""
+        return [o.format(scale=scale_text(self.shift)) for o in self.recipe.overrides]
 
     def worst_layers(self, n: int = 3) -> list[tuple[str, fm.RangeCounts]]:
         """The layers losing or overflowing the largest fraction of their gradients."""
@@ -106,8 +112,8 @@ def scale_text(k: int | None) -> str:
 
 
 def count(evidence: RunEvidence, window: fm.Window, shift: int | None):
-    """Per layer and kind, what `window` does to every sampled step's gradients at scale 2^shift
-    (shift None: each sampled tensor at its own per-tensor scale). Returns {layer: {kind: counts}}."""
+    """{layer: {kind: counts}}: what `window` does to every sampled step's gradients at scale
+    2^shift (shift None: each sampled tensor at its own per-tensor scale)."""
     out: dict[str, dict[str, fm.RangeCounts]] = {}
     for name, layer in evidence.layers.items():
         per_kind = out.setdefault(name, {})

@@ -3,6 +3,8 @@ every count behind every figure)."""
 
 from __future__ import annotations
 
+import shlex
+
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KIND_NAMES, KINDS, RunEvidence
 from mpt_repro.advise.predict import Advice, Prediction, pct, scale_text
@@ -21,7 +23,7 @@ def run_command(evidence: RunEvidence, prediction: Prediction) -> str:
         for o in evidence.record.get("overrides") or []
         if not any(o.lstrip("+~").split("=")[0].startswith(k) for k in _NOT_REPEATED)
     ]
-    return " ".join(["mpt-run", *keep, prediction.command()])
+    return shlex.join(["mpt-run", *keep, *prediction.overrides()])
 
 
 def _scale_cell(p: Prediction) -> str:
@@ -66,7 +68,8 @@ def static_lines(advice: Advice) -> list[str]:
         f"2^{e_max + 1})), so max|g| · 2^{s.k_over} < 2^{e_max + 1 + s.k_over} <= 65504: "
         f"**s <= 2^{s.k_over} = {scale_text(s.k_over)}**.",
         f"- **Underflow bound**: keeping {keep_pct} of the nonzero gradients at or above 2^-24 "
-        f"needs bins e >= {-24 - s.k_under} kept: **s >= 2^{s.k_under} = {scale_text(s.k_under)}**.",
+        f"needs bins e >= {-24 - s.k_under} kept: "
+        f"**s >= 2^{s.k_under} = {scale_text(s.k_under)}**.",
     ]
     if s.margin >= 0:
         why = f"margin {s.margin} binades; the advised scale is its middle"
