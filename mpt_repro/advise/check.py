@@ -55,6 +55,7 @@ class Outcome:
     reference: float | None  # the FP32 run's
     skipped: int
     skipped_late: int  # after the first FIRST_FEW steps
+    first_skip: int | None  # the metrics.csv row (a step) by which the first skip had happened
     final_scale: float | None
     observed_lost: float | None = None
 
@@ -66,9 +67,10 @@ class Outcome:
             return self.value <= self.reference * (1 + TOLERANCE["perplexity"])
         return self.value >= self.reference - TOLERANCE.get(self.metric, 2.0)
 
-    @property
-    def good(self) -> bool:
-        return self.close_to_fp32 and self.skipped_late == 0
+    def good(self, p: Prediction) -> bool:
+        """Close to FP32, and no skipped step after the first few unless the recipe scales
+        dynamically (whose skips are predicted apart)."""
+        return self.close_to_fp32 and (p.recipe.scaling == "dynamic" or self.skipped_late == 0)
 
 
 def _env() -> dict:
@@ -129,6 +131,7 @@ def outcome(recipe: str, run_dir: Path, fp32: dict, diagnostic: Path) -> Outcome
         reference=(fp32.get("metrics") or {}).get(metric),
         skipped=total,
         skipped_late=total - early,
+        first_skip=next((step for step, n in skips if n), None),
         final_scale=(record.get("loss_scale") or {}).get("final"),
         observed_lost=observed_lost(run_dir, diagnostic) if recipe in OBSERVED else None,
     )
@@ -157,7 +160,7 @@ def agreement(p: Prediction, o: Outcome) -> str:
     """ "yes" when the verdict ("safe" or not) matches the outcome (within the tolerance of FP32
     and, for a scaled recipe, no skipped step after the first few), else what differs."""
     said_safe = p.verdict.startswith("safe")
-    if said_safe == o.good:
+    if said_safe == o.good(p):
         return "yes"
     if said_safe:
         return f"no: said safe, {_result(o)}"
@@ -170,6 +173,12 @@ def _result(o: Outcome) -> str:
     delta = o.value - o.reference if o.reference is not None else float("nan")
     text = f"{o.metric} {o.value:.2f} ({delta:+.2f})"
     return text + (f", {o.skipped_late} late skips" if o.skipped_late else "")
+
+
+def _skipped(o: Outcome) -> str:
+    if not o.skipped:
+        return "0"
+    return f"{o.skipped} (by step {o.first_skip}; {o.skipped_late} after step {FIRST_FEW})"
 
 
 def _scale(p: Prediction, o: Outcome) -> str:
@@ -186,11 +195,11 @@ def table_rows(name: str, advice: Advice, outcomes: list[Outcome]) -> list[str]:
         p = advice.prediction(o.recipe)
         lost = p.total.fraction("lost")
         seen = pct(o.observed_lost) if o.observed_lost is not None else ""
-        skips = "" if p.skips_at_start is None else f"~{p.skips_at_start} at start"
+        skips = "" if p.skips is None else f"{p.skips} (by step {p.first_skip})" if p.skips else "0"
         cells = [
             name, p.recipe.title, _scale(p, o), pct(lost), seen,
             pct(p.updates_lost) if not p.recipe.master else "0", p.verdict,
-            _result(o), f"{o.skipped} ({o.skipped_late} late)", skips, agreement(p, o),
+            _result(o), _skipped(o), skips, agreement(p, o),
         ]  # fmt: skip
         rows.append("| " + " | ".join(cells) + " |")
     return rows
@@ -199,7 +208,7 @@ def table_rows(name: str, advice: Advice, outcomes: list[Outcome]) -> list[str]:
 HEADER = [
     "| experiment | recipe | loss scale (advised / final) | gradients lost (predicted) "
     "| observed | updates lost (predicted) | verdict | outcome (vs FP32) "
-    "| skipped steps (after step 10) | skips predicted | agree |",
+    "| skipped steps | skips predicted | agree |",
     "|" + "---|" * 11,
 ]
 

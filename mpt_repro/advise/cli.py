@@ -13,6 +13,7 @@ folder without telemetry, a missing folder, or a command line mpt-run would refu
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -120,4 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"{PROG}: interrupted (Ctrl-C)", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `mpt-advise RUN_DIR | head`: the reader left, nothing to report
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     return 0

@@ -64,6 +64,7 @@ class RunEvidence:
     steps: list[int]
     layers: dict[str, LayerEvidence]
     loss_scales: list[float]  # the loss scale the captured gradients carried, per sample
+    tops: list[int | None]  # per sampled step, the top bin of all its gradients (None: none)
 
     def network(self, kind: str) -> Hist:
         """The whole network's histogram of one kind (run.json's `<kind>_grad_histogram`)."""
@@ -101,7 +102,19 @@ def load_evidence(run_dir: Path) -> RunEvidence:
         for layer, entry in r["layers"].items():
             _add_sample(layers.setdefault(layer, LayerEvidence(layer)), entry, bool(r["stepped"]))
     scales = [float(s) for r in samples for s in r.get("loss_scale", {}).values()]
-    return RunEvidence(run_dir, record, [r["step"] for r in samples], layers, scales)
+    tops = [_top(r) for r in samples]
+    return RunEvidence(run_dir, record, [r["step"] for r in samples], layers, scales, tops)
+
+
+def _top(record: dict) -> int | None:
+    """The top bin of every gradient of one sampled step."""
+    tops = [
+        e[kind]["hist"]["lo"] + len(e[kind]["hist"]["counts"]) - 1
+        for e in record["layers"].values()
+        for kind in KINDS
+        if kind in e and e[kind]["hist"]["counts"]
+    ]
+    return max(tops, default=None)
 
 
 def _read_run_json(run_dir: Path) -> dict:

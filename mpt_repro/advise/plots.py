@@ -51,8 +51,8 @@ def relative_to_top(evidence: RunEvidence, layer: str, kind: str) -> dict[int, i
 def _windows(ax, relative: bool) -> None:
     for key, style in _STYLE.items():
         w = fm.WINDOWS[key]
-        top = w.top_exp + 1
-        lo, hi = (w.subnormal_exp - top, 0) if relative else (w.subnormal_exp, top)
+        # relative: the tensor's top bin (0, drawn as [0, 1)) sits in the format's top bin
+        lo, hi = (w.subnormal_exp - w.top_exp, 1) if relative else (w.subnormal_exp, w.top_exp + 1)
         label = f"{w.name} [2^{lo}, 2^{hi})" if not relative else f"{w.name}: {hi - lo} binades"
         if "alpha" in style:
             ax.axvspan(lo, hi, label=label, **style)

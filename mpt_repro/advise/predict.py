@@ -61,7 +61,8 @@ class Prediction:
     kinds: dict[str, fm.RangeCounts]  # network-wide, per kind
     layers: dict[str, fm.RangeCounts]  # per layer, both kinds
     updates: tuple[int, int] = (0, 0)  # (lost, nonzero) weight updates; (0, 0) with a master copy
-    skips_at_start: int | None = None  # dynamic scaling: overflowing steps before it settles
+    skips: int | None = None  # dynamic scaling: overflowing steps before it settles
+    first_skip: int | None = None  # the sampled step by which the first of them happened
     needs: list[LayerNeed] = field(default_factory=list)
     verdict: str = ""
 
@@ -142,24 +143,27 @@ def _assemble(recipe: Recipe, shift: int | None, counts: dict) -> Prediction:
     return Prediction(recipe, shift, kinds, layers)
 
 
-def dynamic_shift(evidence: RunEvidence, e_max: int) -> tuple[int, int]:
-    """(the scale exponent dynamic scaling settles at, the overflowing steps it takes to get
-    there): it starts at precision.init_scale and halves on every overflow, so it stops at the
-    first scale where the largest gradient is no longer certainly above 65504, i.e. with the top
-    bin moved into FP16's top bin 15 (at most 2^growth_interval steps later it tries twice that
-    and skips one step again)."""
+def dynamic_scale(evidence: RunEvidence) -> tuple[int | None, int, int | None]:
+    """(the scale exponent dynamic scaling settles at, the steps it skips to get there, the
+    sampled step by which it skipped the first): it starts at precision.init_scale and halves on
+    every overflow, i.e. whenever a step's top bin, moved by the scale, lies above FP16's top bin
+    (the sampled steps in order stand for the run; growth every growth_interval steps, one more
+    skip each time it overshoots, is left out)."""
     p = evidence.record.get("precision_config") or {}
-    k_init = round(math.log2(float(p.get("init_scale") or 65536.0)))
-    k_edge = fm.FP16.top_exp - e_max
-    return min(k_init, k_edge), max(0, k_init - k_edge)
+    k = round(math.log2(float(p.get("init_scale") or 65536.0)))
+    skips, first = 0, None
+    for step, top in zip(evidence.steps, evidence.tops):
+        while top is not None and top + k > fm.FP16.top_exp:
+            k, skips = k - 1, skips + 1
+            first = step if first is None else first
+    return (k if any(t is not None for t in evidence.tops) else None), skips, first
 
 
 def predict_all(evidence: RunEvidence, keep: float) -> Advice:
     """The §3.2 static scale of the run's gradients, and each recipe's prediction."""
     grads = gradients(evidence)
     static = static_scale(grads, keep)
-    e_max = fm.top_exponent(grads)
-    dyn, skips = dynamic_shift(evidence, e_max) if e_max is not None else (None, None)
+    dyn, skips, first_skip = dynamic_scale(evidence)
     shifts = {"dynamic": dyn, "static": static.advised, "none": 0, "per_tensor": None}
     out = []
     for recipe in RECIPES:
@@ -168,7 +172,7 @@ def predict_all(evidence: RunEvidence, keep: float) -> Advice:
             continue  # no gradients at all: nothing to scale
         p = _assemble(recipe, shift, count(evidence, recipe.window, shift))
         if recipe.scaling == "dynamic":
-            p.skips_at_start = skips
+            p.skips, p.first_skip = skips, first_skip
         if not recipe.master:
             p.updates = _updates(evidence)
         if recipe.window is fm.FP16:

@@ -31,7 +31,12 @@ def _scale_cell(p: Prediction) -> str:
         return "per tensor"
     if p.recipe.window is not fm.FP16:
         return "none"
-    return f"2^{p.shift} = {scale_text(p.shift)}" if p.shift else "1"
+    text = f"2^{p.shift} = {scale_text(p.shift)}" if p.shift else "1"
+    if p.skips:
+        text += (
+            f", after {p.skips} skipped step{'s' if p.skips > 1 else ''} (by step {p.first_skip})"
+        )
+    return text
 
 
 def _kind_cells(c: fm.RangeCounts) -> list[str]:
@@ -80,12 +85,19 @@ def static_lines(advice: Advice) -> list[str]:
         )
     lines.append(
         f"- {why}: **2^{s.advised} = {scale_text(s.advised)}**, which keeps "
-        f"{pct(1 - kept.fraction('lost'))} of the nonzero gradients (bins e >= {-24 - s.advised})."
+        f"{_kept(kept)} of the nonzero gradients (bins e >= {-24 - s.advised})."
     )
     static = advice.prediction("static")
     if static is not None:
         lines.append(f"- Run it: `{run_command(advice.evidence, static)}`")
     return lines
+
+
+def _kept(c: fm.RangeCounts) -> str:
+    """The share kept, never rounded up to 100% when something is lost."""
+    if c.lost and c.fraction("lost") < 1e-3:
+        return ">99.9%"
+    return pct(1 - c.fraction("lost"))
 
 
 def needs_lines(advice: Advice) -> list[str]:
@@ -200,7 +212,8 @@ def _prediction_json(advice: Advice, p: Prediction) -> dict:
         "network": {k: _counts_json(c) for k, c in p.kinds.items()},
         "layers": {n: _counts_json(c) for n, c in p.layers.items()},
         "updates": {"lost": p.updates[0], "nonzero": p.updates[1], "fraction": p.updates_lost},
-        "skips_at_start": p.skips_at_start,
+        "skips": p.skips,
+        "first_skip_by_step": p.first_skip,
         "needs": [{"layer": n.layer, "lost": n.lost, "need": n.need} for n in p.needs],
         "verdict": p.verdict,
         "command": run_command(advice.evidence, p),
