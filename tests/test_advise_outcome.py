@@ -55,6 +55,6 @@ def test_dynamic_scaling_settles_where_the_advice_said(scaling_matters):
 def test_the_same_command_on_a_custom_model(tmp_path):
     advice, fp32, outcomes = check_experiment("custom", tmp_path, recipes=("static",))
     (o,) = outcomes
-    assert advice.evidence.record["study"] == "demo-helpers_custom_model:tiny_classifier"
+    assert advice.evidence.record["study"] == "demo-helpers_custom_model:small_cnn"
     assert advice.static.advised is not None and o.skipped == 0 and o.status == "completed"
     assert o.value >= fp32["metrics"]["top1"] - 2.0

@@ -8,8 +8,8 @@ budget (the reference), then one real run per checked recipe with the overrides 
 gives. The no-scaling and static-scale runs record telemetry too, so what FP16 really flushed
 can be counted: a value FP16 loses is an exact zero there, so the lost fraction observed is the
 rise of the zero fraction over the FP32 run's, per nonzero FP32 value. Runs already finished in
-the runs folder are reused. The custom model is tests/helpers_custom_model.py: run it from a
-checkout.
+the runs folder are reused. The custom model is small_cnn of tests/helpers_custom_model.py:
+run it from a checkout.
 """
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ EXPERIMENTS = {
     # half an hour per FP16 preset on a 2-core CPU
     "lstm_lm": ["experiment=lstm_lm", "budget=smoke", "trainer.epochs=6", "trainer.max_steps=null"],
     "custom": ["experiment=demo", "budget=short", "model=custom",
-               "model.target=helpers_custom_model:tiny_classifier", "+model.kwargs.in_channels=1"],
+               "model.target=helpers_custom_model:small_cnn", "+model.kwargs.in_channels=1"],
 }  # fmt: skip
 RECIPES = ("no_scaling", "static", "dynamic", "no_master", "bf16", "e5m2", "e4m3")
 OBSERVED = ("no_scaling", "static")  # the runs that record telemetry, to count what FP16 lost
@@ -193,11 +193,11 @@ def table_rows(name: str, advice: Advice, outcomes: list[Outcome]) -> list[str]:
     rows = []
     for o in outcomes:
         p = advice.prediction(o.recipe)
-        lost = p.total.fraction("lost")
+        lost = " / ".join(pct(c.fraction("lost")) for c in (*p.kinds.values(), p.total))
         seen = pct(o.observed_lost) if o.observed_lost is not None else ""
         skips = "" if p.skips is None else f"{p.skips} (by step {p.first_skip})" if p.skips else "0"
         cells = [
-            name, p.recipe.title, _scale(p, o), pct(lost), seen,
+            name, p.recipe.title, _scale(p, o), lost, seen,
             pct(p.updates_lost) if not p.recipe.master else "0", p.verdict,
             _result(o), _skipped(o), skips, agreement(p, o),
         ]  # fmt: skip
@@ -206,8 +206,9 @@ def table_rows(name: str, advice: Advice, outcomes: list[Outcome]) -> list[str]:
 
 
 HEADER = [
-    "| experiment | recipe | loss scale (advised / final) | gradients lost (predicted) "
-    "| observed | updates lost (predicted) | verdict | outcome (vs FP32) "
+    "| experiment | recipe | loss scale (advised / final) "
+    "| gradients lost, predicted (act. / weight / all) | observed (all) "
+    "| updates lost (predicted) | verdict | outcome (vs FP32) "
     "| skipped steps | skips predicted | agree |",
     "|" + "---|" * 11,
 ]
