@@ -248,3 +248,14 @@ def test_advice_starts_its_own_diagnostic_run_on_a_custom_model(tmp_path):
     again = advise(*args, env=env)
     assert again.returncode == 0 and "reusing the finished diagnostic run" in again.stderr
     assert "step 8/8" not in again.stderr
+
+
+def test_help_loads_no_torch():
+    probe = (
+        "import sys\n"
+        "from mpt_repro.advise.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert "RUN_DIR | KEY=VALUE" in done.stdout and done.stderr.strip() == "False"

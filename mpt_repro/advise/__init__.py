@@ -22,7 +22,7 @@ _EXPORTS = {
     "advice_section": "mpt_repro.advise.advice",
     "build_advice": "mpt_repro.advise.advice",
     "write_advice": "mpt_repro.advise.advice",
-    "DEFAULT_KEEP": "mpt_repro.advise.advice",
+    "DEFAULT_KEEP": "mpt_repro.advise.defaults",
     "main": "mpt_repro.advise.cli",
 }
 

@@ -12,11 +12,10 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from mpt_repro.advise.defaults import DEFAULT_KEEP
 from mpt_repro.advise.evidence import AdviceError, load_evidence
 from mpt_repro.advise.predict import Advice, predict_all
 from mpt_repro.advise.render import markdown, to_json
-
-DEFAULT_KEEP = 0.99  # the fraction of nonzero gradients the §3.2 underflow bound keeps
 
 
 def build_advice(run_dir: Path, keep: float = DEFAULT_KEEP) -> Advice:

@@ -21,8 +21,7 @@ PROG = "mpt-advise"
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    from mpt_repro.advise.advice import DEFAULT_KEEP
-    from mpt_repro.advise.launch import DEFAULT_STEPS
+    from mpt_repro.advise.defaults import DEFAULT_KEEP, DEFAULT_STEPS
 
     ap = argparse.ArgumentParser(
         prog=PROG,

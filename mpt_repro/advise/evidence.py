@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mpt_repro.errors import UserError
-from mpt_repro.telemetry.records import read_records
 
 Hist = dict[int, int]
 KINDS = ("act", "weight")
@@ -83,6 +82,8 @@ class RunEvidence:
 
 def load_evidence(run_dir: Path) -> RunEvidence:
     """The telemetry of one run directory; AdviceError (one line) when there is none to read."""
+    from mpt_repro.telemetry.records import read_records  # torch: only once there is a run to read
+
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise AdviceError(f"no such run directory: {run_dir}")

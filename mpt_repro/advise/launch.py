@@ -13,10 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from mpt_repro.advise.defaults import SAMPLES
 from mpt_repro.advise.evidence import AdviceError
-
-DEFAULT_STEPS = 300
-SAMPLES = 20  # sampled steps in a diagnostic run, unless telemetry.every is given
 
 
 def _given(overrides: list[str], key: str) -> bool:

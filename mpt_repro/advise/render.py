@@ -46,6 +46,13 @@ def _kind_cells(c: fm.RangeCounts) -> list[str]:
     return [pct(c.fraction("lost")), pct(c.fraction("subnormal")), over]
 
 
+def _layer_cell(c: fm.RangeCounts) -> str:
+    text = pct(c.fraction("lost"))
+    if c.overflow or c.at_risk:
+        text += f"; {c.overflow + c.at_risk} values overflow or may"
+    return text
+
+
 def recipe_table(advice: Advice) -> list[str]:
     head = (
         "| recipe | loss scale | act. grads lost | subnormal | overflow | weight grads lost "
@@ -53,7 +60,7 @@ def recipe_table(advice: Advice) -> list[str]:
     )
     lines = [head, "|" + "---|" * 11]
     for p in advice.predictions:
-        worst = ", ".join(f"{n} ({pct(c.fraction('lost'))})" for n, c in p.worst_layers())
+        worst = ", ".join(f"{n} ({_layer_cell(c)})" for n, c in p.worst_layers())
         upd = "0 (master copy)" if p.recipe.master else pct(p.updates_lost)
         cells = [p.recipe.title, _scale_cell(p)]
         cells += _kind_cells(p.kinds["act"]) + _kind_cells(p.kinds["weight"])
