@@ -161,10 +161,15 @@ def agreement(p: Prediction, o: Outcome) -> str:
     and, for a scaled recipe, no skipped step after the first few), else what differs."""
     said_safe = p.verdict.startswith("safe")
     if said_safe == o.good(p):
-        return "yes"
-    if said_safe:
-        return f"no: said safe, {_result(o)}"
-    return "no: warned, yet within tolerance of FP32"
+        answer = "yes"
+    elif said_safe:
+        answer = f"no: said safe, {_result(o)}"
+    else:
+        answer = "no: warned, yet within tolerance of FP32"
+    if p.recipe.scaling == "dynamic" and o.status == "completed":
+        if o.final_scale != 2.0**p.shift or o.skipped != p.skips:
+            answer += f"; dynamic scaling: {o.skipped} skips to {o.final_scale:g}, not {p.skips}"
+    return answer
 
 
 def _result(o: Outcome) -> str:
