@@ -72,6 +72,8 @@ def recipe_table(advice: Advice) -> list[str]:
 def static_lines(advice: Advice) -> list[str]:
     """The §3.2 scale both ways, with the histogram bins each bound comes from."""
     s, grads = advice.static, gradients(advice.evidence)
+    if s.advised is None:
+        return ["No nonzero gradient was recorded: there is no scale to choose."]
     e_max = fm.top_exponent(grads)
     keep_pct = f"{100 * s.keep:g}%"
     kept = fm.range_counts(grads, fm.FP16, s.advised)
@@ -109,7 +111,9 @@ def _kept(c: fm.RangeCounts) -> str:
 
 def needs_lines(advice: Advice) -> list[str]:
     p = advice.prediction("static")
-    if p is None or not p.needs:
+    if p is None:
+        return ["No nonzero gradient was recorded."]
+    if not p.needs:
         return [f"None: at 2^{advice.static.advised} every layer keeps its gradients."]
     lines = [
         f"At 2^{p.shift} (the advised static scale); `precision=adaptive` gives every layer its "
