@@ -23,3 +23,17 @@ def not_a_module(num_classes: int) -> str:
 
 
 NOT_CALLABLE = 3
+
+
+def small_cnn(num_classes: int, in_channels: int = 3, width: int = 16) -> nn.Module:
+    """Two conv-ReLU layers, pooled to 4x4, and a linear head: learns the 8x8 digits in a few
+    epochs, where tiny_classifier's global pool does not (mpt_repro/advise/check.py)."""
+    return nn.Sequential(
+        nn.Conv2d(in_channels, width, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(width, width, 3, padding=1),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(width * 16, num_classes),
+    )

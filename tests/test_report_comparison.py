@@ -321,6 +321,18 @@ def readme_block(heading: str) -> list[str]:
     return commands
 
 
+def _console_script_shims(tmp_path: Path) -> str:
+    """A folder with the console scripts pyproject.toml declares but this environment may not
+    have installed yet (an editable install made before they were added), run as modules."""
+    shims = tmp_path / "bin"
+    shims.mkdir()
+    for name, module in (("mpt-advise", "mpt_repro.advise"),):
+        script = shims / name
+        script.write_text(f'#!/bin/sh\nexec "{sys.executable}" -m {module} "$@"\n')
+        script.chmod(0o755)
+    return str(shims)
+
+
 def test_readme_custom_model_commands_run_as_written(tmp_path):
     """Every command of "What does mixed precision do to my model?", with a mypkg.nets:make_net
     of the shape the README describes, at budget=smoke and seeds 0,1 (not 0,1,2) to stay fast."""
@@ -335,12 +347,14 @@ def test_readme_custom_model_commands_run_as_written(tmp_path):
         "        nn.Flatten(), nn.Linear(4, num_classes))\n"
     )
     commands = readme_block("What does mixed precision do to my model?")
-    assert [c.split()[0] for c in commands] == ["mpt-run", "mpt-run", "mpt-report"]
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "PYTHONWARNINGS": "ignore"}
+    assert [c.split()[0] for c in commands] == ["mpt-advise", "mpt-run", "mpt-run", "mpt-report"]
+    # mypkg on the path, before whatever the caller's path has (a checkout under test)
+    path = os.pathsep.join(p for p in (str(tmp_path), os.environ.get("PYTHONPATH")) if p)
+    env = {**os.environ, "PYTHONPATH": path, "PYTHONWARNINGS": "ignore"}
     bindir = str(Path(MPT_RUN).parent)
-    env["PATH"] = bindir + os.pathsep + env["PATH"]
+    env["PATH"] = os.pathsep.join([bindir, _console_script_shims(tmp_path), env["PATH"]])
     for command in commands:
-        if command.startswith("mpt-run"):
+        if command.startswith(("mpt-run", "mpt-advise")):
             command = command.replace("seed=0,1,2", "seed=0,1")
             command += " budget=smoke trainer.progress=false trainer.device=cpu"
         done = subprocess.run(command, shell=True, cwd=tmp_path, env=env, capture_output=True,
@@ -348,7 +362,9 @@ def test_readme_custom_model_commands_run_as_written(tmp_path):
         assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
     study = tmp_path / "results" / "runs" / "demo-mypkg.nets:make_net"
     records = [json.loads(p.read_text()) for p in study.rglob("run.json")]
-    assert len(records) == 11 and {r["status"] for r in records} == {"completed"}
+    assert len(records) == 12 and {r["status"] for r in records} == {"completed"}
+    (advised,) = study.glob("fp32-smoke/seed0/*trainer.max_steps=300/advice/advice.json")
+    assert json.loads(advised.read_text())["static_scale"]["advised"] is not None
     assert any(r["config"]["telemetry"]["enabled"] for r in records)
     verdicts = pd.read_csv(study / "report" / "deltas.csv")
     assert set(verdicts["preset"]) == {"amp", "mixed", "bf16", "fp8_hybrid_emulated"}

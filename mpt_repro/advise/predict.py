@@ -1,0 +1,220 @@
+"""What each precision recipe would do to a run's gradients and updates, and a verdict.
+
+Every prediction is a sum of histogram counts (formats.range_counts): the values a recipe's
+format loses (below its smallest subnormal), keeps as subnormals, or overflows, at the scale the
+recipe applies. Fractions are over the nonzero gradients recorded in the run (zeros are nothing
+to lose). A recipe without an FP32 master copy also loses the weight updates below half an FP16
+ulp of their weight: telemetry counts those on every sampled step (docs/telemetry.md).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from mpt_repro.advise import formats as fm
+from mpt_repro.advise.evidence import KINDS, RunEvidence
+from mpt_repro.advise.scale import LayerNeed, StaticScale, gradients, layer_needs, static_scale
+
+
+@dataclass(frozen=True)
+class Recipe:
+    key: str
+    title: str
+    window: fm.Window
+    scaling: str  # "dynamic", "static", "none" or "per_tensor" (FP8: one scale per tensor)
+    master: bool  # FP32 master weights (updates are never lost to FP16 rounding)
+    overrides: tuple[str, ...]  # the mpt-run overrides that run it ("{scale}": the static scale)
+
+
+# FP8 recipes are judged on their gradients (errors and weight gradients), where the loss scale
+# question is; the emulated hybrid preset with per-tensor scaling of its backward operands runs it,
+# in every layer (the presets exempt the first and last ones: the worst layers say which matter).
+_FP8 = ("precision=fp8_hybrid_emulated", "precision.fp8.exempt=[]")
+_TENSORWISE = (
+    "precision.fp8.errors.scaling=tensorwise",
+    "precision.fp8.weight_grads.scaling=tensorwise",
+)
+_E4M3 = ("precision.fp8.errors.format=e4m3", "precision.fp8.weight_grads.format=e4m3")
+_STATIC = ("precision=mixed", "precision.loss_scaling=static", "precision.static_scale={scale}")
+
+RECIPES = (
+    Recipe("dynamic", "FP16, master copy, dynamic scaling", fm.FP16, "dynamic", True,
+           ("precision=mixed", "precision.loss_scaling=dynamic")),
+    Recipe("static", "FP16, master copy, static scale", fm.FP16, "static", True, _STATIC),
+    Recipe("no_master", "FP16, no master copy (dynamic scaling)", fm.FP16, "dynamic", False,
+           ("precision=no_master", "precision.loss_scaling=dynamic")),
+    Recipe("no_scaling", "FP16, master copy, no loss scaling", fm.FP16, "none", True,
+           ("precision=no_scaling",)),
+    Recipe("bf16", "BF16 autocast", fm.BF16, "none", True, ("precision=bf16",)),
+    Recipe("e4m3", "FP8 E4M3 gradients, per-tensor scaled", fm.E4M3, "per_tensor", True,
+           _FP8 + _E4M3 + _TENSORWISE),
+    Recipe("e5m2", "FP8 E5M2 gradients, per-tensor scaled", fm.E5M2, "per_tensor", True,
+           _FP8 + _TENSORWISE),
+)  # fmt: skip
+
+
+@dataclass
+class Prediction:
+    recipe: Recipe
+    shift: int | None  # the loss scale 2^shift it applies (None: one scale per tensor)
+    kinds: dict[str, fm.RangeCounts]  # network-wide, per kind
+    layers: dict[str, fm.RangeCounts]  # per layer, both kinds
+    updates: tuple[int, int] = (0, 0)  # (lost, nonzero) weight updates; (0, 0) with a master copy
+    skips: int | None = None  # dynamic scaling: overflowing steps before it settles
+    first_skip: int | None = None  # the sampled step by which the first of them happened
+    needs: list[LayerNeed] = field(default_factory=list)
+    verdict: str = ""
+
+    @property
+    def total(self) -> fm.RangeCounts:
+        out = fm.RangeCounts()
+        for c in self.kinds.values():
+            out.add(c)
+        return out
+
+    @property
+    def updates_lost(self) -> float:
+        lost, nonzero = self.updates
+        return lost / nonzero if nonzero else 0.0
+
+    def overrides(self) -> list[str]:
+        """The mpt-run overrides of this recipe, at its scale."""
+        return [o.format(scale=scale_text(self.shift)) for o in self.recipe.overrides]
+
+    def worst_layers(self, n: int = 3) -> list[tuple[str, fm.RangeCounts]]:
+        """The layers losing or overflowing the largest fraction of their gradients."""
+
+        def badness(item):
+            c = item[1]
+            return c.fraction("lost") + c.fraction("overflow") + c.fraction("at_risk")
+
+        ranked = sorted(self.layers.items(), key=badness, reverse=True)
+        return [(name, c) for name, c in ranked[:n] if badness((name, c)) > 0]
+
+
+@dataclass
+class Advice:
+    """A run's advice: its evidence, the §3.2 scale and every recipe's prediction."""
+
+    evidence: RunEvidence
+    static: StaticScale
+    predictions: list[Prediction]
+
+    def prediction(self, key: str) -> Prediction | None:
+        return next((p for p in self.predictions if p.recipe.key == key), None)
+
+
+def scale_text(k: int | None) -> str:
+    """2^k as the number a command line takes (exact: 16384, 0.25)."""
+    if k is None:
+        return ""
+    return str(2**k) if k >= 0 else repr(2.0**k)
+
+
+def count(evidence: RunEvidence, window: fm.Window, shift: int | None):
+    """{layer: {kind: counts}}: what `window` does to every sampled step's gradients at scale
+    2^shift (shift None: each sampled tensor at its own per-tensor scale)."""
+    out: dict[str, dict[str, fm.RangeCounts]] = {}
+    for name, layer in evidence.layers.items():
+        per_kind = out.setdefault(name, {})
+        for kind in KINDS:
+            total = fm.RangeCounts()
+            for hist in layer.samples[kind]:
+                k = fm.per_tensor_shift(hist, window) if shift is None else shift
+                if k is None:
+                    continue
+                c = fm.range_counts(hist, window, k)
+                if shift is None:
+                    c.at_risk = 0  # the kernel lowers a per-tensor scale that would overflow
+                total.add(c)
+            per_kind[kind] = total
+    return out
+
+
+def _assemble(recipe: Recipe, shift: int | None, counts: dict) -> Prediction:
+    kinds = {kind: fm.RangeCounts() for kind in KINDS}
+    layers = {}
+    for name, per_kind in counts.items():
+        layers[name] = fm.RangeCounts()
+        for kind, c in per_kind.items():
+            kinds[kind].add(c)
+            layers[name].add(c)
+    return Prediction(recipe, shift, kinds, layers)
+
+
+def dynamic_scale(evidence: RunEvidence) -> tuple[int | None, int, int | None]:
+    """(the scale exponent dynamic scaling settles at, the steps it skips to get there, the
+    sampled step by which it skipped the first): it starts at precision.init_scale and halves on
+    every overflow, i.e. whenever a step's top bin, moved by the scale, lies above FP16's top bin
+    (the sampled steps in order stand for the run; growth every growth_interval steps, one more
+    skip each time it overshoots, is left out)."""
+    p = evidence.record.get("precision_config") or {}
+    k = round(math.log2(float(p.get("init_scale") or 65536.0)))
+    skips, first = 0, None
+    for step, top in zip(evidence.steps, evidence.tops):
+        while top is not None and top + k > fm.FP16.top_exp:
+            k, skips = k - 1, skips + 1
+            first = step if first is None else first
+    return (k if any(t is not None for t in evidence.tops) else None), skips, first
+
+
+def predict_all(evidence: RunEvidence, keep: float) -> Advice:
+    """The §3.2 static scale of the run's gradients, and each recipe's prediction."""
+    grads = gradients(evidence)
+    static = static_scale(grads, keep)
+    dyn, skips, first_skip = dynamic_scale(evidence)
+    shifts = {"dynamic": dyn, "static": static.advised, "none": 0, "per_tensor": None}
+    out = []
+    for recipe in RECIPES:
+        shift = shifts[recipe.scaling]
+        if recipe.window is fm.FP16 and shift is None:
+            continue  # no gradients at all: nothing to scale
+        p = _assemble(recipe, shift, count(evidence, recipe.window, shift))
+        if recipe.scaling == "dynamic":
+            p.skips, p.first_skip = skips, first_skip
+        if not recipe.master:
+            p.updates = _updates(evidence)
+        if recipe.window is fm.FP16:
+            p.needs = layer_needs(evidence, shift, keep)
+        p.verdict = verdict(p, static, keep)
+        out.append(p)
+    return Advice(evidence, static, out)
+
+
+def _updates(evidence: RunEvidence) -> tuple[int, int]:
+    lost = sum(lay.updates_lost for lay in evidence.layers.values())
+    return lost, sum(lay.updates_nonzero for lay in evidence.layers.values())
+
+
+def pct(x: float) -> str:
+    """A fraction as a percentage that never reads 0 when it is not (0.004% shows as such)."""
+    if x == 0:
+        return "0%"
+    if x < 1e-4:
+        return "<0.01%"
+    return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+
+
+def verdict(p: Prediction, static: StaticScale, keep: float) -> str:
+    """One line: "safe", "needs scaling >= 2^k", "loses x% of updates without a master copy",
+    "not advised: overflow in layer L", or how many gradients it loses and where."""
+    tol, total, fmt = 1.0 - keep, p.total, p.recipe.window
+    # the kind that loses most decides: activation and weight gradients differ in number
+    lost = max(c.fraction("lost") for c in p.kinds.values())
+    if total.overflow:
+        layer = max(p.layers, key=lambda n: p.layers[n].overflow)
+        return f"not advised: overflow in layer {layer} (gradients above {fmt.max_finite:g})"
+    if not p.recipe.master and p.updates_lost > tol:
+        return f"loses {pct(p.updates_lost)} of updates without a master copy"
+    if lost > tol and fmt is fm.FP16 and p.recipe.scaling == "none":
+        return f"needs scaling >= 2^{static.k_under}: loses {pct(lost)} of gradients without"
+    if lost > tol and fmt is fm.FP16:
+        names = ", ".join(n.layer for n in p.needs[:3]) or "no single layer"
+        return f"loses {pct(lost)} of gradients at 2^{p.shift}; own scale needed: {names}"
+    if lost > tol:
+        worst = p.worst_layers(1)[0][0]
+        return f"not advised: loses {pct(lost)} of gradients (worst: layer {worst})"
+    if total.at_risk and p.recipe.scaling in ("static", "none"):
+        return f"safe while the largest gradient stays below {fmt.max_finite:g} / 2^{p.shift}"
+    return "safe"

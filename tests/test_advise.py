@@ -1,0 +1,261 @@
+"""mpt-advise (issue 27) on real diagnostic runs of the real writer: the advice's histograms are the
+telemetry's, every figure is its bins over the nonzero values, the no-scaling and static-scale
+figures equal what telemetry counted on the tensors themselves, the per-tensor FP8 scale is the
+quantizer's, and the command line (run directories, a diagnostic run it starts itself, bad input).
+
+The runs are demo at budget=smoke (6 steps, seconds on a CPU), shared by the module.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, read_run, run_cli
+
+from mpt_repro.advise import formats as fm
+from mpt_repro.advise.advice import advice_section, build_advice
+from mpt_repro.advise.evidence import KINDS, hist_of
+from mpt_repro.advise.predict import pct
+from mpt_repro.advise.render import to_json
+
+SMOKE = ("experiment=demo", "budget=smoke", "precision=fp32", "trainer.device=cpu")
+
+
+@pytest.fixture(scope="module")
+def diagnostic(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("advise") / "diag"
+    run_cli(*SMOKE, "telemetry=diagnostic", "telemetry.every=2", run_dir=run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def plain(tmp_path_factory) -> Path:
+    """The same run without telemetry."""
+    run_dir = tmp_path_factory.mktemp("advise") / "plain"
+    run_cli(*SMOKE, run_dir=run_dir)
+    return run_dir
+
+
+@pytest.fixture(scope="module")
+def advice(diagnostic):
+    return build_advice(diagnostic)
+
+
+def advise(*args: str, cwd: Path = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`mpt-advise ARGS` as the console script runs it (python -m: the script is not installed
+    in the development environment)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    cmd = [sys.executable, "-m", "mpt_repro.advise", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+# ------------------------------------------------------------------ traceable to the histograms
+
+
+def test_the_network_histograms_are_the_ones_run_json_summarizes(diagnostic, advice):
+    network = read_run(diagnostic)["diagnostics"]["telemetry"]["network"]
+    assert advice.evidence.steps == [1, 3, 5]
+    for kind in KINDS:
+        assert advice.evidence.network(kind) == hist_of(network[f"{kind}_grad_histogram"])
+        assert sum(advice.evidence.network(kind).values()) > 1000
+
+
+def _bins_sum(hist: dict, condition: str) -> int:
+    """Sum the bins a trace condition names: "e < -24", "-24 <= e < -14", "e > 15", "e = 15"."""
+    numbers = [int(x) for x in re.findall(r"-?\d+", condition)]
+    if "<=" in condition:
+        lo, hi = numbers
+        return sum(c for e, c in hist.items() if lo <= e < hi)
+    test = {"<": lambda e, b: e < b, ">": lambda e, b: e > b, "=": lambda e, b: e == b}
+    op = re.search(r"e ([<>=])", condition).group(1)
+    return sum(c for e, c in hist.items() if test[op](e, numbers[0]))
+
+
+def test_every_figure_is_its_bins_over_the_nonzero_values(advice):
+    data = to_json(advice)
+    hists = {k: {int(e): c for e, c in h.items()} for k, h in data["histograms"].items()}
+    checked = 0
+    for p in data["predictions"]:
+        if p["loss_scale_log2"] is None:
+            continue  # per tensor: one shift per sampled tensor (next tests)
+        overflow, at_risk = re.match(r"(.*) \((.*) at risk\)", p["bins"]["overflow"]).groups()
+        for kind in KINDS:
+            got, hist = p["network"][kind], hists[kind]
+            assert got["nonzero"] == sum(hist.values())
+            assert got["lost"]["count"] == _bins_sum(hist, p["bins"]["lost"])
+            assert got["subnormal"]["count"] == _bins_sum(hist, p["bins"]["subnormal"])
+            assert got["overflow"]["count"] == _bins_sum(hist, overflow)
+            assert got["at_risk"]["count"] == _bins_sum(hist, at_risk)
+            assert got["lost"]["fraction"] == got["lost"]["count"] / got["nonzero"]
+            checked += 1
+    assert checked == 10  # five recipes with one scale, two kinds
+
+
+def test_the_markdown_shows_the_json_figures(advice):
+    from mpt_repro.advise.render import markdown
+
+    text = markdown(advice)
+    data = to_json(advice)
+    for p in data["predictions"]:
+        row = next(line for line in text.splitlines() if line.startswith(f"| {p['title']} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == pct(p["network"]["act"]["lost"]["fraction"])
+        assert cells[5] == pct(p["network"]["weight"]["lost"]["fraction"])
+        assert cells[-1] == p["verdict"]
+
+
+def test_no_scaling_figures_equal_what_telemetry_counted_on_the_tensors(diagnostic, advice):
+    """telemetry counts underflow and subnormal values on the gradients themselves (not from the
+    histogram); on an FP32 run at scale 1 they must be exactly the no-scaling prediction."""
+    counted = {k: {"underflow": 0, "subnormal": 0, "overflow": 0} for k in KINDS}
+    for line in (diagnostic / "telemetry.jsonl").read_text().splitlines():
+        for entry in json.loads(line)["layers"].values():
+            for kind in KINDS:
+                for field in counted[kind]:
+                    counted[kind][field] += entry[kind][field]
+    p = advice.prediction("no_scaling")
+    for kind in KINDS:
+        assert p.kinds[kind].lost == counted[kind]["underflow"]
+        assert p.kinds[kind].subnormal == counted[kind]["subnormal"]
+        c = p.kinds[kind]
+        assert c.overflow <= counted[kind]["overflow"] <= c.overflow + c.at_risk
+
+
+def test_the_advised_static_scale_counted_by_telemetry_on_the_same_run(tmp_path, advice):
+    """The same seeded FP32 run again, with telemetry told to show the advised scale: telemetry's
+    own scaled counts (taken on the tensors) must equal the static-scale prediction, and nothing
+    may overflow."""
+    s = 2.0**advice.static.advised
+    run_cli(*SMOKE, "telemetry=diagnostic", "telemetry.every=2", f"telemetry.what_if_scale={s}",
+            run_dir=tmp_path)  # fmt: skip
+    counted = {k: [0, 0] for k in KINDS}
+    for line in (tmp_path / "telemetry.jsonl").read_text().splitlines():
+        for entry in json.loads(line)["layers"].values():
+            for kind in KINDS:
+                counted[kind][0] += entry[kind]["underflow_scaled"]
+                counted[kind][1] += entry[kind]["overflow_scaled"]
+    p = advice.prediction("static")
+    assert p.shift == advice.static.advised
+    for kind in KINDS:
+        assert counted[kind] == [p.kinds[kind].lost, 0]
+
+
+# ------------------------------------------------------------------ the §3.2 bounds and FP8 scales
+
+
+def test_static_bounds_are_the_extreme_powers_of_two(advice):
+    s, grads = advice.static, {}
+    for kind in KINDS:
+        for e, c in advice.evidence.network(kind).items():
+            grads[e] = grads.get(e, 0) + c
+    top = max(grads) + 1  # every gradient is below 2^top
+    assert 2.0 ** (top + s.k_over) <= 65504 < 2.0 ** (top + s.k_over + 1)
+
+    def kept(k: int) -> float:
+        return 1 - fm.range_counts(grads, fm.FP16, k).fraction("lost")
+
+    assert kept(s.k_under) >= s.keep > kept(s.k_under - 1)
+    assert s.margin == s.k_over - s.k_under
+    assert s.advised == (s.k_under + s.margin // 2 if s.margin >= 0 else s.k_over)
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
+def test_per_tensor_shift_is_the_quantizers_scale(fmt):
+    """per_tensor_shift reads only the top bin: it is the scale fp8.tensorwise_scale picks, or
+    one binade more when amax lies in the top eighth of its bin (then the kernel takes less)."""
+    import torch
+
+    from mpt_repro.precision.fp8 import tensorwise_scale
+    from mpt_repro.telemetry import numerics as nx
+
+    g = torch.Generator().manual_seed(0)
+    for amax in (3.0e-7, 1.0, 1.5, 1.74, 1.76, 1.99, 700.0):
+        x = torch.randn(1000, generator=g)
+        x = x / x.abs().max() * amax
+        hist = nx.histogram_list(nx.tensor_counts(x).tolist())
+        trimmed = hist_of(nx.trim_histogram(hist))
+        kernel = round(float(torch.log2(tensorwise_scale(x, fmt))))
+        mantissa = amax / 2.0 ** max(trimmed)
+        expected = kernel + (1 if mantissa > 1.75 else 0)
+        assert fm.per_tensor_shift(trimmed, fm.WINDOWS[fmt]) == expected
+
+
+# ------------------------------------------------------------------ the command line
+
+
+def test_cli_on_a_run_directory_prints_and_writes_the_advice(tmp_path, diagnostic):
+    done = advise(str(diagnostic), "--out", str(tmp_path / "out"))
+    assert done.returncode == 0, done.stderr
+    assert "## Precision advice: demo / fp32 / smoke / seed 0" in done.stdout
+    assert "### Loss scale (paper §3.2)" in done.stdout
+    written = json.loads((tmp_path / "out" / "advice.json").read_text())
+    assert [p["recipe"] for p in written["predictions"]] == [
+        "dynamic", "static", "no_master", "no_scaling", "bf16", "e4m3", "e5m2",
+    ]  # fmt: skip
+    assert (tmp_path / "out" / "advice.md").read_text().strip() in done.stdout
+    assert (tmp_path / "out" / "advice_exponent_ranges.png").read_bytes().startswith(b"\x89PNG")
+    static = next(p for p in written["predictions"] if p["recipe"] == "static")
+    scale = written["static_scale"]["advised_scale"]
+    assert f"precision.static_scale={scale:g}" in static["command"]
+
+
+@pytest.mark.parametrize("case", ["missing", "no run.json", "no telemetry"])
+def test_bad_input_gets_one_line_and_exit_2(tmp_path, plain, case):
+    target = {"missing": tmp_path / "nope", "no run.json": tmp_path, "no telemetry": plain}[case]
+    done = advise(str(target))
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("mpt-advise: error: ")
+    expected = {"missing": "no such run directory", "no run.json": "no run.json",
+                "no telemetry": "telemetry=diagnostic"}[case]  # fmt: skip
+    assert expected in done.stderr
+
+
+def test_a_bad_override_gets_one_line_and_exit_2(tmp_path):
+    done = advise("experiment=demo", "precision=fp64", f"paths.runs_dir={tmp_path}")
+    assert done.returncode == 2 and "fp64" in done.stderr and "Traceback" not in done.stderr
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_report_section_covers_only_runs_with_telemetry(tmp_path, diagnostic, plain):
+    text = advice_section([plain, diagnostic], figures_dir=tmp_path / "advice")
+    assert text.startswith("## Precision advice (mpt-advise)")
+    assert text.count("### Precision advice:") == 1 and "#### Recipes" in text
+    assert "![exponent ranges](advice/run1.png)" in text
+    assert (tmp_path / "advice" / "run1.png").is_file()
+    assert advice_section([plain]) == ""
+
+
+def test_advice_starts_its_own_diagnostic_run_on_a_custom_model(tmp_path):
+    """`mpt-advise experiment=... model=custom ...` trains the diagnostic run, then advises; the
+    same command again reuses the finished run."""
+    args = ["experiment=demo", "budget=smoke", "trainer.device=cpu", "model=custom",
+            "model.target=helpers_custom_model:tiny_classifier", "+model.kwargs.in_channels=1",
+            f"paths.runs_dir={tmp_path}", "--steps", "8", "--every", "2"]  # fmt: skip
+    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+    first = advise(*args, env=env)
+    assert first.returncode == 0, first.stderr[-3000:]
+    (run_dir,) = tmp_path.glob("demo-helpers_custom_model:tiny_classifier/fp32-smoke/seed0/*")
+    assert run_dir.name.endswith("telemetry=diagnostic,telemetry.every=2,trainer.max_steps=8")
+    assert read_run(run_dir)["diagnostics"]["telemetry"]["sampled_steps"] == [1, 3, 5, 7]
+    assert "demo-helpers_custom_model:tiny_classifier / fp32" in first.stdout
+    assert "step 8/8" in first.stderr  # mpt-run's own progress (lines when not on a terminal)
+    again = advise(*args, env=env)
+    assert again.returncode == 0 and "reusing the finished diagnostic run" in again.stderr
+    assert "step 8/8" not in again.stderr
+
+
+def test_help_loads_no_torch():
+    probe = (
+        "import sys\n"
+        "from mpt_repro.advise.cli import main\n"
+        "try:\n    main(['--help'])\nexcept SystemExit:\n    pass\n"
+        "print('torch' in sys.modules, file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert "RUN_DIR | KEY=VALUE" in done.stdout and done.stderr.strip() == "False"
