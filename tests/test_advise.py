@@ -231,6 +231,19 @@ def test_the_report_section_covers_only_runs_with_telemetry(tmp_path, diagnostic
     assert advice_section([plain]) == ""
 
 
+def test_mpt_report_carries_the_section_for_its_runs_with_telemetry(tmp_path, diagnostic, plain):
+    import shutil
+
+    from mpt_repro.report.cli import build_report
+
+    for run in (diagnostic, plain):
+        shutil.copytree(run, tmp_path / "runs" / run.name)
+    report, _, _ = build_report(tmp_path / "runs", tmp_path / "report", plots=False)
+    assert report.count("## Precision advice (mpt-advise)") == 1
+    assert report.count("### Precision advice:") == 1
+    assert str(tmp_path / "runs" / "diag") in report
+
+
 def test_advice_starts_its_own_diagnostic_run_on_a_custom_model(tmp_path):
     """`mpt-advise experiment=... model=custom ...` trains the diagnostic run, then advises; the
     same command again reuses the finished run."""

@@ -12,6 +12,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from mpt_repro.advise import advice_section
 from mpt_repro.report.aggregate import aggregate
 from mpt_repro.report.bench import bench_tables
 from mpt_repro.report.collect import Problem, load_runs, problems_frame
@@ -146,6 +147,10 @@ def build_report(
         text += ["**No usable run records were found.**", ""]
     text += ["## Tables", ""] + [markdown(t) for t in tables]
     text.append(problems_section(problems))
+    if not runs.empty:
+        # mpt-advise's reading of every run that recorded gradient histograms (telemetry=diagnostic)
+        figures = out / "advice" if plots else None
+        text.append(advice_section(runs["path"], figures_dir=figures, relative_to=out))
     if images:
         text += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     report = "\n".join(text)
