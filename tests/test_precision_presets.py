@@ -24,6 +24,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny tensors: one thread (
 PRESET_NAMES = sorted(p.stem for p in (Path(CONF_DIR) / "precision").glob("*.yaml"))
 ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16", "adaptive"}
 ALL |= {"fp8_e5m2_emulated", "fp8_hybrid_emulated", "fp8", "fp8_rowwise"}  # issue 16
+ALL |= {"pseudo_fp16"}  # issue 25: the paper §4.3 speech runs
 HARDWARE_FP8 = {"fp8", "fp8_rowwise"}  # torchao float8: FP8 tensor cores, or its emulation
 
 

@@ -31,6 +31,15 @@ class WeightStorage(Enum):
     low_precision = "low_precision"
 
 
+class Arithmetic(Enum):
+    # the compute dtype's own: FP16 products accumulated in FP32 (Tensor Cores), with autocast's
+    # FP32 reductions (paper §3.3)
+    native = "native"
+    # "pseudo FP16" (paper §4.3): FP16 storage between operations, every arithmetic-heavy
+    # operation computed in FP32 on upcast operands (precision/pseudo.py)
+    float32 = "float32"
+
+
 class LossScaling(Enum):
     none = "none"
     static = "static"
@@ -144,6 +153,7 @@ class PrecisionConfig:
     weights: WeightStorage = WeightStorage.fp32_autocast
     master_weights: bool = False
     bn_fp32: bool = True
+    arithmetic: Arithmetic = Arithmetic.native
     allow_tf32: bool = False
     loss_scaling: LossScaling = LossScaling.none
     static_scale: float | None = field(

@@ -33,6 +33,7 @@ from mpt_repro.precision.config import enum_name as _enum_name
 from mpt_repro.precision.master import MasterWeights
 from mpt_repro.precision.optimizer import PrecisionOptimizer, ScaleGroup
 from mpt_repro.precision.plugins import build_scaler, converters_for
+from mpt_repro.precision.pseudo import PseudoFP16
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 SHORT = {"float32": "FP32", "float16": "FP16", "bfloat16": "BF16"}
@@ -58,6 +59,8 @@ class PrecisionPolicy:
         self.storage_dtype = self.compute_dtype if self.low_precision_weights else torch.float32
         self.master_weights = bool(cfg.master_weights)
         self.bn_fp32 = bool(cfg.bn_fp32)
+        # pseudo FP16 (paper §4.3): FP16 storage, FP32 arithmetic
+        self.fp32_arithmetic = _enum_name(getattr(cfg, "arithmetic", "native")) == "float32"
         self.hold_lr_on_skip = bool(cfg.hold_lr_on_skip)
         self.per_loss_scale = bool(cfg.per_loss_scale)
         # the number formats the preset asks for (precision.fp8); built now, so that what only
@@ -100,6 +103,8 @@ class PrecisionPolicy:
         parts = []
         if self.dtype_name == "float32":
             parts.append("FP32 weights/activations/grads")
+        elif self.fp32_arithmetic:
+            parts.append(f"{d} weights/activations/grads stored, FP32 arithmetic (pseudo {d})")
         elif self.low_precision_weights:
             parts.append(f"{d} weights/activations/grads (weights=low_precision)")
         else:
@@ -163,9 +168,13 @@ class PrecisionPolicy:
 
     def autocast(self):
         """Autocast with the compute dtype: per-op casts for FP32 weights, and for low-precision
-        weights the FP32 reductions (losses, softmax, norms) the paper keeps in FP32 (§3.3)."""
+        weights the FP32 reductions (losses, softmax, norms) the paper keeps in FP32 (§3.3).
+        Pseudo FP16 (arithmetic=float32) instead computes every arithmetic-heavy operation in FP32
+        and rounds its result to FP16 (precision/pseudo.py)."""
         if self.dtype_name == "float32":
             return contextlib.nullcontext()
+        if self.fp32_arithmetic:
+            return PseudoFP16()
         return torch.autocast(self.device.type, dtype=self.compute_dtype)
 
     # -- optimizers -------------------------------------------------------------------------

@@ -1,9 +1,9 @@
 """Pseudo FP16 (paper §4.3): FP16 storage with FP32 arithmetic.
 
-The paper ran its speech models on Maxwell GPUs, which lack fast FP16 math, "storing weights,
-activations and gradients in FP16 but computing in FP32"; the authors checked that this matched
-mixed-precision runs on V100, since a Tensor Core multiplies FP16 operands exactly and adds in
-FP32. This mode reproduces that on any device:
+The paper ran its speech models on Maxwell GPUs, which lack fast FP16 math, with weights,
+activations and gradients stored in FP16 and the arithmetic in FP32; the authors checked that
+this matched mixed-precision runs on V100, since a Tensor Core multiplies FP16 operands exactly
+and adds in FP32. This mode reproduces that on any device:
 
 - the model's weights are FP16 (the policy casts them, as for ``mixed``), and so are the tensors
   passed between operations: every output of an intercepted operation is rounded to FP16;

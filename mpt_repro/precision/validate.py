@@ -16,6 +16,7 @@ def validate_precision(p, paper_loss_scale: float | None = None) -> None:
 
     fp8.validate_fp8(p, paper_loss_scale)
     _validate_storage(p)
+    _validate_arithmetic(p, fp8_on=fp8.fp8_mode(p) != "none")
     # emulated FP8 computes in FP32 on 8-bit values: its gradients need the loss scale
     _validate_scaling(p, emulated_fp8=fp8.fp8_mode(p) == "emulated")
     _validate_scale_moves(p)
@@ -35,6 +36,22 @@ def _validate_storage(p) -> None:
             "low precision "
             "to store the weights in. Use precision.weights=fp32_autocast or "
             "compute_dtype=float16/bfloat16."
+        )
+
+
+def _validate_arithmetic(p, fp8_on: bool) -> None:
+    if _name(getattr(p, "arithmetic", "native")) != "float32":
+        return
+    if _name(p.compute_dtype) != "float16" or _name(p.weights) != "low_precision":
+        raise ConfigError(
+            "precision.arithmetic=float32 (pseudo FP16: FP16 storage, FP32 arithmetic) needs "
+            "precision.compute_dtype=float16 and precision.weights=low_precision; use "
+            "precision=pseudo_fp16."
+        )
+    if fp8_on:
+        raise ConfigError(
+            "precision.arithmetic=float32 with precision.fp8.mode: 8-bit layers choose their own "
+            "arithmetic. Use one or the other."
         )
 
 

@@ -414,6 +414,8 @@ def preset_config(record: dict) -> dict[str, Any]:
     scale (read by the scaling presets), which the comparison key leaves out."""
     config = record.get("config") if isinstance(record.get("config"), dict) else {}
     precision = config.get("precision") or record.get("precision_config") or {}
+    # a knob added later reads as its default in records written before it existed
+    precision = {"arithmetic": "native", **precision}
     return {
         **{f"precision.{k}": v for k, v in flatten(precision).items()},
         "paper_loss_scale": config.get("paper_loss_scale"),
