@@ -103,7 +103,7 @@ def preset_sort_key(name: str, config: Mapping[str, Any] | None) -> tuple:
     one, and loss scaling, §3.2), within those FP32-weight autocast before FP16 storage and a
     global scale before other scalers, then BF16, then FP8 presets (whatever their base dtype);
     a preset whose config is unknown goes last. Name breaks ties. Gives today: fp32 tf32 amp
-    mixed adaptive no_master no_scaling fp16 bf16, then the FP8 presets.
+    mixed pseudo_fp16 adaptive no_master no_scaling fp16 bf16, then the FP8 presets.
     """
     if not isinstance(config, Mapping) or "compute_dtype" not in config:
         return (9, name)
