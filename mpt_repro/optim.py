@@ -120,57 +120,64 @@ def optimizer_factory(
         params = [p for _, p in items]
         if fused is None:
             fused = use_fused(o, params)
-        # fused kernels take the overflow flag on the device: the step needs no host sync
-        fast = {"fused": True} if fused else {"foreach": True}
-        if o.name == "sgd":
-            return torch.optim.SGD(
-                groups,
-                lr=lr,
-                momentum=o.momentum,
-                nesterov=o.nesterov,
-                weight_decay=o.weight_decay,
-                **fast,
-            )
-        if o.name in ("adam", "adamw"):
-            cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
-            return cls(
-                groups, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay, **fast
-            )
-        if o.name == "adagrad":
-            return torch.optim.Adagrad(
-                groups,
-                lr=lr,
-                eps=o.eps,
-                weight_decay=o.weight_decay,
-                initial_accumulator_value=o.initial_accumulator_value,
-                foreach=True,
-            )
-        if o.name == "rmsprop":
-            return torch.optim.RMSprop(
-                groups,
-                lr=lr,
-                alpha=o.alpha,
-                momentum=o.momentum,
-                eps=o.eps,
-                weight_decay=o.weight_decay,
-                foreach=True,
-            )
-        if o.name == "rmsprop_tf":
-            return RMSpropTF(
-                groups,
-                lr=lr,
-                decay=o.alpha,
-                momentum=o.momentum,
-                eps=o.eps,
-                weight_decay=o.weight_decay,
-                fused=fused,
-            )
-        raise ValueError(f"unknown optimizer {o.name}")  # validate() refuses it first
+        if o.name not in BUILDERS:
+            raise ValueError(f"unknown optimizer {o.name}")  # validate() refuses it first
+        return BUILDERS[o.name](o, groups, lr, fused)
 
     make.takes_named_params = True
     return make
 
 
+def _sgd(o: Any, groups: list, lr: float, fused: bool) -> torch.optim.Optimizer:
+    # fused kernels take the overflow flag on the device: the step needs no host sync
+    return torch.optim.SGD(
+        groups, lr=lr, momentum=o.momentum, nesterov=o.nesterov, weight_decay=o.weight_decay,
+        **_fast(fused),
+    )  # fmt: skip
+
+
+def _adam(o: Any, groups: list, lr: float, fused: bool) -> torch.optim.Optimizer:
+    cls = torch.optim.Adam if o.name == "adam" else torch.optim.AdamW
+    return cls(
+        groups, lr=lr, betas=tuple(o.betas), eps=o.eps, weight_decay=o.weight_decay,
+        **_fast(fused),
+    )  # fmt: skip
+
+
+def _adagrad(o: Any, groups: list, lr: float, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.Adagrad(
+        groups, lr=lr, eps=o.eps, weight_decay=o.weight_decay,
+        initial_accumulator_value=o.initial_accumulator_value, foreach=True,
+    )  # fmt: skip
+
+
+def _rmsprop(o: Any, groups: list, lr: float, fused: bool) -> torch.optim.Optimizer:
+    return torch.optim.RMSprop(
+        groups, lr=lr, alpha=o.alpha, momentum=o.momentum, eps=o.eps,
+        weight_decay=o.weight_decay, foreach=True,
+    )  # fmt: skip
+
+
+def _rmsprop_tf(o: Any, groups: list, lr: float, fused: bool) -> torch.optim.Optimizer:
+    return RMSpropTF(
+        groups, lr=lr, decay=o.alpha, momentum=o.momentum, eps=o.eps,
+        weight_decay=o.weight_decay, fused=fused,
+    )  # fmt: skip
+
+
+def _fast(fused: bool) -> dict[str, bool]:
+    return {"fused": True} if fused else {"foreach": True}
+
+
+# optim.name -> the torch optimizer it builds (Adagrad and RMSprop have no fused kernel: foreach)
+BUILDERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "sgd": _sgd,
+    "adam": _adam,
+    "adamw": _adam,
+    "adagrad": _adagrad,
+    "rmsprop": _rmsprop,
+    "rmsprop_tf": _rmsprop_tf,
+}
 MULTIPLIERS = ("bias_lr_mult", "bias_decay_mult", "norm_lr_mult", "norm_decay_mult")
 FUSED = ("sgd", "adam", "adamw")  # torch optimizers with a fused kernel that can skip a step
 SKIPS_ON_DEVICE = ("rmsprop_tf",)  # ours: reads found_inf on the device, any device

@@ -15,8 +15,7 @@ Imported on first use (PEP 562): `mpt-advise --help` loads no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mpt_repro.lazy import lazy_exports
 
 _EXPORTS = {
     "advice_section": "mpt_repro.advise.advice",
@@ -27,9 +26,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

@@ -167,14 +167,12 @@ class SyncCounter(TorchDispatchMode):
 
     def _from_host_data(self, name: str, args: tuple, out: Any) -> bool:
         if self.on_gpu:  # what reaches the device: a copy from pageable host memory
-            if name not in ("_to_copy", "copy_"):
+            ends = _copy_ends(name, args, out)
+            if ends is None:
                 return False
-            src = args[1] if name == "copy_" else args[0]
-            dst = args[0] if name == "copy_" else out
+            src, dst = ends
             return (
-                torch.is_tensor(src)
-                and torch.is_tensor(dst)
-                and src.device.type == "cpu"
+                src.device.type == "cpu"
                 and dst.device.type != "cpu"
                 and not src.is_pinned()
                 and not (self._setitem and src.dim() == 0)
@@ -244,17 +242,18 @@ def _called_from_torch_optim() -> bool:
     return False
 
 
-def _device_to_host(name: str, args: tuple, out: Any) -> bool:
+def _copy_ends(name: str, args: tuple, out: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(source, destination) of a copy op (`_to_copy`, `copy_`), None for any other op."""
     if name not in ("_to_copy", "copy_"):
-        return False
+        return None
     src = args[1] if name == "copy_" else args[0]
     dst = args[0] if name == "copy_" else out
-    return (
-        torch.is_tensor(src)
-        and torch.is_tensor(dst)
-        and src.device.type != "cpu"
-        and dst.device.type == "cpu"
-    )
+    return (src, dst) if torch.is_tensor(src) and torch.is_tensor(dst) else None
+
+
+def _device_to_host(name: str, args: tuple, out: Any) -> bool:
+    ends = _copy_ends(name, args, out)
+    return ends is not None and ends[0].device.type != "cpu" and ends[1].device.type == "cpu"
 
 
 def _caller() -> str:

@@ -15,6 +15,7 @@ no figures), detail {everything else the worker measured}.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Callable
 from typing import Any
 
 SCHEMA_VERSION = 1
@@ -152,24 +153,22 @@ COLUMNS = [
 ]
 
 
+# how a column of each kind is printed
+_FORMATS: dict[str, Callable[[Any], str]] = {
+    "ratio": lambda v: f"{v:.2f}",
+    "gib": lambda v: f"{v / 2**30:.2f}",
+    "mib": lambda v: f"{v / 2**20:.3g}",
+    "int": lambda v: f"{v:d}",
+    "gflop": lambda v: f"{v / 1e9:.2f}",
+    "pct": lambda v: f"{100 * v:.1f}%",
+    "float": lambda v: f"{v:.3g}",
+}
+
+
 def _fmt(value: Any, kind: str | None) -> str:
     if value is None:
         return "n/a"
-    if kind == "ratio":
-        return f"{value:.2f}"
-    if kind == "gib":
-        return f"{value / 2**30:.2f}"
-    if kind == "mib":
-        return f"{value / 2**20:.3g}"
-    if kind == "int":
-        return f"{value:d}"
-    if kind == "gflop":
-        return f"{value / 1e9:.2f}"
-    if kind == "pct":
-        return f"{100 * value:.1f}%"
-    if kind == "float":
-        return f"{value:.3g}"
-    return str(value)
+    return _FORMATS.get(kind, str)(value)
 
 
 def format_table(doc: dict) -> str:

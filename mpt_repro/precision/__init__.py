@@ -9,8 +9,7 @@ The names below are imported on first use (PEP 562), so that reading the config 
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mpt_repro.lazy import lazy_exports
 
 _EXPORTS = {
     "PrecisionPolicy": "mpt_repro.precision.policy",
@@ -31,9 +30,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)

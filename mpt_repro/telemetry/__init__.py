@@ -8,8 +8,7 @@ Imported on first use (PEP 562): the config schema (`mpt_repro.telemetry.config`
 
 from __future__ import annotations
 
-import importlib
-from typing import Any
+from mpt_repro.lazy import lazy_exports
 
 _EXPORTS = {
     "TelemetryCallback": "mpt_repro.telemetry.callback",
@@ -18,9 +17,4 @@ _EXPORTS = {
 }
 
 __all__ = list(_EXPORTS)
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    return getattr(importlib.import_module(_EXPORTS[name]), name)
+__getattr__ = lazy_exports(__name__, _EXPORTS)
