@@ -46,23 +46,12 @@ def _short(e: BaseException) -> str:
 
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
-    import torch
-
     from mpt_repro.bench import measure as m
-    from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
-    from mpt_repro.bench.step import build_step, enum_name, skipped_steps
-    from mpt_repro.run import describe_device, pick_device, set_backends
+    from mpt_repro.bench.step import build_step
 
     b = BenchConfig(**spec["bench"])
     preset, repeat = spec["preset"], spec["repeat"]
-    cfg = compose(spec["overrides"], preset)
-    device = pick_device(cfg.trainer.device)
-    if device.type == "cuda" and device.index is not None:
-        torch.cuda.set_device(device)
-    set_backends(cfg.trainer)
-    if enum_name(cfg.task) in ("classification", "gan"):
-        # each trainer window ends with an evaluation (outside its clock): one batch suffices
-        cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
+    cfg, device = _bench_config(spec["overrides"], preset)
     tag = f"{preset} (repeat {repeat + 1}/{b.repeats})"
 
     def say(msg: str) -> None:
@@ -70,6 +59,46 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
 
     say(f"building {cfg.experiment_name} on {device}")
     bs = build_step(cfg, device)
+    out = {"preset": preset, "repeat": repeat, **_timed(cfg, bs, b, device, say)}
+    say(f"{out['samples_per_s']:.4g} samples/s")
+    if repeat == 0 and b.instrument:
+        if bs.step_on is None:  # e.g. an LM's streams: one whole step, counted as it is
+            step_on, n = (lambda _: bs.step()), bs.samples
+        else:
+            step_on, n = bs.step_on, bs.micro_batch
+        say("instrumented steps: saved-for-backward bytes, host syncs, FLOPs")
+        out.update(m.instrument(step_on, n, device, slope=bs.step_on is not None))
+        out["flops_per_sample"] = out["flops_per_step"] / n
+    if repeat == 0 and b.overhead_steps:
+        out.update(overhead(cfg, bs, b, device, say))
+    return out
+
+
+def _bench_config(overrides: list[str], preset: str) -> tuple[Any, Any]:
+    """The run's config and device, set up as mpt-run sets them."""
+    import torch
+
+    from mpt_repro.bench.step import enum_name
+    from mpt_repro.run import pick_device, set_backends
+
+    cfg = compose(overrides, preset)
+    device = pick_device(cfg.trainer.device)
+    if device.type == "cuda" and device.index is not None:
+        torch.cuda.set_device(device)
+    set_backends(cfg.trainer)
+    if enum_name(cfg.task) in ("classification", "gan"):
+        # each trainer window ends with an evaluation (outside its clock): one batch suffices
+        cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
+    return cfg, device
+
+
+def _timed(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[str, Any]:
+    """Warm-up, then b.steps timed steps: throughput, memory, energy, and what the math runs on."""
+    from mpt_repro.bench import measure as m
+    from mpt_repro.bench.peaks import gpu_model, math_kind, peak_tflops
+    from mpt_repro.bench.step import skipped_steps
+    from mpt_repro.run import describe_device
+
     energy = m.EnergyMeter(device)
     # build_step ran one step already (it is the first warm-up step)
     if b.warmup > 1:
@@ -89,9 +118,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         getattr(fp8.mode, "name", fp8.mode) if fp8 is not None else "none",
     )
     dev = describe_device(device)
-    out: dict[str, Any] = {
-        "preset": preset,
-        "repeat": repeat,
+    on_gpu = device.type == "cuda"
+    return {
         "device": dev,
         "versions": versions(),
         "describe": bs.policy.describe(),
@@ -101,8 +129,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         "samples_per_s": samples / seconds,
         "skipped_in_timed": skipped_steps(bs.policy) - skipped0,
         "math_kind": kind,
-        "gpu_model": gpu_model(dev["name"]) if device.type == "cuda" else None,
-        "peak_tflops": peak_tflops(dev["name"], kind) if device.type == "cuda" else None,
+        "gpu_model": gpu_model(dev["name"]) if on_gpu else None,
+        "peak_tflops": peak_tflops(dev["name"], kind) if on_gpu else None,
         "joules_per_sample": (
             (joules1 - joules0) / samples if joules0 is not None and joules1 is not None else None
         ),
@@ -110,18 +138,6 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         **m.peak_memory(device),
         "warmup_peak_allocated_bytes": warmup_peaks["peak_allocated_bytes"],
     }
-    say(f"{out['samples_per_s']:.4g} samples/s")
-    if repeat == 0 and b.instrument:
-        if bs.step_on is None:  # e.g. an LM's streams: one whole step, counted as it is
-            step_on, n = (lambda _: bs.step()), bs.samples
-        else:
-            step_on, n = bs.step_on, bs.micro_batch
-        say("instrumented steps: saved-for-backward bytes, host syncs, FLOPs")
-        out.update(m.instrument(step_on, n, device, slope=bs.step_on is not None))
-        out["flops_per_sample"] = out["flops_per_step"] / n
-    if repeat == 0 and b.overhead_steps:
-        out.update(overhead(cfg, bs, b, device, say))
-    return out
 
 
 def overhead(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[str, Any]:

@@ -136,49 +136,59 @@ def validate_fp8(p, paper_loss_scale: float | None = None) -> None:
             f"precision.fp8.exempt entries must be non-empty strings (got {list(f8.exempt)})."
         )
     if mode == "emulated":
-        if dtype != "float32" or weights != "fp32_autocast" or p.master_weights:
-            raise ConfigError(
-                "precision.fp8.mode=emulated needs precision.compute_dtype=float32, "
-                "precision.weights=fp32_autocast and precision.master_weights=false: the layers "
-                "compute in FP32 on the dequantized 8-bit values (FP32 accumulation), and the "
-                "16-bit master copy is precision.fp8.master=fp16 (got compute_dtype="
-                f"{dtype}, weights={weights}, master_weights={p.master_weights})."
-            )
-        if all(_name(getattr(f8, k).format) == "none" for k in KINDS):
-            raise ConfigError(
-                "precision.fp8.mode=emulated with every tensor kind at format=none quantizes "
-                "nothing: set precision.fp8.<weights|activations|errors|weight_grads>.format."
-            )
-        if _name(f8.master_rounding) == "stochastic" and _name(f8.master) != "fp16":
-            raise ConfigError(
-                "precision.fp8.master_rounding=stochastic needs precision.fp8.master=fp16 "
-                "(an FP32 master is not rounded)."
-            )
-        if f8.compile:
-            raise ConfigError(
-                "precision.fp8.compile applies to precision.fp8.mode=torchao only; drop it (the "
-                "emulated layers run eagerly)."
-            )
-    else:  # torchao
-        if dtype not in ("float32", "bfloat16") or _name(p.loss_scaling) != "none":
-            raise ConfigError(
-                "precision.fp8.mode=torchao runs torchao's float8 training, which scales every "
-                "operand itself: use precision.compute_dtype=bfloat16 (or float32) and "
-                f"precision.loss_scaling=none (got {dtype}, {_name(p.loss_scaling)})."
-            )
-        if weights != "fp32_autocast":
-            raise ConfigError(
-                "precision.fp8.mode=torchao needs precision.weights=fp32_autocast: torchao keeps "
-                "the high-precision weights and casts them to FP8 per GEMM."
-            )
-        d = _defaults()
-        for key in (*KINDS, "master", "master_rounding"):
-            if _differs(f8, d, key):
-                raise ConfigError(
-                    f"precision.fp8.{key} applies to precision.fp8.mode=emulated only; torchao "
-                    "picks its own formats (E4M3 forward, E5M2 gradients) and scales."
-                )
+        _validate_emulated(p, dtype, weights)
+    else:
+        _validate_torchao(p, dtype, weights)
     _validate_floor(p, paper_loss_scale)
+
+
+def _validate_emulated(p, dtype: str, weights: str) -> None:
+    f8 = p.fp8
+    if dtype != "float32" or weights != "fp32_autocast" or p.master_weights:
+        raise ConfigError(
+            "precision.fp8.mode=emulated needs precision.compute_dtype=float32, "
+            "precision.weights=fp32_autocast and precision.master_weights=false: the layers "
+            "compute in FP32 on the dequantized 8-bit values (FP32 accumulation), and the "
+            "16-bit master copy is precision.fp8.master=fp16 (got compute_dtype="
+            f"{dtype}, weights={weights}, master_weights={p.master_weights})."
+        )
+    if all(_name(getattr(f8, k).format) == "none" for k in KINDS):
+        raise ConfigError(
+            "precision.fp8.mode=emulated with every tensor kind at format=none quantizes "
+            "nothing: set precision.fp8.<weights|activations|errors|weight_grads>.format."
+        )
+    if _name(f8.master_rounding) == "stochastic" and _name(f8.master) != "fp16":
+        raise ConfigError(
+            "precision.fp8.master_rounding=stochastic needs precision.fp8.master=fp16 "
+            "(an FP32 master is not rounded)."
+        )
+    if f8.compile:
+        raise ConfigError(
+            "precision.fp8.compile applies to precision.fp8.mode=torchao only; drop it (the "
+            "emulated layers run eagerly)."
+        )
+
+
+def _validate_torchao(p, dtype: str, weights: str) -> None:
+    f8 = p.fp8
+    if dtype not in ("float32", "bfloat16") or _name(p.loss_scaling) != "none":
+        raise ConfigError(
+            "precision.fp8.mode=torchao runs torchao's float8 training, which scales every "
+            "operand itself: use precision.compute_dtype=bfloat16 (or float32) and "
+            f"precision.loss_scaling=none (got {dtype}, {_name(p.loss_scaling)})."
+        )
+    if weights != "fp32_autocast":
+        raise ConfigError(
+            "precision.fp8.mode=torchao needs precision.weights=fp32_autocast: torchao keeps "
+            "the high-precision weights and casts them to FP8 per GEMM."
+        )
+    d = _defaults()
+    for key in (*KINDS, "master", "master_rounding"):
+        if _differs(f8, d, key):
+            raise ConfigError(
+                f"precision.fp8.{key} applies to precision.fp8.mode=emulated only; torchao "
+                "picks its own formats (E4M3 forward, E5M2 gradients) and scales."
+            )
 
 
 def _validate_floor(p, paper_loss_scale: float | None) -> None:
