@@ -5,7 +5,9 @@ data."""
 
 from __future__ import annotations
 
+import csv
 import gzip
+import json
 import math
 from pathlib import Path
 
@@ -122,6 +124,8 @@ def test_attention_model_shapes_decoding_and_sampled_loss() -> None:
     everything = LogUniformSampler(30, 30)
     sampled = model.token_losses(features, decoder_input, everything, torch.Generator())
     assert torch.allclose(sampled, full, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # amp and bf16 on a CPU (oneDNN's LSTM)
+        assert model(source, decoder_input).dtype == torch.bfloat16
     # forget-gate bias 1 in the first bias of every LSTM layer (gate order i, f, g, o)
     assert model.decoder[0].bias_ih[16:32].eq(1).all() and model.encoder.bias_ih_l1[:16].eq(0).all()
 
@@ -198,3 +202,45 @@ def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None
 def test_the_translation_docs_exist_and_cite_the_tutorial() -> None:
     doc = (ROOT / "docs" / "experiments_translation.md").read_text()
     assert "tutorials/rnn/translate" in doc and "budget=smoke" in doc
+
+
+# -- resume, accumulation, DDP (slow: whole runs) -------------------------------------------------
+SMOKE = ["experiment=translation", "budget=smoke", "data=synthetic", "trainer.log_every=1"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def train_losses(run_dir: Path) -> list[str]:
+    with open(run_dir / "metrics.csv") as f:
+        return [r["loss"] for r in csv.DictReader(f) if r["split"] == "train"]
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_exactly(tmp_path) -> None:
+    """6 steps straight == 3 steps, then resumed for 3 more: the batch order, the sampled-softmax
+    candidates and the weights come back from the checkpoint."""
+    common = [*SMOKE, "precision=mixed", "trainer.device=cpu"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    run_cli(*common, "trainer.max_steps=6", run_dir=straight, env=ONE_THREAD)
+    run_cli(*common, "trainer.max_steps=3", run_dir=broken, env=ONE_THREAD)
+    record = read_run(broken)
+    record["status"] = "running"  # what a killed run's record says: resume=true continues it
+    (broken / "run.json").write_text(json.dumps(record))
+    run_cli(*common, "trainer.max_steps=6", "resume=true", run_dir=broken, env=ONE_THREAD)
+    a, b = read_run(straight), read_run(broken)
+    assert b["status"] == "completed" and b["resumed"] is True and b["steps"] == 6
+    assert train_losses(broken) == train_losses(straight)
+    assert b["metrics"] == a["metrics"]
+
+
+@pytest.mark.slow
+def test_accumulation_and_two_processes(tmp_path) -> None:
+    from test_distributed_tasks import mpt_run
+
+    run_cli(*SMOKE, "trainer.accumulate=2", "trainer.device=cpu", run_dir=tmp_path / "acc",
+            env=ONE_THREAD)  # fmt: skip
+    acc = read_run(tmp_path / "acc")
+    assert acc["status"] == "completed" and acc["steps"] == 5  # 10 batches of 8 per epoch / 2
+    mpt_run([*SMOKE, "precision=mixed"], 2, tmp_path / "ddp")
+    ddp = read_run(tmp_path / "ddp")
+    assert ddp["status"] == "completed" and ddp["distributed"]["world_size"] == 2
+    assert ddp["diagnostics"]["distributed"]["replica_max_abs_diff"] == 0.0

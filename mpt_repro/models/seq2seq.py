@@ -85,7 +85,13 @@ class AttentionSeq2Seq(nn.Module):
     # -- encoder and one decoder step ------------------------------------------------------------
     def encode(self, source: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, State]:
         """Encoder outputs (B, S, size), their attention keys, the decoder's initial state."""
-        outputs, (h, c) = self.encoder(self.encoder_embedding(source))
+        embedded = self.encoder_embedding(source)
+        kind = embedded.device.type
+        if torch.is_autocast_enabled(kind):
+            # CPU autocast (bf16) sends nn.LSTM to oneDNN, which refuses an FP32 input with
+            # low-precision weights; CUDA autocast casts the input itself, so this changes nothing
+            embedded = embedded.to(torch.get_autocast_dtype(kind))
+        outputs, (h, c) = self.encoder(embedded)
         return outputs, self.attn_keys(outputs), [(h[i], c[i]) for i in range(self.num_layers)]
 
     def step(
