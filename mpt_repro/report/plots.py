@@ -308,7 +308,7 @@ def train_perplexity_figure(
     else:
         say_empty(ax, "no finite train loss logged")
     integer_steps(ax)
-    ax.set(title=f"training perplexity ({figure}) — {title}", xlabel="step", ylabel="perplexity")
+    ax.set(title=f"training perplexity ({figure})\n{title}", xlabel="step", ylabel="perplexity")
     ax.title.set_fontsize("small")
     return fig
 
