@@ -27,9 +27,11 @@ from __future__ import annotations
 import gzip
 import io
 import re
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
@@ -97,6 +99,11 @@ def build_vocab(sentences: Iterable[list[str]], size: int) -> Vocab:
     counts: Counter = Counter()
     for tokens in sentences:
         counts.update(tokens)
+    return vocab_from_counts(counts, size)
+
+
+def vocab_from_counts(counts: Counter, size: int) -> Vocab:
+    """Counter keeps first-seen order, and sorted() is stable: ties stay in that order."""
     ranked = sorted(counts, key=counts.__getitem__, reverse=True)
     return Vocab((SPECIALS + [w for w in ranked if w not in SPECIALS])[:size])
 
@@ -110,24 +117,41 @@ def find_file(root: Path, name: str) -> Path | None:
     return None
 
 
-def read_lines(path: Path, limit: int | None = None) -> list[str]:
-    """The first `limit` lines (all when None) of a UTF-8 file, gzipped or not."""
+def read_lines(path: Path, limit: int | None = None) -> Iterator[str]:
+    """The first `limit` lines (all when None) of a UTF-8 file, gzipped or not, streamed: the
+    giga-fren files are 22.5M lines each."""
     opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-    lines = []
     try:
         with opened as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
-            for line in f:
-                if limit is not None and len(lines) >= limit:
-                    break
-                lines.append(line.rstrip("\n"))
+            for n, line in enumerate(f):
+                if limit is not None and n >= limit:
+                    return
+                yield line.rstrip("\n")
     except (UnicodeDecodeError, OSError, EOFError) as e:
         raise DataError(f"{path}: not readable UTF-8 text ({type(e).__name__}: {e})") from None
-    return lines
 
 
-def read_pairs(d: Any, prefix: str, limit: int | None) -> tuple[list[str], list[str]]:
-    """Source and target sentences of one split (the first `limit` lines); DataError when a
-    file is missing or the two differ in line count."""
+def read_pairs(d: Any, prefix: str, limit: int | None) -> Iterator[tuple[str, str]]:
+    """(source, target) sentences of one split (the first `limit` lines), streamed; DataError
+    when a file is missing, empty, or the two differ in line count."""
+    paths = split_files(d, prefix)
+    count = 0
+    for source, target in zip_longest(*(read_lines(p, limit) for p in paths)):
+        if source is None or target is None:  # one file ended first: count both, to say so
+            lines = [sum(1 for _ in read_lines(p, limit)) for p in paths]
+            raise DataError(
+                f"{paths[0]} has {lines[0]} lines but {paths[1]} has {lines[1]}"
+                f"{f' (of the first {limit})' if limit else ''}: a parallel corpus needs one "
+                "line per sentence in both languages, aligned"
+            )
+        count += 1
+        yield source, target
+    if count == 0:
+        raise DataError(f"{paths[0]} is empty; expected {layout(d)}")
+
+
+def split_files(d: Any, prefix: str) -> list[Path]:
+    """The source and target files of one split; DataError naming the layout if one is missing."""
     root = Path(d.root).expanduser()
     paths = []
     for lang in (d.source_lang, d.target_lang):
@@ -138,16 +162,7 @@ def read_pairs(d: Any, prefix: str, limit: int | None) -> tuple[list[str], list[
                 f"expected {layout(d)}"
             )
         paths.append(path)
-    source, target = (read_lines(p, limit) for p in paths)
-    if len(source) != len(target):
-        raise DataError(
-            f"{paths[0]} has {len(source)} lines but {paths[1]} has {len(target)}"
-            f"{f' (of the first {limit})' if limit else ''}: a parallel corpus needs one line "
-            "per sentence in both languages, aligned"
-        )
-    if not source:
-        raise DataError(f"{paths[0]} is empty; expected {layout(d)}")
-    return source, target
+    return paths
 
 
 # -- buckets and batches ---------------------------------------------------------------------------
@@ -160,12 +175,39 @@ def bucket_of(source_len: int, target_len: int, buckets: Sequence[Sequence[int]]
     return None
 
 
+class PairStore:
+    """One bucket's pairs in flat int32 arrays: a Python list of lists would take ~50 GB for
+    giga-fren's 22.5M pairs, this ~5 GB. store[i] is (source ids, target ids + _EOS)."""
+
+    def __init__(self) -> None:
+        self.source, self.target = array("i"), array("i")
+        self.source_end, self.target_end = array("q", [0]), array("q", [0])
+
+    def append(self, pair: tuple[list[int], list[int]]) -> None:
+        self.source.extend(pair[0])
+        self.target.extend(pair[1])
+        self.source_end.append(len(self.source))
+        self.target_end.append(len(self.target))
+
+    def __len__(self) -> int:
+        return len(self.source_end) - 1
+
+    def __getitem__(self, i: int) -> tuple[list[int], list[int]]:
+        if not 0 <= i < len(self):
+            raise IndexError(i)
+        s, t = self.source_end, self.target_end
+        return self.source[s[i] : s[i + 1]].tolist(), self.target[t[i] : t[i + 1]].tolist()
+
+    def __iter__(self) -> Iterator[tuple[list[int], list[int]]]:
+        return (self[i] for i in range(len(self)))
+
+
 @dataclass
 class Bucketed:
-    """Token-id pairs by bucket: pairs[b] is a list of (source ids, target ids + _EOS)."""
+    """Token-id pairs by bucket: pairs[b][i] is (source ids, target ids + _EOS)."""
 
     buckets: list[tuple[int, int]]
-    pairs: list[list[tuple[list[int], list[int]]]] = field(default_factory=list)
+    pairs: list[PairStore] = field(default_factory=list)
     dropped: int = 0  # pairs too long for the largest bucket
 
     def __len__(self) -> int:
@@ -177,7 +219,7 @@ def bucketize(
 ) -> Bucketed:
     """Each pair (target without _EOS) into its bucket, _EOS appended to the target."""
     out = Bucketed([(int(s), int(t)) for s, t in buckets])
-    out.pairs = [[] for _ in out.buckets]
+    out.pairs = [PairStore() for _ in out.buckets]
     for source, target in pairs:
         target = [*target, EOS_ID]
         b = bucket_of(len(source), len(target), out.buckets)
@@ -248,18 +290,25 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     if not root.is_dir():
         raise DataError(f"data.root={str(root)!r} does not exist; point it at {layout(d)}")
     norm = d.normalize_digits
-    train_src, train_tgt = read_pairs(d, d.train_prefix, d.train_limit)
-    dev_src, dev_tgt = read_pairs(d, d.dev_prefix, d.eval_limit)
-    train_src_tok = [tokenize(s, norm) for s in train_src]
-    train_tgt_tok = [tokenize(s, norm) for s in train_tgt]
-    src_vocab = build_vocab(train_src_tok, source_size)
-    tgt_vocab = build_vocab(train_tgt_tok, target_size)
+
+    def train_tokens() -> Iterator[tuple[list[str], list[str]]]:
+        for source, target in read_pairs(d, d.train_prefix, d.train_limit):
+            yield tokenize(source, norm), tokenize(target, norm)
+
+    # two passes over the training files, as the tutorial's create_vocabulary and
+    # data_to_token_ids make: counts first, then ids; no token list is held
+    src_counts, tgt_counts = Counter(), Counter()
+    for source, target in train_tokens():
+        src_counts.update(source)
+        tgt_counts.update(target)
+    src_vocab = vocab_from_counts(src_counts, source_size)
+    tgt_vocab = vocab_from_counts(tgt_counts, target_size)
     train = bucketize(
-        ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in zip(train_src_tok, train_tgt_tok)),
-        buckets,
+        ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in train_tokens()), buckets
     )
-    dev_src_tok = [tokenize(s, norm) for s in dev_src]
-    dev_tgt_tok = [tokenize(s, norm) for s in dev_tgt]
+    dev_pairs = list(read_pairs(d, d.dev_prefix, d.eval_limit))  # small: kept, for BLEU
+    dev_src_tok = [tokenize(s, norm) for s, _ in dev_pairs]
+    dev_tgt_tok = [tokenize(t, norm) for _, t in dev_pairs]
     dev = bucketize(
         ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in zip(dev_src_tok, dev_tgt_tok)),
         buckets,
