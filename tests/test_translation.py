@@ -150,6 +150,10 @@ def test_bleu_on_known_strings() -> None:
     )
     totals["hypotheses"] = ["un chien"]
     assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(0.0)
+    totals["hypotheses"] = ["le chat est ici"]  # 3 of 4 words, 2 of 3 bigrams, 1 of 2 trigrams
+    assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(59.46, abs=0.01)
+    empty = {"loss": 0.0, "tokens": 0, "hypotheses": [], "references": []}
+    assert Translation.eval_metrics(None, empty)["bleu"] == 0.0
 
 
 # -- mpt-run and mpt-report -----------------------------------------------------------------------

@@ -177,11 +177,14 @@ class Translation(Task):
         import sacrebleu
 
         loss = s["loss"] / max(s["tokens"], 1)
-        bleu = sacrebleu.corpus_bleu(s["hypotheses"], [s["references"]], tokenize="none")
+        bleu = 0.0  # no dev pair fits the buckets: nothing was decoded
+        if s["hypotheses"]:
+            found = sacrebleu.corpus_bleu(s["hypotheses"], [s["references"]], tokenize="none")
+            bleu = float(found.score)
         return {
             "loss": loss,
             "perplexity": math.exp(min(loss, 700.0)),  # exp overflows past ~709
-            "bleu": float(bleu.score),
+            "bleu": bleu,
         }
 
     # -- the rest -----------------------------------------------------------------------------
