@@ -162,6 +162,40 @@ class LSTMLM(ModelSchema):
         )
 
 
+@dataclass
+class Seq2SeqAttention(ModelSchema):
+    """The TensorFlow seq2seq tutorial's attention encoder-decoder (models/seq2seq.py). The
+    vocabulary sizes and buckets are the tutorial model's constructor arguments, so they live
+    here and data=synthetic draws token pairs of the same shape."""
+
+    size: int = 1024
+    num_layers: int = 3
+    source_vocab_size: int = 40000
+    target_vocab_size: int = 40000
+    buckets: list[list[int]] = field(
+        default_factory=lambda: [[5, 10], [10, 15], [20, 25], [40, 50]]
+    )
+    num_sampled: int = 512  # sampled-softmax candidates; 0 (or >= the vocabulary): full softmax
+    forget_bias: float = 1.0  # BasicLSTMCell's
+
+    @classmethod
+    def check(cls, m: Any, cfg: Any) -> None:
+        for key in ("size", "num_layers"):
+            require(m[key] > 0, f"model.{key}", m[key], "must be positive")
+        for key in ("source_vocab_size", "target_vocab_size"):
+            require(m[key] > 4, f"model.{key}", m[key], "must be > 4 (_PAD, _GO, _EOS, _UNK)")
+        require(m.num_sampled >= 0, "model.num_sampled", m.num_sampled, "must be >= 0")
+        pairs = [list(b) for b in m.buckets]
+        require(
+            bool(pairs)
+            and all(len(b) == 2 and b[0] >= 2 and b[1] >= 3 for b in pairs)
+            and pairs == sorted(pairs),
+            "model.buckets",
+            pairs,
+            "must be increasing [source, target] length pairs, e.g. [[5, 10], [10, 15]]",
+        )
+
+
 NOISES = ("uniform", "normal")
 
 
@@ -219,7 +253,7 @@ class CustomModel(Classifier):
 
 # -- data sets -------------------------------------------------------------------------------------
 LOADED = ("cifar10", "digits", "imagefolder", "imagenet", "images", "synthetic", "voc")  # workers
-ROOTED = ("cifar10", "corpus", "imagefolder", "imagenet", "images", "voc")  # a folder on disk
+ROOTED = ("cifar10", "corpus", "imagefolder", "imagenet", "images", "voc", "wmt15_enfr")  # a folder
 AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip", "cifar")
 
 
@@ -365,6 +399,17 @@ class Corpus(DataSchema):
         require(d.seq_len > 0, "data.seq_len", d.seq_len, "must be positive")
 
 
+@dataclass
+class ParallelCorpus(DataSchema):
+    """A parallel corpus as WMT releases it: <prefix>.<lang> plain-text files."""
+
+    train_prefix: str = "giga-fren.release2.fixed"
+    dev_prefix: str = "newstest2013"
+    source_lang: str = "en"
+    target_lang: str = "fr"
+    normalize_digits: bool = True  # the tutorial's: every digit becomes 0
+
+
 # the schema of each option, by the name its yaml file gives it (`/schema/<group>@_here_: <name>`)
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {
@@ -375,6 +420,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "aux_heads_cnn": AuxHeadsCNN,
         "googlenet": GoogLeNet,
         "lstm_lm": LSTMLM,
+        "seq2seq_attention": Seq2SeqAttention,
         "dcgan": DCGAN,
         "detector": Detector,
         "faster_rcnn": FasterRCNN,
@@ -389,6 +435,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "voc": VOC,
         "cifar10": CIFAR10,
         "corpus": Corpus,
+        "wmt15_enfr": ParallelCorpus,
     },
 }
 

@@ -40,13 +40,14 @@ def test_the_options_are_those_of_the_registries() -> None:
 
     _load_all()
     assert set(catalog.options("model")) == set(MODELS)
-    import mpt_repro.data.digits  # noqa: F401  (image data sets register on import)
+    import mpt_repro.data.cifar  # noqa: F401  (image data sets register on import)
+    import mpt_repro.data.digits  # noqa: F401
     import mpt_repro.data.imagenet  # noqa: F401
     import mpt_repro.data.images  # noqa: F401
     import mpt_repro.data.synthetic  # noqa: F401
 
     names = {compose([f"data={d}"]).data.name for d in catalog.options("data")}
-    assert names == set(DATASETS) | {"corpus", "voc"}
+    assert names == set(DATASETS) | {"corpus", "voc", "wmt15_enfr"}  # the non-image ones
     assert list(config.TASKS) == config.known_tasks()
 
 

@@ -284,6 +284,35 @@ def curves_figure(
     return fig
 
 
+# tasks whose paper figure is the training perplexity, drawn as exp(logged training loss): each
+# train row's loss is the mean over trainer.log_every steps, so its exp is the perplexity the TF
+# translation tutorial prints (exp of the mean loss over its 200-step checkpoints)
+TRAIN_PERPLEXITY_FIGURES = {"translation": "the paper's Figure 4"}
+
+
+def train_perplexity_figure(
+    train: dict[str, list[pd.DataFrame]], diverged: dict[str, list[int]], title: str, figure: str
+):
+    """Training perplexity per preset (mean over seeds, min-max band: the paper's point is that
+    FP32 runs already vary)."""
+    styles = preset_styles(list(train))
+    perplexity = {
+        preset: [f.assign(perplexity=np.exp(f["loss"].clip(upper=700.0))) for f in frames]
+        for preset, frames in train.items()
+    }
+    fig, ax = plt.subplots(figsize=(6, 4))
+    if plot_presets(ax, perplexity, "perplexity", styles):
+        mark_divergence(ax, diverged, styles)
+        plain_axis(ax)
+        legend(ax)
+    else:
+        say_empty(ax, "no finite train loss logged")
+    integer_steps(ax)
+    ax.set(title=f"training perplexity ({figure})\n{title}", xlabel="step", ylabel="perplexity")
+    ax.title.set_fontsize("small")
+    return fig
+
+
 def _until(frame: pd.DataFrame, step) -> pd.DataFrame:
     """A diverged run's rows before the step it diverged at: nothing after it is a result."""
     return frame if step is None or step != step else frame[frame["step"] < int(step)]
@@ -357,6 +386,12 @@ def experiment_plots(
             level,
         )
         written.append(_save(fig, folder / f"{stem}_curves.png"))
+        task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
+        if task in TRAIN_PERPLEXITY_FIGURES:
+            fig = train_perplexity_figure(
+                curves.train, curves.diverged, setting, TRAIN_PERPLEXITY_FIGURES[task]
+            )
+            written.append(_save(fig, folder / f"{stem}_train_perplexity.png"))
 
         fig, ax = plt.subplots(figsize=(6, 4))
         if plot_presets(ax, curves.train, "loss_scale", styles):

@@ -630,6 +630,8 @@ PRESENTATION = {
     ),
     "language_model": Presentation("Language model: perplexity per preset", "lm", metric_table),
     "gan": Presentation("GAN: what ran, final losses", "gan"),
+    # every final metric: perplexity (the paper's Figure 4 metric) and BLEU beside it
+    "translation": Presentation("Machine translation: perplexity and BLEU per preset", "mt"),
     "detection": Presentation("Other detection experiments (every final metric)", "detection"),
 }
 

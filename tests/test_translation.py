@@ -1,0 +1,250 @@
+"""experiment=translation (the paper's §4.4): the tutorial's tokenizer, vocabulary and buckets,
+the parallel-corpus loader on files the test writes, the attention model's shapes and sizes,
+BLEU, and mpt-run + mpt-report under fp32, mixed and no_scaling on synthetic and real-layout
+data."""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import ROOT, option_config, read_run, run_cli
+
+from mpt_repro.data.parallel import (
+    EOS_ID,
+    GO_ID,
+    PAD_ID,
+    UNK_ID,
+    basic_tokenizer,
+    bucketize,
+    build_vocab,
+    load_parallel,
+    pad_batch,
+    tokenize,
+)
+from mpt_repro.errors import DataError
+from mpt_repro.models.lstm_lm import LogUniformSampler
+from mpt_repro.models.seq2seq import AttentionSeq2Seq, tf_parameter_count
+from mpt_repro.tasks.translation import Translation
+
+BUCKETS = [(5, 10), (10, 15), (20, 25), (40, 50)]
+EN = ["The cat sat.", "I have 12 dogs!", "Hello, world", 'She said: "yes"', "Go (now)."] * 8
+FR = ["Le chat était assis.", "J'ai 12 chiens!", "Bonjour, monde", "Elle a dit: \"oui\"",
+      "Va (maintenant)."] * 8  # fmt: skip
+
+
+# -- tokens, vocabularies, buckets ----------------------------------------------------------------
+def test_basic_tokenizer_splits_punctuation_and_normalises_digits() -> None:
+    assert basic_tokenizer("  I'm here, at 12:30 (now)!  ") == [
+        "I", "'", "m", "here", ",", "at", "12", ":", "30", "(", "now", ")", "!",
+    ]  # fmt: skip
+    assert tokenize("Room 42.", normalize_digits=True) == ["Room", "00", "."]
+    assert tokenize("Room 42.", normalize_digits=False) == ["Room", "42", "."]
+    assert basic_tokenizer("a-b c/d") == ["a-b", "c/d"]  # only the tutorial's characters split
+
+
+def test_vocabulary_is_specials_then_by_count_ties_in_first_seen_order() -> None:
+    vocab = build_vocab([["b", "a", "c"], ["a", "d", "c"], ["a"]], size=7)
+    assert vocab.words == ["_PAD", "_GO", "_EOS", "_UNK", "a", "c", "b"]  # cut at 7; d after b
+    assert vocab.encode(["a", "zzz"]) == [4, UNK_ID]
+    assert (PAD_ID, GO_ID, EOS_ID, UNK_ID) == (0, 1, 2, 3)
+
+
+def test_pairs_go_to_the_first_bucket_they_fit_and_pad_as_the_tutorial() -> None:
+    pairs = [([5, 6], [7]), ([5] * 4, [7] * 9), ([5] * 9, [7] * 3), ([5] * 40, [7])]
+    data = bucketize(pairs, BUCKETS)
+    # target + _EOS must be shorter than the bucket's target length: 9 + 1 = 10 is not < 10
+    assert [len(p) for p in data.pairs] == [1, 2, 0, 0] and data.dropped == 1
+    enc, dec, tgt = pad_batch(data.pairs[0], data.buckets[0])
+    assert enc.tolist() == [[0, 0, 0, 6, 5]]  # (source + pads) reversed
+    assert dec.tolist() == [[GO_ID, 7, EOS_ID] + [PAD_ID] * 7]
+    assert tgt.tolist() == [[7, EOS_ID] + [PAD_ID] * 8]  # shifted by one, padding weight 0
+
+
+# -- the parallel-corpus loader -------------------------------------------------------------------
+def write_wmt(root: Path, en=EN, fr=FR, dev_in_subfolder: bool = True) -> Path:
+    """giga-fren.release2.fixed.{en,fr}.gz (as training-giga-fren.tar holds them) and
+    dev/newstest2013.{en,fr} (as dev-v2.tgz unpacks)."""
+    root.mkdir(parents=True, exist_ok=True)
+    for lang, lines in (("en", en), ("fr", fr)):
+        with gzip.open(root / f"giga-fren.release2.fixed.{lang}.gz", "wt", encoding="utf-8") as f:
+            f.write("\n".join(lines) + "\n")
+        dev = root / "dev" if dev_in_subfolder else root
+        dev.mkdir(exist_ok=True)
+        (dev / f"newstest2013.{lang}").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
+    return root
+
+
+def wmt_cfg(root: Path, **fields):
+    return option_config("data", name="wmt15_enfr", root=str(root), **fields)
+
+
+def test_the_release_layout_reads_into_vocabularies_and_buckets(tmp_path) -> None:
+    data = load_parallel(wmt_cfg(write_wmt(tmp_path)), 12, 30, BUCKETS)
+    assert len(data.source_vocab) == 12  # cut at the vocabulary size
+    assert len(data.target_vocab) == 4 + 24  # below it: the specials and every French token
+    # the most frequent English tokens; "." and '"' tie (16 each), "." seen first
+    assert data.source_vocab.words[4:6] == [".", '"']
+    assert "00" in data.target_vocab.index  # digits normalised
+    assert (len(data.train), len(data.eval)) == (40, 6) and data.train.dropped == 0
+    # the references keep the words (no _UNK), in the eval pairs' bucket order
+    first = data.eval.pairs[0][0][1][:-1]
+    assert [len(p) for p in data.eval.pairs] == [3, 3, 0, 0]  # dev lines 0, 2, 5 | 1, 3, 4
+    assert data.references[0] == tokenize(FR[0], True)  # bucket 0 in file order
+    assert data.references[3] == tokenize(FR[1], True)  # "I have 12 dogs!": 5 tokens, bucket 1
+    assert data.target_vocab.decode(first) == data.references[0]
+
+
+def test_a_missing_or_malformed_corpus_names_the_layout(tmp_path) -> None:
+    with pytest.raises(DataError, match="does not exist"):
+        load_parallel(wmt_cfg(tmp_path / "nowhere"), 10, 10, BUCKETS)
+    with pytest.raises(DataError, match=r"no giga-fren.release2.fixed.en .*newstest2013.fr"):
+        load_parallel(wmt_cfg(tmp_path), 10, 10, BUCKETS)
+    root = write_wmt(tmp_path / "short", fr=FR[:-1], dev_in_subfolder=False)
+    with pytest.raises(DataError, match="has 40 lines but .* has 39"):
+        load_parallel(wmt_cfg(root), 10, 10, BUCKETS)
+
+
+# -- the model ------------------------------------------------------------------------------------
+def test_attention_model_shapes_decoding_and_sampled_loss() -> None:
+    torch.manual_seed(0)
+    model = AttentionSeq2Seq(20, 30, size=16, num_layers=2)
+    source, decoder_input = torch.randint(4, 20, (3, 5)), torch.randint(4, 30, (3, 10))
+    features = model(source, decoder_input)
+    assert features.shape == (3, 10, 16)
+    assert model.greedy_decode(source, GO_ID, 7).shape == (3, 7)
+    full = model.token_losses(features, decoder_input)
+    assert full.shape == (3, 10) and torch.isfinite(full).all()
+    # candidates covering the vocabulary: the sampled softmax is the full one
+    everything = LogUniformSampler(30, 30)
+    sampled = model.token_losses(features, decoder_input, everything, torch.Generator())
+    assert torch.allclose(sampled, full, atol=1e-5)
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # amp and bf16 on a CPU (oneDNN's LSTM)
+        assert model(source, decoder_input).dtype == torch.bfloat16
+    # forget-gate bias 1 in the first bias of every LSTM layer (gate order i, f, g, o)
+    assert model.decoder[0].bias_ih[16:32].eq(1).all() and model.encoder.bias_ih_l1[:16].eq(0).all()
+
+
+@pytest.mark.parametrize("layers", [3, 5])
+def test_paper_size_parameter_count(layers) -> None:
+    with torch.device("meta"):
+        model = AttentionSeq2Seq(40000, 40000, size=1024, num_layers=layers)
+    count = sum(p.numel() for p in model.parameters())
+    # TF's count plus PyTorch's second LSTM bias: 4 x 1024 per layer, encoder and decoder
+    assert count == tf_parameter_count(40000, 40000, 1024, layers) + 2 * layers * 4 * 1024
+    expected = {3: 184_814_656, 5: 222_579_776}[layers]  # TF's, checked by hand
+    assert tf_parameter_count(40000, 40000, 1024, layers) == expected
+
+
+def test_bleu_on_known_strings() -> None:
+    totals = {"loss": 2.0, "tokens": 2, "hypotheses": ["le chat est là"], "references": []}
+    totals["references"] = ["le chat est là"]
+    metrics = Translation.eval_metrics(None, totals)
+    assert metrics["bleu"] == pytest.approx(100.0) and metrics["perplexity"] == pytest.approx(
+        math.e
+    )
+    totals["hypotheses"] = ["un chien"]
+    assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(0.0)
+    totals["hypotheses"] = ["le chat est ici"]  # 3 of 4 words, 2 of 3 bigrams, 1 of 2 trigrams
+    assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(59.46, abs=0.01)
+    empty = {"loss": 0.0, "tokens": 0, "hypotheses": [], "references": []}
+    assert Translation.eval_metrics(None, empty)["bleu"] == 0.0
+
+
+# -- mpt-run and mpt-report -----------------------------------------------------------------------
+PRESETS = ["fp32", "mixed", "no_scaling"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    """budget=smoke under each preset on synthetic pairs and on the real layout: one sweep per
+    data set (start-up is most of a smoke run's time); one thread, as a tiny model's steps are
+    all per-op overhead."""
+    base = tmp_path_factory.mktemp("translation")
+    wmt = write_wmt(base / "wmt")
+    for data in ("data=synthetic", f"data.root={wmt}"):
+        args = ["-m", "experiment=translation", "budget=smoke", f"precision={','.join(PRESETS)}"]
+        args += ["trainer.device=cpu", f"paths.runs_dir={base / 'runs'}", data]
+        run_cli(*args, env={"OMP_NUM_THREADS": "1"})
+    return base / "runs"
+
+
+def test_smoke_runs_record_perplexity_and_bleu(runs) -> None:
+    records = [read_run(p.parent) for p in sorted(runs.rglob("run.json"))]
+    assert sorted((r["data"]["name"], r["precision"]) for r in records) == sorted(
+        (d, p) for d in ("synthetic", "wmt15_enfr") for p in PRESETS
+    )
+    for r in records:
+        assert r["status"] == "completed", r.get("reason")
+        m = r["metrics"]
+        assert math.isfinite(m["perplexity"]) and 0 <= m["bleu"] <= 100
+        assert m["perplexity"] == pytest.approx(math.exp(m["loss"]), rel=1e-6)
+        assert r["model"]["num_layers"] == 2 and r["model"]["softmax"] == "sampled (16 candidates)"
+    real = next(r for r in records if r["data"]["name"] == "wmt15_enfr")
+    assert real["data"]["train_pairs"] == 40 and real["data"]["eval_pairs"] == 6
+
+
+def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None:
+    from mpt_repro.report import cli
+
+    out = tmp_path / "report"
+    assert cli.main([str(runs), "--out", str(out), "--quiet"]) == 0
+    report = (out / "report.md").read_text()
+    assert "Machine translation: perplexity and BLEU per preset" in report
+    assert "Paper (§4.4, Figure 4 [S]), no_scaling: slight degradation" in report
+    tables = sorted(p.name for p in (out / "tables").glob("mt_*.csv"))
+    assert tables and "bleu" in (out / "tables" / tables[0]).read_text()
+    figures = sorted(p.name for p in (out / "plots").glob("translation_*_train_perplexity.png"))
+    assert len(figures) == 2  # one per data set: synthetic and the real layout
+
+
+def test_the_translation_docs_exist_and_cite_the_tutorial() -> None:
+    doc = (ROOT / "docs" / "experiments_translation.md").read_text()
+    assert "tutorials/rnn/translate" in doc and "budget=smoke" in doc
+
+
+# -- resume, accumulation, DDP (slow: whole runs) -------------------------------------------------
+SMOKE = ["experiment=translation", "budget=smoke", "data=synthetic", "trainer.log_every=1"]
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def train_losses(run_dir: Path) -> list[str]:
+    with open(run_dir / "metrics.csv") as f:
+        return [r["loss"] for r in csv.DictReader(f) if r["split"] == "train"]
+
+
+@pytest.mark.slow
+def test_resumed_run_continues_exactly(tmp_path) -> None:
+    """6 steps straight == 3 steps, then resumed for 3 more: the batch order, the sampled-softmax
+    candidates and the weights come back from the checkpoint."""
+    common = [*SMOKE, "precision=mixed", "trainer.device=cpu"]
+    straight, broken = tmp_path / "straight", tmp_path / "broken"
+    run_cli(*common, "trainer.max_steps=6", run_dir=straight, env=ONE_THREAD)
+    run_cli(*common, "trainer.max_steps=3", run_dir=broken, env=ONE_THREAD)
+    record = read_run(broken)
+    record["status"] = "running"  # what a killed run's record says: resume=true continues it
+    (broken / "run.json").write_text(json.dumps(record))
+    run_cli(*common, "trainer.max_steps=6", "resume=true", run_dir=broken, env=ONE_THREAD)
+    a, b = read_run(straight), read_run(broken)
+    assert b["status"] == "completed" and b["resumed"] is True and b["steps"] == 6
+    assert train_losses(broken) == train_losses(straight)
+    assert b["metrics"] == a["metrics"]
+
+
+@pytest.mark.slow
+def test_accumulation_and_two_processes(tmp_path) -> None:
+    from test_distributed_tasks import mpt_run
+
+    run_cli(*SMOKE, "trainer.accumulate=2", "trainer.device=cpu", run_dir=tmp_path / "acc",
+            env=ONE_THREAD)  # fmt: skip
+    acc = read_run(tmp_path / "acc")
+    assert acc["status"] == "completed" and acc["steps"] == 5  # 10 batches of 8 per epoch / 2
+    mpt_run([*SMOKE, "precision=mixed"], 2, tmp_path / "ddp")
+    ddp = read_run(tmp_path / "ddp")
+    assert ddp["status"] == "completed" and ddp["distributed"]["world_size"] == 2
+    assert ddp["diagnostics"]["distributed"]["replica_max_abs_diff"] == 0.0
