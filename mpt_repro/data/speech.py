@@ -147,12 +147,16 @@ def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
         audio, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
     except Exception as e:  # not audio, cut short: name the file
         raise DataError(f"{path}: cannot read it as audio ({type(e).__name__}: {e})") from None
+    check_rate(path, rate, sample_rate)
+    return torch.from_numpy(audio.mean(axis=1))  # mono
+
+
+def check_rate(path: Path, rate: int, sample_rate: int) -> None:
     if rate != sample_rate:
         raise DataError(
             f"{path}: sampled at {rate} Hz, the model's features expect {sample_rate} Hz "
             "(model.sample_rate); resample the data set or set model.sample_rate"
         )
-    return torch.from_numpy(audio.mean(axis=1))  # mono
 
 
 def collate(batch: list[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tensor]:
@@ -204,10 +208,11 @@ def read_split(folder: Path, split: str, sample_rate: int) -> list[Utterance]:
             if not audio.is_file():
                 raise DataError(f"{listing}: lists {key} but {audio.name} is missing; {LAYOUT}")
             try:
-                samples = soundfile.info(str(audio)).frames
+                info = soundfile.info(str(audio))
             except Exception as e:
                 raise DataError(f"{audio}: not a readable FLAC file ({e})") from None
-            utterances.append(Utterance(audio, text.strip(), samples))
+            check_rate(audio, info.samplerate, sample_rate)
+            utterances.append(Utterance(audio, text.strip(), info.frames))
     if not utterances:
         raise DataError(
             f"{base}: no <speaker>/<chapter>/*.trans.txt transcripts; expected {LAYOUT}"
