@@ -40,13 +40,15 @@ def test_the_options_are_those_of_the_registries() -> None:
 
     _load_all()
     assert set(catalog.options("model")) == set(MODELS)
-    import mpt_repro.data.digits  # noqa: F401  (image data sets register on import)
+    import mpt_repro.data.cifar  # noqa: F401  (image data sets register on import)
+    import mpt_repro.data.digits  # noqa: F401
     import mpt_repro.data.imagenet  # noqa: F401
     import mpt_repro.data.images  # noqa: F401
     import mpt_repro.data.synthetic  # noqa: F401
 
     names = {compose([f"data={d}"]).data.name for d in catalog.options("data")}
-    assert names == set(DATASETS) | {"corpus", "voc"}
+    # the corpus, VOC and LibriSpeech have loaders of their own tasks, outside the image registry
+    assert names == set(DATASETS) | {"corpus", "voc", "librispeech"}
     assert list(config.TASKS) == config.known_tasks()
 
 
@@ -148,7 +150,10 @@ def test_valid_command_lines_pass(argv: list[str]) -> None:
 @pytest.mark.parametrize(
     "overrides,words",
     [
-        (["model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'; lstm_lm has"),
+        (
+            ["model.hidden_size=999"],
+            "model=digits_cnn has no setting 'hidden_size'; deepspeech2, lstm_lm have it",
+        ),
         (["+model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'"),
         (["+model.kwargs.width=8"], "model=digits_cnn has no setting 'kwargs'; custom has it"),
         (["data.seq_len=10"], "data=digits has no setting 'seq_len'; corpus has it"),
