@@ -414,7 +414,7 @@ class LibriSpeech(DataSchema):
     train_splits: list[str] = field(default_factory=lambda: ["train-clean-100"])
     eval_split: str = "dev-clean"
     max_seconds: float | None = None  # training utterances longer than this are left out
-    sorta_grad: bool = True  # first epoch shortest first (DS2 §3.1)
+    sorta_grad: bool = True  # first epoch shortest first (DS2 §3.3)
 
     @classmethod
     def check(cls, d: Any, cfg: Any) -> None:

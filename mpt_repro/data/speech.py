@@ -15,7 +15,7 @@ and a 10 ms hop computed with torch.stft (FFT length = window, so 161 bins at 16
 magnitude), normalised per utterance to zero mean and unit variance. They are computed in the
 loader (workers when data.num_workers > 0), one utterance at a time.
 
-SortaGrad (DS2 §3.1): batches hold utterances of similar length (consecutive in the order of
+SortaGrad (DS2 §3.3): batches hold utterances of similar length (consecutive in the order of
 increasing duration, which also keeps padding small); the first epoch goes through them shortest
 first, later epochs in a random order fixed by (seed, epoch).
 """

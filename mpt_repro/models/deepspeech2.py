@@ -1,10 +1,10 @@
 """DeepSpeech 2 (Amodei et al. 2016, arXiv 1512.02595), the network of the paper's §4.3 speech runs.
 
-The English model of DS2 §3.x as Table 3 of the mixed-precision paper trained it (about 115 M
+The English model of DS2 as Table 3 of the mixed-precision paper trained it (about 115 M
 parameters): a log spectrogram, 2 two-dimensional convolutions over frequency and time (32
 channels, 41x11 with stride 2x2, then 21x11 with stride 2x1; DS2 Table 4), 3 recurrent layers of
 2560 unidirectional GRU cells with sequence-wise batch normalisation of their inputs (DS2 §3.2),
-a row ("lookahead") convolution over the next 80 frames (DS2 §3.5), a fully connected layer and a
+a row ("lookahead") convolution over the next 80 frames (DS2 §3.7), a fully connected layer and a
 softmax over characters for CTC. Activations are DS2's clipped ReLU, min(max(x, 0), 20).
 
 The sizes come from conf/model/deepspeech2.yaml; docs/experiments_speech.md says which of them
