@@ -209,6 +209,37 @@ def test_the_ctc_loss_is_fp32_from_fp16_logits(one_thread) -> None:
     assert loss.value.dtype == torch.float32 and torch.isfinite(loss.value)  # ... CTC in FP32
 
 
+def _train(task, iterations: int, skip: int = 0) -> list:
+    batches = task.train_batches(0, skip=skip)
+    return [task.train_step(b) for _, b in zip(range(iterations), batches)]
+
+
+def test_accumulation_and_an_exact_resume(one_thread) -> None:
+    """Two micro-batches of 2 per step; 2 steps, then a fresh task loading that state and
+    skipping those 2 steps, ends where 4 straight steps end (SortaGrad order, BN statistics and
+    the dynamic loss scale included)."""
+    import copy
+
+    overrides = ("experiment=speech", "budget=smoke", "data=synthetic", "precision=mixed",
+                 "data.batch_size=2", "trainer.accumulate=2")  # fmt: skip
+    straight, _ = build_task(*overrides)
+    assert straight.steps_per_epoch() == 4  # 16 utterances, 4 per step
+    assert [r.samples for r in _train(straight, 4)] == [4, 4, 4, 4]
+    first, _ = build_task(*overrides)
+    _train(first, 2)
+    saved = copy.deepcopy(
+        {"model": first.model.state_dict(), "opt": first.optimizer.state_dict()}
+    )  # fmt: skip
+    resumed, _ = build_task(*overrides)
+    resumed.model.load_state_dict(saved["model"])
+    resumed.optimizer.load_state_dict(saved["opt"])
+    _train(resumed, 2, skip=2)
+    for (name, p), q in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values()
+    ):
+        assert torch.equal(p, q), name
+
+
 # -- mpt-run and mpt-report ------------------------------------------------------------------------
 # One thread per process: on a loaded 2-core machine the GRU's thread hand-offs cost ~100x its
 # arithmetic (seconds per step instead of milliseconds).
@@ -275,3 +306,18 @@ def test_mpt_report_rebuilds_table3_beside_the_papers_values(
     for preset in PRESETS:
         assert f"CER {preset}" in table and f"WER {preset}" in table
     assert "speech: every final metric" not in report  # no generic table as well
+
+
+@pytest.mark.slow  # two torchrun processes: ~25 s on the loaded 2-core CPU
+def test_two_processes_train_and_evaluate_like_one(tmp_path) -> None:
+    from test_distributed_tasks import mpt_run
+
+    args = ["experiment=speech", "budget=smoke", "data=synthetic", "precision=fp32"]
+    mpt_run(args, 1, tmp_path / "one")
+    mpt_run([*args, "data.batch_size=2"], 2, tmp_path / "two")  # the same global batch of 4
+    one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert two["status"] == "completed" and two["distributed"]["world_size"] == 2
+    # the same global batches; the evaluation loss is a mean over utterances of 100-300 each, so
+    # an utterance evaluated twice or never would move it by far more than the tolerance
+    assert two["metrics"]["cer"] == pytest.approx(one["metrics"]["cer"], abs=1e-6)
+    assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-3)
