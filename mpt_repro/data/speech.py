@@ -163,8 +163,9 @@ def collate(batch: list[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tens
     """Spectrograms zero-padded to the longest: x (B, 1, bins, T), frames (B,), the targets
     concatenated (CTC's 1-D form) and their lengths."""
     specs, texts = zip(*batch)
-    frames = torch.tensor([s.shape[1] for s in specs])
-    x = torch.zeros(len(specs), 1, specs[0].shape[0], int(frames.max()))
+    lengths = [s.shape[1] for s in specs]
+    frames = torch.tensor(lengths)
+    x = torch.zeros(len(specs), 1, specs[0].shape[0], max(lengths))
     for i, s in enumerate(specs):
         x[i, 0, :, : s.shape[1]] = s
     targets = torch.tensor([c for t in texts for c in t], dtype=torch.long)

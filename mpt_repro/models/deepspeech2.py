@@ -81,8 +81,8 @@ class Lookahead(nn.Module):
 
 
 class DeepSpeech2(nn.Module):
-    """Spectrogram batch (B, 1, bins, T) and frame counts -> logits (T', B, vocab) and T' per
-    utterance."""
+    """Spectrogram batch (B, 1, bins, T) and frame counts (host) -> logits (T', B, vocab) and T'
+    per utterance (host: what CTC and decoding take)."""
 
     def __init__(
         self,
@@ -123,25 +123,27 @@ class DeepSpeech2(nn.Module):
         return frames
 
     def forward(self, x: torch.Tensor, frames: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        lengths = frames
+        """`frames`: each utterance's spectrogram frames, on the host (packing reads them there;
+        the masks use a copy on x's device, sent once without waiting)."""
+        lengths = frames.to(x.device, non_blocking=True)
         for conv, norm, (kernel, stride, padding) in zip(self.convs, self.conv_norms, CONVS):
             x = _clipped_relu(norm(conv(x)))
             lengths = conv_out(lengths, kernel[1], stride[1], padding[1])
             # zero past each utterance's end, so the next layer sees the same input whatever
             # the longest utterance of the batch
-            valid = torch.arange(x.shape[-1], device=x.device) < lengths.to(x.device)[:, None]
+            valid = torch.arange(x.shape[-1], device=x.device) < lengths[:, None]
             x = x * valid[:, None, None, :].to(x.dtype)
         b, c, f, t = x.shape
         h = x.reshape(b, c * f, t).permute(2, 0, 1)  # (T, B, features)
-        cpu_lengths = lengths.cpu()  # pack_padded_sequence wants them on the host
+        host_lengths = self.output_lengths(frames)  # the same numbers, computed on the host
         for norm, rnn in zip(self.rnn_norms, self.rnns):
-            packed = pack_padded_sequence(h, cpu_lengths, enforce_sorted=False)
+            packed = pack_padded_sequence(h, host_lengths, enforce_sorted=False)
             h, _ = pad_packed_sequence(rnn(norm(packed))[0], total_length=t)
         if self.lookahead is not None:
             h = _clipped_relu(self.lookahead(h))
         if self.fc is not None:
             h = _clipped_relu(self.fc(h))
-        return self.classifier(h), lengths
+        return self.classifier(h), host_lengths
 
 
 @register_model("deepspeech2")

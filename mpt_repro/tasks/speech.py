@@ -88,7 +88,12 @@ class Speech(SampledTask):
             rank=distributed.rank(),
             world_size=distributed.world_size(),
         )
-        workers = dict(num_workers=d.num_workers, persistent_workers=d.num_workers > 0)
+        workers = dict(
+            num_workers=d.num_workers,
+            persistent_workers=d.num_workers > 0,
+            # pinned batches: the copies to the GPU (non_blocking) do not wait for it
+            pin_memory=d.pin_memory and device.type == "cuda",
+        )
         self.sampler = sampler
         self.train_loader = DataLoader(
             self.data.train,
@@ -117,7 +122,7 @@ class Speech(SampledTask):
         log_probs = F.log_softmax(logits.float(), dim=-1)
         return F.ctc_loss(
             log_probs,
-            batch["targets"].to(self.device),
+            batch["targets"].to(self.device, non_blocking=True),
             lengths,
             batch["target_lengths"],
             blank=0,
