@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from mpt_repro import distributed
+from mpt_repro.data.sampling import EpochLoaders
 from mpt_repro.data.speech import (
     ALPHABET,
     SortaGradSampler,
@@ -63,6 +64,40 @@ def error_rates(totals: dict[str, float]) -> dict[str, float]:
     }
 
 
+def speech_loaders(data: Any, d: Any, batch: int, seed: int, device: torch.device) -> EpochLoaders:
+    """Training in SortaGrad batches (each rank its slice of every global batch), evaluation on
+    this rank's share of the utterances; padded batches from `collate`."""
+    sampler = SortaGradSampler(
+        data.train.lengths(),
+        seed,
+        batch,
+        # data=synthetic has no sorta_grad key: SortaGrad is part of the recipe there too
+        sorted_first_epoch=bool(d.get("sorta_grad", True)),
+        rank=distributed.rank(),
+        world_size=distributed.world_size(),
+    )
+    workers = dict(
+        num_workers=d.num_workers,
+        persistent_workers=d.num_workers > 0,
+        collate_fn=collate,
+        # pinned batches: the copies to the GPU (non_blocking) do not wait for it
+        pin_memory=d.pin_memory and device.type == "cuda",
+    )
+    train = DataLoader(
+        data.train,
+        batch_size=batch,
+        sampler=sampler,
+        drop_last=True,
+        generator=sampler.loader_generator,
+        **workers,
+    )
+    shard = distributed.ShardSampler(len(data.eval))
+    evaluated = DataLoader(
+        data.eval, batch_size=d.eval_batch_size or batch, sampler=shard, **workers
+    )
+    return EpochLoaders(sampler, train, evaluated, shard)
+
+
 @register_task("speech")
 class Speech(SampledTask):
     primary_metric = "cer"
@@ -79,38 +114,7 @@ class Speech(SampledTask):
             self.new_model(vocab_size=len(ALPHABET)),
             optimizer_factory(cfg.optim, global_batch),
         )
-        sampler = SortaGradSampler(
-            self.data.train.lengths(),
-            cfg.seed,
-            batch,
-            # data=synthetic has no sorta_grad key: SortaGrad is part of the recipe there too
-            sorted_first_epoch=bool(d.get("sorta_grad", True)),
-            rank=distributed.rank(),
-            world_size=distributed.world_size(),
-        )
-        workers = dict(
-            num_workers=d.num_workers,
-            persistent_workers=d.num_workers > 0,
-            # pinned batches: the copies to the GPU (non_blocking) do not wait for it
-            pin_memory=d.pin_memory and device.type == "cuda",
-        )
-        self.sampler = sampler
-        self.train_loader = DataLoader(
-            self.data.train,
-            batch_size=batch,
-            sampler=sampler,
-            drop_last=True,
-            collate_fn=collate,
-            generator=sampler.loader_generator,
-            **workers,
-        )
-        self.eval_loader = DataLoader(
-            self.data.eval,
-            batch_size=d.eval_batch_size or batch,
-            sampler=distributed.ShardSampler(len(self.data.eval)),
-            collate_fn=collate,
-            **workers,
-        )
+        self.use_loaders(speech_loaders(self.data, d, batch, cfg.seed, device))
 
     def _forward(self, model: Any, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """Logits (T', B, vocab) and output frames (on the host: packing needs them there)."""
