@@ -61,7 +61,7 @@ def known_tasks() -> list[str]:
 
 # the task kinds validate() accepts without importing the registry (tests/test_config_reads.py
 # keeps it equal to mpt_repro.tasks.registered())
-TASKS = ("classification", "detection", "gan", "language_model", "translation")
+TASKS = ("classification", "detection", "gan", "language_model", "speech", "translation")
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
 SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
 _MOMENTUM = ("rmsprop", "rmsprop_tf", "sgd")

@@ -196,6 +196,30 @@ class Seq2SeqAttention(ModelSchema):
         )
 
 
+@dataclass
+class DeepSpeech2(ModelSchema):
+    """DeepSpeech 2 (models/deepspeech2.py) and its log-spectrogram front end: the window fixes
+    the number of frequency bins, hence the first recurrent layer's input size."""
+
+    sample_rate: int = 16000  # Hz; the audio must be at this rate
+    window_ms: float = 20.0  # STFT window (= FFT length)
+    hop_ms: float = 10.0  # STFT hop
+    conv_channels: int = 32
+    hidden_size: int = 2560  # GRU cells per layer (per direction)
+    num_layers: int = 3
+    bidirectional: bool = False
+    lookahead: int = 80  # future frames of the row convolution; 0: none
+    fc_size: int = 2560  # the hidden fully connected layer; 0: none
+
+    @classmethod
+    def check(cls, m: Any, cfg: Any) -> None:
+        for key in ("sample_rate", "window_ms", "hop_ms", "conv_channels", "hidden_size"):
+            require(m[key] > 0, f"model.{key}", m[key], "must be positive")
+        require(m.num_layers > 0, "model.num_layers", m.num_layers, "must be positive")
+        for key in ("lookahead", "fc_size"):
+            require(m[key] >= 0, f"model.{key}", m[key], "must be >= 0")
+
+
 NOISES = ("uniform", "normal")
 
 
@@ -252,8 +276,27 @@ class CustomModel(Classifier):
 
 
 # -- data sets -------------------------------------------------------------------------------------
-LOADED = ("cifar10", "digits", "imagefolder", "imagenet", "images", "synthetic", "voc")  # workers
-ROOTED = ("cifar10", "corpus", "imagefolder", "imagenet", "images", "voc", "wmt15_enfr")  # a folder
+# loader workers
+LOADED = (
+    "cifar10",
+    "digits",
+    "imagefolder",
+    "imagenet",
+    "images",
+    "librispeech",
+    "synthetic",
+    "voc",
+)
+ROOTED = (
+    "cifar10",
+    "corpus",
+    "imagefolder",
+    "imagenet",
+    "images",
+    "librispeech",
+    "voc",
+    "wmt15_enfr",
+)  # a folder
 AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip", "cifar")
 
 
@@ -410,6 +453,27 @@ class ParallelCorpus(DataSchema):
     normalize_digits: bool = True  # the tutorial's: every digit becomes 0
 
 
+@dataclass
+class LibriSpeech(DataSchema):
+    """LibriSpeech as its tarballs unpack (mpt_repro/data/speech.py); sizes count utterances."""
+
+    train_splits: list[str] = field(default_factory=lambda: ["train-clean-100"])
+    eval_split: str = "dev-clean"
+    max_seconds: float | None = None  # training utterances longer than this are left out
+    sorta_grad: bool = True  # first epoch shortest first (DS2 §3.3)
+
+    @classmethod
+    def check(cls, d: Any, cfg: Any) -> None:
+        super().check(d, cfg)
+        require(bool(d.train_splits), "data.train_splits", d.train_splits, "must name a split")
+        require(
+            d.max_seconds is None or d.max_seconds > 0,
+            "data.max_seconds",
+            d.max_seconds,
+            "must be positive or null",
+        )
+
+
 # the schema of each option, by the name its yaml file gives it (`/schema/<group>@_here_: <name>`)
 OPTION_SCHEMAS: dict[str, dict[str, type]] = {
     "model": {
@@ -422,6 +486,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "lstm_lm": LSTMLM,
         "seq2seq_attention": Seq2SeqAttention,
         "dcgan": DCGAN,
+        "deepspeech2": DeepSpeech2,
         "detector": Detector,
         "faster_rcnn": FasterRCNN,
         "custom": CustomModel,
@@ -436,6 +501,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "cifar10": CIFAR10,
         "corpus": Corpus,
         "wmt15_enfr": ParallelCorpus,
+        "librispeech": LibriSpeech,
     },
 }
 

@@ -20,7 +20,8 @@
 #   <DATA>_ROOT  []        the folder of an other experiment's data set when its conf/data/<data>.yaml
 #                takes a root: LM_ROOT for the corpus (One Billion Word as train.txt/valid.txt/
 #                test.txt, docs/experiments_lm_gan.md), CELEBA_ROOT for CelebA (an ImageFolder),
-#                VOC_ROOT for PASCAL VOC (a VOCdevkit). Unset: at BUDGET=paper that row is skipped,
+#                VOC_ROOT for PASCAL VOC (a VOCdevkit), LIBRISPEECH_ROOT for LibriSpeech (the
+#                folder holding LibriSpeech/, docs/experiments_speech.md). Unset: at BUDGET=paper that row is skipped,
 #                with a note; at smoke and short the embedded stand-ins run (corpus, digits), and a
 #                data set without one (VOC) runs on random data with DATA=synthetic
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]

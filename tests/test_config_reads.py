@@ -47,7 +47,8 @@ def test_the_options_are_those_of_the_registries() -> None:
     import mpt_repro.data.synthetic  # noqa: F401
 
     names = {compose([f"data={d}"]).data.name for d in catalog.options("data")}
-    assert names == set(DATASETS) | {"corpus", "voc", "wmt15_enfr"}  # the non-image ones
+    # the corpora, VOC and LibriSpeech have loaders of their own tasks, outside the image registry
+    assert names == set(DATASETS) | {"corpus", "voc", "librispeech", "wmt15_enfr"}
     assert list(config.TASKS) == config.known_tasks()
 
 
@@ -149,7 +150,10 @@ def test_valid_command_lines_pass(argv: list[str]) -> None:
 @pytest.mark.parametrize(
     "overrides,words",
     [
-        (["model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'; lstm_lm has"),
+        (
+            ["model.hidden_size=999"],
+            "model=digits_cnn has no setting 'hidden_size'; deepspeech2, lstm_lm have it",
+        ),
         (["+model.hidden_size=999"], "model=digits_cnn has no setting 'hidden_size'"),
         (["+model.kwargs.width=8"], "model=digits_cnn has no setting 'kwargs'; custom has it"),
         (["data.seq_len=10"], "data=digits has no setting 'seq_len'; corpus has it"),

@@ -35,10 +35,18 @@ READS = {
     # Adagrad has no fused kernel: the skip decision reads the overflow flag (sync_free False)
     ("lstm_lm", "amp"): {"_local_scalar_dense": 1},
     ("lstm_lm", "mixed"): {"_local_scalar_dense": 1},
+    # speech: pad_packed_sequence reads the packed sequence's batch sizes, a host tensor by
+    # construction (the frame counts stay on the host for packing and CTC): 2 per GRU layer
+    **{("speech", p): {"_local_scalar_dense": 6} for p in BAR},
 }
 # Tensors built from host data per step by design: torchvision's RPN non-maximum suppression
 # (torchvision/ops/boxes.py, _batched_nms_coordinate_trick) makes torch.tensor(1) for each image
-HOST_TENSORS = {"faster_rcnn": {"lift_fresh": 2}}
+HOST_TENSORS = {
+    "faster_rcnn": {"lift_fresh": 2},
+    # speech's collate: frame counts, targets and target lengths of the padded batch (in the
+    # loader's workers whenever data.num_workers > 0, as on a GPU)
+    "speech": {"lift_fresh": 3},
+}
 # The detectors size tensors from the data (anchor and RoI sampling, matching, NMS, the SSD
 # loss's masks): syncs by construction, not host reads; not pinned here
 DATA_DEPENDENT = ("faster_rcnn", "ssd")

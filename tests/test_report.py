@@ -32,6 +32,7 @@ TASK_METRIC = {
     "language_model": ("perplexity", False),
     "gan": ("g_loss", False),
     "detection": ("map", True),
+    "speech": ("cer", False),
     "segmentation": ("miou", True),  # a task the reporter has no presentation for
 }
 

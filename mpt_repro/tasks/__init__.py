@@ -12,6 +12,7 @@ from mpt_repro.tasks import (  # noqa: F401  (registers the tasks)
     detection,
     gan,
     language_model,
+    speech,
     translation,
 )
 from mpt_repro.tasks.base import TASKS, Task

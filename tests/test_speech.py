@@ -1,0 +1,323 @@
+"""experiment=speech (the paper's §4.3, DeepSpeech 2): the model's size, the features, CTC decoding,
+CER/WER, the LibriSpeech layout read from small FLAC files the test writes, its errors, SortaGrad,
+and mpt-run + mpt-report on synthetic audio and on the real layout under fp32, mixed and
+no_scaling."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import build_task, compose, option_config, read_run, run_cli
+
+from mpt_repro.data.speech import (
+    ALPHABET,
+    Features,
+    SortaGradSampler,
+    build_speech_data,
+    encode,
+    greedy_decode,
+)
+from mpt_repro.errors import DataError
+from mpt_repro.models import build_model
+from mpt_repro.tasks.speech import edit_counts, error_rates
+
+# the paper-size count docs/experiments_speech.md and conf/model/deepspeech2.yaml state
+PAPER_PARAMETERS = 115_527_997
+RATE = 16000
+PRESETS = ("fp32", "mixed", "no_scaling")
+
+
+# -- the model and the features --------------------------------------------------------------------
+def test_the_paper_size_model_has_the_documented_parameter_count() -> None:
+    cfg = compose(["experiment=speech"]).model
+    with torch.device("meta"):  # 115 M parameters, never allocated
+        model = build_model(cfg, vocab_size=len(ALPHABET))
+    assert sum(p.numel() for p in model.parameters()) == PAPER_PARAMETERS
+    gru = model.rnns[0]
+    assert (len(model.rnns), gru.hidden_size, gru.bidirectional) == (3, 2560, False)
+    assert gru.input_size == 32 * 41  # 161 bins -> 81 -> 41 after the two frequency strides
+    assert model.lookahead.weight.shape == (2560, 1, 81)  # tau = 80 future frames + the present
+
+
+def test_a_spectrogram_has_161_bins_and_a_frame_every_10_ms() -> None:
+    features = Features(RATE, 20.0, 10.0)
+    assert (features.window, features.hop) == (320, 160)
+    for seconds, frames in ((1.0, 101), (0.5, 51), (2.345, 235)):
+        samples = int(seconds * RATE)
+        spec = features(torch.randn(samples))
+        assert spec.shape == (161, frames) == (161, features.frames(samples))
+        assert abs(float(spec.mean())) < 1e-4 and abs(float(spec.std()) - 1) < 1e-3
+
+
+def test_the_model_maps_frames_to_half_as_many_outputs(one_thread) -> None:
+    cfg = compose(["experiment=speech", "budget=smoke"]).model
+    model = build_model(cfg, vocab_size=len(ALPHABET)).eval()
+    x = torch.randn(2, 1, 161, 101)
+    x[1, :, :, 60:] = 0  # the batch's padding, as collate writes it
+    logits, lengths = model(x, torch.tensor([101, 60]))
+    assert logits.shape == (51, 2, len(ALPHABET)) and lengths.tolist() == [51, 30]
+    # a longer neighbour in the batch does not change an utterance's outputs
+    alone, _ = model(x[1:, :, :, :60], torch.tensor([60]))
+    assert torch.allclose(alone[:, 0], logits[:30, 1], atol=1e-5)
+
+
+# -- decoding and error rates ----------------------------------------------------------------------
+def one_hot_logits(paths: list[str]) -> torch.Tensor:
+    """(T, B, vocab) logits whose best path spells each string ('_' is the blank)."""
+    t = max(len(p) for p in paths)
+    logits = torch.zeros(t, len(paths), len(ALPHABET))
+    for b, path in enumerate(paths):
+        for i, symbol in enumerate(path.ljust(t, "_")):
+            logits[i, b, ALPHABET.index(symbol)] = 5.0
+    return logits
+
+
+def test_greedy_decoding_merges_repeats_and_drops_blanks() -> None:
+    logits = one_hot_logits(["hh_e_ll_llo__ wo", "a_a__bb"])
+    # the second utterance's output stops after 5 frames: "a_a__" -> "aa"
+    assert greedy_decode(logits, torch.tensor([16, 5])) == ["hello wo", "aa"]
+    assert encode("HELLO, World's") == [ALPHABET.index(c) for c in "hello world's"]
+
+
+def test_cer_and_wer_count_edits_over_the_reference() -> None:
+    counts = edit_counts(["hello world", "abc"], ["helo world", "abd e"])
+    # characters: one deletion; one substitution + two insertions ("d", " ", "e")
+    assert (counts["char_errors"], counts["chars"]) == (1 + 3, 11 + 3)
+    # words: "hello"->"helo"; "abc"->"abd" and "e" inserted
+    assert (counts["word_errors"], counts["words"]) == (1 + 2, 2 + 1)
+    rates = error_rates(counts)
+    assert rates["cer"] == pytest.approx(100 * 4 / 14) and rates["wer"] == pytest.approx(100.0)
+
+
+# -- LibriSpeech as its tarballs unpack ------------------------------------------------------------
+UTTERANCES = {  # split -> (speaker, chapter, utterance, seconds, transcript)
+    "train-clean-100": [
+        (19, 198, 0, 1.2, "NORTHANGER ABBEY"),
+        (19, 198, 1, 0.6, "IT WAS"),
+        (19, 198, 2, 0.9, "THE LADY'S HOUSE"),
+        (26, 495, 0, 0.7, "A BOOK"),
+        (26, 495, 1, 1.0, "ONE TWO THREE"),
+        (26, 495, 2, 0.5, "NO"),
+    ],
+    "dev-clean": [(84, 121, 0, 0.8, "GO ON"), (84, 121, 1, 0.6, "YES SIR")],
+}
+
+
+def write_librispeech(root: Path) -> Path:
+    """root/LibriSpeech/<split>/<speaker>/<chapter>/ with 16 kHz FLAC files and the chapter's
+    .trans.txt, as the tarballs unpack."""
+    import soundfile
+
+    g = torch.Generator().manual_seed(0)
+    for split, utterances in UTTERANCES.items():
+        for speaker, chapter, utt, seconds, text in utterances:
+            folder = root / "LibriSpeech" / split / str(speaker) / str(chapter)
+            folder.mkdir(parents=True, exist_ok=True)
+            key = f"{speaker}-{chapter}-{utt:04d}"
+            audio = (torch.randn(int(seconds * RATE), generator=g) * 0.1).numpy()
+            soundfile.write(folder / f"{key}.flac", audio, RATE)
+            with open(folder / f"{speaker}-{chapter}.trans.txt", "a") as f:
+                f.write(f"{key} {text}\n")
+    return root / "LibriSpeech"
+
+
+def speech_data(root: Path | str | None, **fields):
+    d = option_config("data", name="librispeech", root=None if root is None else str(root),
+                      **fields)  # fmt: skip
+    return build_speech_data(d, Features(RATE, 20.0, 10.0), seed=0)
+
+
+@pytest.mark.parametrize("point_at", ["parent", "folder"])
+def test_librispeech_reads_as_the_tarballs_unpack(tmp_path, point_at) -> None:
+    folder = write_librispeech(tmp_path)
+    data = speech_data(tmp_path if point_at == "parent" else folder)
+    assert (len(data.train), len(data.eval)) == (6, 2)
+    first = data.train.utterances[0]
+    assert first.text == "NORTHANGER ABBEY" and first.samples == int(1.2 * RATE)
+    spec, target = data.train[0]
+    assert spec.shape == (161, 1 + int(1.2 * RATE) // 160)
+    assert target == encode("northanger abbey")
+    # evaluation goes shortest first (little padding per batch)
+    assert [u.text for u in data.eval.utterances] == ["YES SIR", "GO ON"]
+    # max_seconds leaves out the longer training utterances; limits count utterances
+    assert len(speech_data(folder, max_seconds=0.75).train) == 3
+    assert len(speech_data(folder, train_limit=4).train) == 4
+
+
+def test_a_missing_or_broken_librispeech_names_the_layout(tmp_path) -> None:
+    with pytest.raises(DataError, match="needs data.root"):
+        speech_data(None)
+    with pytest.raises(DataError, match="does not exist.*<speaker>-<chapter>.trans.txt"):
+        speech_data(tmp_path / "nowhere")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="no split 'train-clean-100' .*LibriSpeech/<split>"):
+        speech_data(tmp_path / "empty")
+    folder = write_librispeech(tmp_path / "d")
+    (folder / "train-clean-100" / "19" / "198" / "19-198-0001.flac").unlink()
+    with pytest.raises(DataError, match=r"19-198.trans.txt: lists 19-198-0001 but .* missing"):
+        speech_data(folder)
+    folder = write_librispeech(tmp_path / "e")
+    (folder / "dev-clean" / "84" / "121" / "84-121-0000.flac").write_bytes(b"not audio")
+    with pytest.raises(DataError, match="84-121-0000.flac: not a readable FLAC"):
+        speech_data(folder)
+
+
+def test_audio_at_another_rate_is_refused(tmp_path) -> None:
+    import soundfile
+
+    folder = write_librispeech(tmp_path)
+    soundfile.write(folder / "dev-clean/84/121/84-121-0000.flac", torch.zeros(800).numpy(), 8000)
+    with pytest.raises(DataError, match="sampled at 8000 Hz.*model.sample_rate"):
+        speech_data(folder)  # found when the split is listed, before any training
+
+
+# -- SortaGrad -------------------------------------------------------------------------------------
+def test_sortagrad_goes_shortest_first_then_shuffles_whole_batches() -> None:
+    lengths = [50, 10, 40, 20, 70, 30, 60, 80, 5]
+    sampler = SortaGradSampler(lengths, seed=3, batch_size=2, sorted_first_epoch=True)
+    sampler.set_epoch(0)
+    first = [lengths[i] for i in sampler]
+    assert first == [5, 10, 20, 30, 40, 50, 60, 70]  # the longest (the remainder) left out
+    sampler.set_epoch(1)
+    later = [lengths[i] for i in sampler]
+    pairs = [tuple(later[i : i + 2]) for i in range(0, 8, 2)]
+    assert sorted(pairs) == [(5, 10), (20, 30), (40, 50), (60, 70)] and later != first
+    sampler.set_epoch(1, skip_batches=1)  # a resumed run leaves out what it trained on
+    assert [lengths[i] for i in sampler] == later[2:]
+    # two ranks: each takes its half of every global batch of 4
+    ranks = [
+        SortaGradSampler(lengths, 3, 2, True, rank=r, world_size=2) for r in range(2)
+    ]  # fmt: skip
+    for r in ranks:
+        r.set_epoch(0)
+    assert [[lengths[i] for i in r] for r in ranks] == [[5, 10, 40, 50], [20, 30, 60, 70]]
+    unsorted = SortaGradSampler(lengths, seed=3, batch_size=2, sorted_first_epoch=False)
+    unsorted.set_epoch(0)
+    assert [lengths[i] for i in unsorted] != first
+
+
+def test_the_ctc_loss_is_fp32_from_fp16_logits(one_thread) -> None:
+    task, policy = build_task("experiment=speech", "budget=smoke", "data=synthetic",
+                              "precision=mixed")  # fmt: skip
+    batch = next(iter(task.train_loader))
+    with policy.autocast():
+        logits, _ = task._forward(task.model, batch)
+        loss = task.loss(batch)
+    assert logits.dtype == torch.float16  # mixed runs the model in FP16 ...
+    assert loss.value.dtype == torch.float32 and torch.isfinite(loss.value)  # ... CTC in FP32
+
+
+def _train(task, iterations: int, skip: int = 0) -> list:
+    batches = task.train_batches(0, skip=skip)
+    return [task.train_step(b) for _, b in zip(range(iterations), batches)]
+
+
+def test_accumulation_and_an_exact_resume(one_thread) -> None:
+    """Two micro-batches of 2 per step; 2 steps, then a fresh task loading that state and
+    skipping those 2 steps, ends where 4 straight steps end (SortaGrad order, BN statistics and
+    the dynamic loss scale included)."""
+    import copy
+
+    overrides = ("experiment=speech", "budget=smoke", "data=synthetic", "precision=mixed",
+                 "data.batch_size=2", "trainer.accumulate=2")  # fmt: skip
+    straight, _ = build_task(*overrides)
+    assert straight.steps_per_epoch() == 4  # 16 utterances, 4 per step
+    assert [r.samples for r in _train(straight, 4)] == [4, 4, 4, 4]
+    first, _ = build_task(*overrides)
+    _train(first, 2)
+    saved = copy.deepcopy(
+        {"model": first.model.state_dict(), "opt": first.optimizer.state_dict()}
+    )  # fmt: skip
+    resumed, _ = build_task(*overrides)
+    resumed.model.load_state_dict(saved["model"])
+    resumed.optimizer.load_state_dict(saved["opt"])
+    _train(resumed, 2, skip=2)
+    for (name, p), q in zip(
+        straight.model.state_dict().items(), resumed.model.state_dict().values()
+    ):
+        assert torch.equal(p, q), name
+
+
+# -- mpt-run and mpt-report ------------------------------------------------------------------------
+# One thread per process: on a loaded 2-core machine the GRU's thread hand-offs cost ~100x its
+# arithmetic (seconds per step instead of milliseconds).
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
+
+def sweep(runs: Path, *data_args: str) -> dict[str, dict]:
+    """experiment=speech budget=smoke under fp32, mixed and no_scaling in one mpt-run -m."""
+    run_cli("-m", "experiment=speech", "budget=smoke", f"precision={','.join(PRESETS)}",
+            "trainer.device=cpu", f"paths.runs_dir={runs}", *data_args, env=ONE_THREAD)  # fmt: skip
+    found = {}
+    for path in runs.glob("speech/*-smoke/seed0/**/run.json"):
+        record = read_run(path.parent)
+        found[record["config"]["precision"]["name"]] = record
+    return found
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("speech_runs")
+
+
+@pytest.fixture(scope="module")
+def synthetic_records(runs) -> dict[str, dict]:
+    return sweep(runs, "data=synthetic")
+
+
+@pytest.fixture(scope="module")
+def librispeech_records(runs, tmp_path_factory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("librispeech")
+    write_librispeech(root)
+    # 6 training utterances: batches of 2, evaluation on both dev utterances
+    return sweep(runs, f"data.root={root}", "data.batch_size=2", "data.eval_batch_size=2")
+
+
+@pytest.mark.parametrize("records", ["synthetic_records", "librispeech_records"])
+def test_smoke_runs_complete_and_record_cer_and_wer(records, request) -> None:
+    found = request.getfixturevalue(records)
+    assert sorted(found) == sorted(PRESETS)
+    for record in found.values():
+        assert record["status"] == "completed", record.get("error")
+        metrics = record["metrics"]
+        assert 0 <= metrics["cer"] <= 100 * 5 and 0 <= metrics["wer"] <= 100 * 5, metrics
+        assert record["primary_metric"] == "cer" and record["higher_is_better"] is False
+        assert record["model"]["parameters"] < 200_000  # the smoke width, not the paper's
+        assert record["config"]["optim"]["nesterov"] is True
+    data = found["fp32"]["data"]
+    assert data["train_size"] == (16 if records == "synthetic_records" else 6)
+
+
+def test_mpt_report_rebuilds_table3_beside_the_papers_values(
+    runs, synthetic_records, librispeech_records, tmp_path
+) -> None:
+    from mpt_repro.report import cli
+
+    out = tmp_path / "report"
+    assert cli.main([str(runs), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    report = (out / "report.md").read_text()
+    assert report.count("### Table 3: speech recognition") == 2  # synthetic and librispeech
+    tables = [t.split("###")[0] for t in report.split("### Table 3: speech recognition")[1:]]
+    (table,) = [t for t in tables if "on librispeech data" in t]
+    assert "| paper: English (WSJ '92) | paper; our data differs | 2.20 [S] | 1.99 [S] |" in table
+    assert "| ours: speech | librispeech |" in table
+    for preset in PRESETS:
+        assert f"CER {preset}" in table and f"WER {preset}" in table
+    assert "speech: every final metric" not in report  # no generic table as well
+
+
+@pytest.mark.slow  # two torchrun processes: ~25 s on the loaded 2-core CPU
+def test_two_processes_train_and_evaluate_like_one(tmp_path) -> None:
+    from test_distributed_tasks import mpt_run
+
+    args = ["experiment=speech", "budget=smoke", "data=synthetic", "precision=fp32"]
+    mpt_run(args, 1, tmp_path / "one")
+    mpt_run([*args, "data.batch_size=2"], 2, tmp_path / "two")  # the same global batch of 4
+    one, two = read_run(tmp_path / "one"), read_run(tmp_path / "two")
+    assert two["status"] == "completed" and two["distributed"]["world_size"] == 2
+    # the same global batches; the evaluation loss is a mean over utterances of 100-300 each, so
+    # an utterance evaluated twice or never would move it by far more than the tolerance
+    assert two["metrics"]["cer"] == pytest.approx(one["metrics"]["cer"], abs=1e-6)
+    assert two["metrics"]["loss"] == pytest.approx(one["metrics"]["loss"], rel=1e-3)
