@@ -624,10 +624,13 @@ def options_with_field(group: str, field_name: str) -> list[str]:
     ]
 
 
-def not_a_setting(key: str, cfg: DictConfig | None = None, schema: type | None = None) -> str:
+def not_a_setting(
+    key: str, cfg: DictConfig | None = None, schema: type | None = None, typed: bool = True
+) -> str:
     """Why `model.hidden_size` (a field of another option's schema) cannot be set in this run:
     the options that have it, and the one this run uses (from the composed config, or from the
-    schema Hydra refused the key in)."""
+    schema Hydra refused the key in). typed=False: a config file set the key (an experiment
+    made for another option of the group), not the command line."""
     from mpt_repro import catalog
 
     group, _, rest = key.partition(".")
@@ -643,6 +646,13 @@ def not_a_setting(key: str, cfg: DictConfig | None = None, schema: type | None =
     used = f"{group}={' or '.join(mine)}" if mine else f"this run's {group}"
     if not have:
         return f"{key}: no {group} option has a setting {leaf!r} ({used} neither)"
+    if not typed:
+        return (
+            f"{used} does not fit this experiment: the experiment sets {key}, which only "
+            f"{', '.join(have)} {'has' if len(have) == 1 else 'have'}. Drop {group}=... from the "
+            f"command line to use the experiment's own {group}, or choose an experiment made for "
+            f"{used}."
+        )
     return (
         f"{key} would change nothing in this run: {used} has no setting {leaf!r}; "
         f"{', '.join(have)} {'has' if len(have) == 1 else 'have'} it. Remove {key}=... from the "

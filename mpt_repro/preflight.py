@@ -60,7 +60,7 @@ def preflight(argv: list[str]) -> str | None:
                 try:
                     cfg = compose("config", overrides=job, return_hydra_config=True)
                 except Exception as e:  # noqa: BLE001 - every composition error gets its line
-                    return composition_message(e)
+                    return composition_message(e, job)
                 problem = check_job(cfg, job, single=not args.multirun)
                 if problem:
                     return problem
@@ -181,15 +181,20 @@ def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | Non
 
 
 # -- a composition error, in the user's terms ------------------------------------------------------
-def composition_message(e: BaseException) -> str:
+def composition_message(e: BaseException, overrides: list[str] | None = None) -> str:
     """One message for a failed composition: the key and the type it needs for a value of the
-    wrong type, Hydra's own first lines otherwise (an unknown option lists the known ones)."""
+    wrong type, Hydra's own first lines otherwise (an unknown option lists the known ones).
+    `overrides`: the command line's, to tell a key the user set from one a config file set."""
     cause = e.__cause__ or e.__context__
     key = getattr(cause, "full_key", None)
     if key and "not in" in str(cause):  # a key the option's schema does not have
         from mpt_repro.config import not_a_setting
 
-        return "error: " + not_a_setting(key, schema=getattr(cause, "object_type", None))
+        typed = overrides is None or any(
+            o.lstrip("+~").split("=", 1)[0] == key for o in overrides
+        )  # fmt: skip
+        schema = getattr(cause, "object_type", None)
+        return "error: " + not_a_setting(key, schema=schema, typed=typed)
     if key:
         value = _offending_value(str(e), key)
         needs = type_needed(key)

@@ -177,7 +177,16 @@ def test_a_detector_is_required(tiny_voc: Path) -> None:
     from mpt_repro.errors import ConfigError
 
     with pytest.raises(ConfigError, match="not a detector"):
-        build_task("experiment=ssd", "budget=smoke", "model=vgg16", f"data.root={tiny_voc}")
+        build_task("experiment=ssd", "budget=smoke", "model=digits_cnn", f"data.root={tiny_voc}")
+
+
+def test_a_model_without_the_experiments_keys_is_refused_in_its_terms(tmp_path: Path) -> None:
+    """experiment=ssd sets model.width; VGG-16's schema has no width: the refusal names the model
+    choice, not a key the user never typed."""
+    out = run_cli("experiment=ssd", "budget=smoke", "model=vgg16", run_dir=tmp_path, check=False)
+    assert out.returncode == 2
+    assert "does not fit this experiment: the experiment sets model.width" in out.stderr
+    assert "Remove model.width" not in out.stderr and not (tmp_path / "run.json").exists()
 
 
 def test_voc_without_a_root_says_where_to_point_it() -> None:

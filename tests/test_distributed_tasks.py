@@ -194,7 +194,7 @@ def sensitive_gan(overrides: list[str]):
     init makes D(G(z)) almost the same for every z, which would hide a wrong pairing of images
     and noise in evaluation."""
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
+    from mpt_repro.tasks import build_task
 
     cfg = compose(overrides)
     task = build_task(

@@ -239,7 +239,7 @@ def test_same_seed_gives_same_initial_weights_under_every_preset() -> None:
     from conftest import compose
 
     from mpt_repro.precision import PrecisionPolicy
-    from mpt_repro.tasks.base import build_task
+    from mpt_repro.tasks import build_task
 
     weights = {}
     for preset in ["fp32", "amp"] + [
