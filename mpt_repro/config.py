@@ -107,6 +107,11 @@ class OptimConfig:
     )
     power: float = field(default=1.0, metadata=read_when("optim.schedule", "poly"))
     warmup_epochs: float = 0.0
+    # on top of the schedule, a plateau decay (the TF translate tutorial's
+    # learning_rate_decay_factor): at each train log row (trainer.log_every), a mean loss above
+    # every one of the previous plateau_rows rows' multiplies the LR by plateau_decay; null: off
+    plateau_decay: float | None = None
+    plateau_rows: int = 3
     # scale the LR with the global batch: lr * global_batch / base_batch_size (linear rule)
     lr_scaling: str = "none"  # none | linear
     base_batch_size: int = field(default=256, metadata=read_when("optim.lr_scaling", "linear"))
@@ -260,6 +265,13 @@ def validate_optim(o: DictConfig) -> None:
         o.grad_clip,
         "must be > 0 or null",
     )
+    _check(
+        o.plateau_decay is None or 0 < o.plateau_decay < 1,
+        "optim.plateau_decay",
+        o.plateau_decay,
+        "must be in (0, 1) or null",
+    )
+    _check(o.plateau_rows >= 1, "optim.plateau_rows", o.plateau_rows, "must be >= 1")
     _check(
         o.ema_decay is None or 0 < o.ema_decay < 1,
         "optim.ema_decay",

@@ -7,10 +7,15 @@ skipped is known only on the device; when the optimizer steps without a host syn
 kernel), the count stays on the device too and each group's LR is a device tensor filled from a
 table of the multipliers, so holding the LR costs no sync. Otherwise (nothing that skips, no
 hold, or an optimizer that already syncs) the count is an ordinary Python int.
+
+A plateau decay (optim.plateau_decay, the TensorFlow translate tutorial's) multiplies the LR on
+top of the schedule: at each train log row the trainer hands over the row's mean loss, already
+on the host, and a loss above every one of the previous `rows` rows' losses decays the LR.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -26,8 +31,11 @@ class LRSchedule:
         multiplier: Callable[[int], float],
         total_steps: int,
         hold_on_skip: bool,
+        plateau: tuple[float, int] | None = None,
     ):
         self.optimizer, self.multiplier = optimizer, multiplier
+        # (factor, rows): optim.plateau_decay and optim.plateau_rows; None: no plateau decay
+        self.plateau, self.decay, self.losses = plateau, 1.0, []
         # steps are skipped by a loss scaler, or, without a master copy, by the guard of the
         # FP16 optimizer state (PrecisionOptimizer.skips)
         self.hold = hold_on_skip and optimizer.skips != "never"
@@ -53,6 +61,17 @@ class LRSchedule:
             self._count += 1
         self._apply()
 
+    def observe(self, loss: float) -> None:
+        """A train log row's mean loss (the same on every rank). As the tutorial's
+        `if len(previous_losses) > 2 and loss > max(previous_losses[-3:])`: a plateau decays."""
+        if self.plateau is None or not math.isfinite(loss):
+            return  # a non-finite loss is the divergence check's business
+        factor, rows = self.plateau
+        if len(self.losses) >= rows and loss > max(self.losses[-rows:]):
+            self.decay *= factor
+            self._apply()
+        self.losses = [*self.losses, loss][-rows:]
+
     def _applied_on_host(self, stepped: Tensor | bool) -> bool:
         # an optimizer without a fused kernel read its overflow flag already: reading `stepped`
         # again would wait a second time, for the whole update queued since
@@ -67,11 +86,12 @@ class LRSchedule:
             for g, base in zip(groups, self.base):
                 if not torch.is_tensor(g["lr"]) or g["lr"].device != factor.device:
                     g["lr"] = torch.zeros((), dtype=torch.float32, device=factor.device)
-                g["lr"].copy_(factor * base)  # FP64 product rounded once, as a float LR would be
+                # FP64 product rounded once, as a float LR would be
+                g["lr"].copy_(factor * (base * self.decay))
         else:
             factor = self.multiplier(self._count)
             for g, base in zip(groups, self.base):
-                g["lr"] = base * factor
+                g["lr"] = base * self.decay * factor
 
     @property
     def applied(self) -> int:
@@ -79,9 +99,11 @@ class LRSchedule:
         return int(self._count_t) if self.on_device else self._count
 
     def state_dict(self) -> dict:
-        return {"applied": self.applied}
+        return {"applied": self.applied, "decay": self.decay, "losses": list(self.losses)}
 
     def load_state_dict(self, sd: dict) -> None:
+        # checkpoints written before the plateau decay hold the count alone
+        self.decay, self.losses = float(sd.get("decay", 1.0)), list(sd.get("losses", []))
         if self.on_device:
             self._count_t.fill_(int(sd["applied"]))
         else:

@@ -85,8 +85,12 @@ class Trainer:
             spe * t.epochs if t.max_steps is None else min(spe * t.epochs, t.max_steps)
         )
         multiplier = lr_multiplier(cfg.optim, spe, self.total_steps)
+        o = cfg.optim
+        plateau = (o.plateau_decay, o.plateau_rows) if o.get("plateau_decay") else None
         self.schedules = {
-            name: LRSchedule(opt, multiplier, self.total_steps, cfg.precision.hold_lr_on_skip)
+            name: LRSchedule(
+                opt, multiplier, self.total_steps, cfg.precision.hold_lr_on_skip, plateau
+            )
             for name, opt in task.optimizers.items()
         }
         self.emas = self._build_emas()
@@ -171,7 +175,10 @@ class Trainer:
         """A train row of the log: the one place where the host reads the device's counters."""
         self.clock.stop()
         self.window.time += self.clock.take_lap()
-        self._log_train(*self._window_over_ranks(), progress)
+        loss, samples_per_s = self._window_over_ranks()
+        self._log_train(loss, samples_per_s, progress)
+        for schedule in self.schedules.values():
+            schedule.observe(loss)  # optim.plateau_decay reads the row's loss
         self.divergence.check(at_end=last)
         self.policy.check_divergence()
         self.window = LogWindow()
