@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -41,6 +42,19 @@ class ImageData:
 
 
 SKIPPED_LISTED = 10  # run.json names this many skipped files; the count is complete
+
+
+def data_root(root: str | None, name: str, layout: str) -> Path:
+    """data.root as a folder that exists, or a DataError saying what data.name=`name` expects
+    there (`layout`)."""
+    if root is None:
+        raise DataError(f"data.name={name} needs data.root: {layout}")
+    path = Path(root).expanduser()
+    if not path.is_dir():
+        raise DataError(
+            f"data.root={str(path)!r} does not exist or is not a folder; point it at {layout}"
+        )
+    return path
 
 
 def _base(dataset: Dataset) -> tuple[Dataset, list[int] | None]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from mpt_repro.data import ImageData, register_dataset
+from mpt_repro.data import ImageData, data_root, register_dataset
 from mpt_repro.data.device import normalize_on_device
 from mpt_repro.errors import DataError
 
@@ -83,14 +83,10 @@ class CIFARSplit(Dataset):
 
 def find_folder(root: str | None) -> Path:
     """The cifar-10-batches-py folder: data.root itself, or the folder under it."""
-    if root is None:
-        raise DataError(f"data.name=cifar10 needs data.root: the folder of {LAYOUT}")
-    path = Path(root).expanduser()
+    path = data_root(root, "cifar10", f"the folder of {LAYOUT}")
     for candidate in (path, path / FOLDER):
         if all((candidate / name).is_file() for name in [*TRAIN_FILES, TEST_FILE]):
             return candidate
-    if not path.exists():
-        raise DataError(f"data.root={str(path)!r} does not exist; point it at {LAYOUT}")
     missing = [n for n in [*TRAIN_FILES, TEST_FILE] if not (path / FOLDER / n).is_file()]
     raise DataError(
         f"data.root={str(path)!r} holds no complete CIFAR-10 (missing under it: "

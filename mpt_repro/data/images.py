@@ -9,12 +9,11 @@ CelebA preprocessing) and mapped to [-1, 1], the range of the generator's tanh.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from torch.utils.data import Subset
 
-from mpt_repro.data import ImageData, register_dataset
+from mpt_repro.data import ImageData, data_root, register_dataset
 from mpt_repro.errors import DataError
 
 HOLD_OUT_EVERY = 100
@@ -29,11 +28,7 @@ def _to_rgb(image: Any) -> Any:
 def images(cfg: Any) -> ImageData:
     from torchvision import datasets, transforms
 
-    if cfg.root is None:
-        raise DataError(f"data.name=images needs data.root: {LAYOUT}")
-    root = Path(cfg.root).expanduser()
-    if not root.is_dir():
-        raise DataError(f"data.root={str(root)!r} is not a folder; expected {LAYOUT}")
+    root = data_root(cfg.root, "images", LAYOUT)
     size = cfg.image_size
     transform = transforms.Compose(
         [

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from mpt_repro.data import data_root
 from mpt_repro.errors import DataError
 
 PAD, GO, EOS, UNK = "_PAD", "_GO", "_EOS", "_UNK"
@@ -284,11 +285,7 @@ class ParallelData:
 def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence) -> ParallelData:
     """A parallel corpus in the layout above: vocabularies from the training sentences (the first
     data.train_limit lines), the dev set's first data.eval_limit lines."""
-    if d.root is None:
-        raise DataError(f"data.name={d.name} needs data.root: {layout(d)}")
-    root = Path(d.root).expanduser()
-    if not root.is_dir():
-        raise DataError(f"data.root={str(root)!r} does not exist; point it at {layout(d)}")
+    root = data_root(d.root, d.name, layout(d))
     norm = d.normalize_digits
 
     def train_tokens() -> Iterator[tuple[list[str], list[str]]]:

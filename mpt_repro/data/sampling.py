@@ -113,6 +113,22 @@ def build_epoch_loaders(
             eval=PoolBatches(eval, shard, eval_batch, device, drop_last=False, **fmt),
             eval_shard=shard,
         )
+    return _worker_loaders(train, eval, d, batch, device, sampler, shard, fmt, collate_fn)
+
+
+def _worker_loaders(
+    train: Dataset,
+    eval: Dataset,
+    d: Any,
+    batch: int,
+    device: torch.device,
+    sampler: EpochSampler,
+    shard: Sampler[int],
+    fmt: dict[str, Any],
+    collate_fn: Any,
+) -> EpochLoaders:
+    """Data read by DataLoader workers (everything but the synthetic pool); uint8 images are
+    finished on the device."""
     args = dict(
         num_workers=d.num_workers,
         pin_memory=d.pin_memory and device.type == "cuda",
@@ -137,7 +153,7 @@ def build_epoch_loaders(
     )
     eval_loader = DataLoader(
         eval,
-        batch_size=eval_batch,
+        batch_size=d.eval_batch_size or batch,
         sampler=shard,
         generator=torch.Generator().manual_seed(0),
         **args,

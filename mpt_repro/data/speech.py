@@ -31,6 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
+from mpt_repro.data import data_root
 from mpt_repro.data.sampling import EpochSampler
 from mpt_repro.errors import DataError
 from mpt_repro.models.deepspeech2 import window_samples
@@ -180,11 +181,7 @@ def collate(batch: list[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tens
 # -- LibriSpeech -----------------------------------------------------------------------------------
 def find_folder(root: str | None) -> Path:
     """The LibriSpeech folder: data.root itself or the LibriSpeech folder under it."""
-    if root is None:
-        raise DataError(f"data.name=librispeech needs data.root: the folder of {LAYOUT}")
-    path = Path(root).expanduser()
-    if not path.exists():
-        raise DataError(f"data.root={str(path)!r} does not exist; point it at {LAYOUT}")
+    path = data_root(root, "librispeech", f"the folder of {LAYOUT}")
     return path / FOLDER if (path / FOLDER).is_dir() else path
 
 
