@@ -39,7 +39,7 @@ PERCENT_METRICS = {"top1", "top5", "map", "cer", "wer", "accuracy"}
 
 
 def palette() -> list:
-    """20 distinct colours: tab20's strong shades, then its light ones (13 presets today)."""
+    """20 distinct colours: tab20's strong shades, then its light ones (14 presets today)."""
     colours = plt.get_cmap("tab20").colors
     return [*colours[0::2], *colours[1::2]]
 
