@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import random
+import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import compose
 
+from mpt_repro.errors import Interrupted
 from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
 from mpt_repro.tasks.base import StepResult, Task
@@ -186,3 +190,96 @@ def test_bn_recalibration_gives_the_plain_average_of_the_batches_statistics():
     want = torch.stack([f.mean(0) for f in feats]).mean(0)
     torch.testing.assert_close(model[1].running_mean, want)
     assert model[1].momentum == 0.1 and not model.training  # left as it was found
+
+
+# -- stopped at an epoch's end, then resumed ---------------------------------------------------
+class Draws(Task):
+    """Three batches an epoch; each step records its (epoch, batch) and one draw from each random
+    stream that a task's training uses (torch, numpy, Python's)."""
+
+    metric_names = ["loss"]
+
+    def __init__(self, cfg, device, policy):
+        super().__init__(cfg, device, policy)
+        self.models = {"model": torch.nn.Linear(1, 1)}
+        make = optimizer_factory(cfg.optim)
+        self.optimizers = {"model": policy.build_optimizer(self.models["model"], make)}
+        self.seen: list[tuple[int, int]] = []
+        self.draws: list[tuple[float, float, float]] = []
+
+    def steps_per_epoch(self) -> int:
+        return 3
+
+    def train_batches(self, epoch, skip=0):
+        return iter([(epoch, i) for i in range(skip, 3)])
+
+    def train_step(self, batch) -> StepResult:
+        self.seen.append(batch)
+        self.draws.append((torch.rand(1).item(), np.random.rand(), random.random()))
+        return StepResult(loss=torch.tensor(1.0), stepped=torch.tensor(True), samples=1)
+
+    def evaluate(self):
+        return {"loss": 1.0}
+
+
+class StopAfter:
+    """A callback that asks for a stop (as SIGTERM does) at the end of iteration `step` (the
+    trainer passes on_step_end the iterations done, this one included)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer: Trainer, step: int, result: StepResult) -> None:
+        if step == self.step:
+            trainer._stop_signal = signal.SIGTERM
+
+
+def fit_draws(run_dir: Path, *overrides: str, stop_after: int | None = None) -> Draws:
+    """Two epochs of Draws from seed 0 (what run.py seeds a process with, a resumed one too)."""
+    cfg = compose(
+        ["experiment=demo", "budget=smoke", "trainer.progress=false", "trainer.epochs=2"]
+        + ["trainer.max_steps=null", "trainer.eval_every=null", *overrides]
+    )
+    run_dir.mkdir(exist_ok=True)
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    task = Draws(cfg, torch.device("cpu"), policy)
+    callbacks = [StopAfter(stop_after)] if stop_after else []
+    trainer = Trainer(cfg, task, policy, run_dir, callbacks=callbacks)
+    try:
+        trainer.fit()
+    except Interrupted:
+        pass
+    finally:
+        trainer.close()
+    return task
+
+
+@pytest.fixture(scope="module")
+def stopped_twice(tmp_path_factory) -> tuple[Draws, list[Draws]]:
+    """An uninterrupted run, and the same run stopped after the last batch of epoch 0, resumed,
+    stopped in the middle of epoch 1, and resumed to its end."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    straight = fit_draws(tmp / "straight")
+    parts = [
+        fit_draws(tmp / "stopped", stop_after=3),
+        fit_draws(tmp / "stopped", "resume=true", stop_after=4),
+        fit_draws(tmp / "stopped", "resume=true"),
+    ]
+    return straight, parts
+
+
+def test_a_checkpoint_resumes_at_the_next_batch_at_an_epoch_end_or_inside_one(
+    stopped_twice,
+) -> None:
+    straight, parts = stopped_twice
+    assert straight.seen == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    # not epoch 0 again, no batch skipped or repeated
+    assert [p.seen for p in parts] == [straight.seen[:3], [(1, 0)], [(1, 1), (1, 2)]]
+
+
+def test_a_resumed_run_continues_every_random_stream_where_it_stopped(stopped_twice) -> None:
+    """Each resumed process was seeded like the first one; the checkpoint's streams replace that
+    seed's, so the draws go on as in an uninterrupted run instead of repeating the first ones."""
+    straight, parts = stopped_twice
+    assert [d for p in parts for d in p.draws] == straight.draws
