@@ -304,21 +304,20 @@ def run_tests(scratch: Path, tests: Sequence[str], timeout: float) -> tuple[str,
     return verdict, time.monotonic() - start, out[-3000:]
 
 
-def baseline(scratch: Path, test_sets: Sequence[tuple[str, ...]]) -> float:
-    """Run each set of tests on the unmutated copy; the slowest set's seconds. Stops the check
+def baseline(scratch: Path, test_sets: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], float]:
+    """Run each set of tests on the unmutated copy; the seconds each took. Stops the check
     (SystemExit) when one fails or hangs for an hour: every mutant would then look killed."""
-    slowest = 0.0
+    took = {}
     for tests in test_sets:
-        verdict, seconds, out = run_tests(scratch, tests, 3600)
-        print(f"baseline: {verdict} in {seconds:.1f} s: {' '.join(tests)}", flush=True)
+        verdict, took[tests], out = run_tests(scratch, tests, 3600)
+        print(f"baseline: {verdict} in {took[tests]:.1f} s: {' '.join(tests)}", flush=True)
         if verdict != "passed":
             print(out, file=sys.stderr)
             raise SystemExit(
                 f"the baseline run {verdict} on the unmutated code ({' '.join(tests)}): "
                 "fix those tests first; no mutant was run"
             )
-        slowest = max(slowest, seconds)
-    return slowest
+    return took
 
 
 def run_one(scratch: Path, m: Mutant, tests: Sequence[str], timeout: float) -> None:
@@ -338,23 +337,23 @@ def run_all(
     tests_of: Callable[[str], Sequence[str]],
     parts: Sequence[str] = COPIED,
     timeout: float | None = None,
-) -> float:
-    """Run every mutant after a clean baseline; returns the per-mutant time limit used (by
-    default three times the slowest baseline run plus 30 s: a loaded machine varies)."""
+) -> dict[str, float]:
+    """Run every mutant after a clean baseline; returns the time limit of each set of tests (by
+    default three times its baseline run plus 30 s: a loaded machine varies)."""
     with tempfile.TemporaryDirectory(prefix="mutants-") as tmp:
         scratch = Path(tmp)
         for part in parts:
             copy = shutil.copytree if (root / part).is_dir() else shutil.copy
             copy(root / part, scratch / part)
         test_sets = list(dict.fromkeys(tuple(tests_of(m.file)) for m in mutants))
-        slowest = baseline(scratch, test_sets)
-        limit = timeout or 3 * slowest + 30
+        limits = {t: timeout or 3 * s + 30 for t, s in baseline(scratch, test_sets).items()}
         for i, m in enumerate(mutants, 1):
-            run_one(scratch, m, tests_of(m.file), limit)
+            tests = tuple(tests_of(m.file))
+            run_one(scratch, m, tests, limits[tests])
             print(
                 f"[{i}/{len(mutants)}] {m.verdict:8} {describe(m)} ({m.seconds:.1f} s)", flush=True
             )
-    return limit
+    return {" ".join(t): round(limit, 1) for t, limit in limits.items()}
 
 
 def describe(m: Mutant) -> str:
@@ -397,7 +396,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     return ap.parse_args(argv)
 
 
-def report(mutants: list[Mutant], args: argparse.Namespace, limit: float | None) -> None:
+def report(mutants: list[Mutant], args: argparse.Namespace, limits: dict[str, float]) -> None:
     counts = summary(mutants)
     kinds = ", ".join(f"{n} {k}" for k, n in counts["by_kind"].items())
     print(f"\n{len(mutants)} mutants ({kinds})")
@@ -407,7 +406,7 @@ def report(mutants: list[Mutant], args: argparse.Namespace, limit: float | None)
         if m.verdict in ("survived", "timeout"):
             print(f"  {m.verdict}: {describe(m)}")
     if args.json is not None:
-        record = {"seed": args.seed, "max": args.max, "timeout_s": limit, **counts}
+        record = {"seed": args.seed, "max": args.max, "timeout_s": limits, **counts}
         record["mutants"] = [asdict(m) for m in mutants]
         args.json.write_text(json.dumps(record, indent=2) + "\n")
 
@@ -425,11 +424,11 @@ def main(
     if args.list:
         for m in mutants:
             print(describe(m))
-        report(mutants, args, None)
+        report(mutants, args, {})
         return 0
     print(f"{len(mutants)} mutants of {len(files)} files", flush=True)
-    limit = run_all(mutants, root, tests_of, parts, args.timeout)
-    report(mutants, args, limit)
+    limits = run_all(mutants, root, tests_of, parts, args.timeout)
+    report(mutants, args, limits)
     return 0
 
 
