@@ -61,6 +61,7 @@ PRECISION = (
     "tests/test_accumulate.py",
     "tests/test_fp16_state.py",
     "tests/test_precision_presets.py",
+    "tests/test_trainer.py",  # the LR schedule held on a real overflow (the skip signal's reader)
 )
 FP8 = (
     "tests/test_fp8.py",

@@ -14,6 +14,7 @@ from conftest import compose
 from mpt_repro.errors import Interrupted
 from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
+from mpt_repro.schedule import LRSchedule
 from mpt_repro.tasks.base import StepResult, Task
 from mpt_repro.trainer import Trainer
 
@@ -283,3 +284,30 @@ def test_a_resumed_run_continues_every_random_stream_where_it_stopped(stopped_tw
     seed's, so the draws go on as in an uninterrupted run instead of repeating the first ones."""
     straight, parts = stopped_twice
     assert [d for p in parts for d in p.draws] == straight.draws
+
+
+def test_train_rows_are_logged_every_log_every_iterations_and_at_the_last(tmp_path: Path) -> None:
+    trainer = trainer_for(tmp_path, "trainer.max_steps=7", "trainer.log_every=3")
+    trainer.fit()
+    rows = [(row["step"], row["split"]) for row in trainer.metrics.rows]
+    trainer.close()
+    assert [step for step, split in rows if split == "train"] == [3, 6, 7]
+
+
+@pytest.mark.parametrize("fused", ["true", "false"])  # the skip read on the device, or the host
+def test_a_real_overflow_holds_the_lr_schedule_and_a_clean_step_advances_it(fused: str) -> None:
+    cfg = compose(
+        ["experiment=demo", "precision=amp", "precision.hold_lr_on_skip=true"]
+        + [f"optim.fused={fused}", "optim.warmup_epochs=1"]
+    )
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    model = torch.nn.Linear(1, 1)
+    opt = policy.build_optimizer(model, optimizer_factory(cfg.optim))
+    schedule = LRSchedule(opt, lr_multiplier(cfg.optim, STEPS, STEPS), STEPS, True)
+    applied = []
+    for grad in (float("inf"), 1.0):
+        model.weight.grad = torch.full_like(model.weight, grad)
+        model.bias.grad = torch.zeros_like(model.bias)
+        schedule.step(opt.step())
+        applied.append(schedule.applied)
+    assert applied == [0, 1]  # the overflowing step was skipped and did not count
