@@ -645,6 +645,34 @@ def test_table2_side_by_side_with_the_paper(results):
     assert "Baseline = our fp32, MP without loss-scale = our no_scaling" in report
 
 
+def test_a_confidence_interval_wholly_on_one_side_of_zero_is_better_or_worse():
+    """The verdict's sides are at zero, whatever the metric's scale: a CI of (0.2, 0.6) above a
+    tolerance of 0.1 is better in top-1 and worse in perplexity."""
+    from mpt_repro.report.compare import Delta, verdict
+
+    def delta(low: float, high: float, higher_is_better: bool) -> Delta:
+        return Delta("mixed", "m", higher_is_better, 3, (low + high) / 2, low, high, 0.1, 0, 3, "")
+
+    assert verdict(delta(0.2, 0.6, True)) == "better"
+    assert verdict(delta(0.2, 0.6, False)) == "worse"
+    assert verdict(delta(-0.6, -0.2, True)) == "worse"
+    assert verdict(delta(-0.6, -0.2, False)) == "better"
+    assert verdict(delta(-0.05, 0.05, True)) == "matches FP32 (CI within ±0.1)"
+    assert verdict(delta(-0.2, 0.6, True)) == "too few seeds to tell (CI wider than ±0.1)"
+
+
+def test_the_recipe_label_names_the_network_variant_optimizer_and_recipe():
+    from mpt_repro.report.collect import recipe_label
+
+    record = {
+        "model": {"name": "alexnet", "variant": "caffe"},
+        "config": {"optim": {"name": "sgd"}},
+    }
+    assert recipe_label(record) == "alexnet (caffe), sgd"
+    record["config"]["recipe"] = "public"
+    assert recipe_label(record) == "alexnet (caffe), sgd, public recipe"
+
+
 def test_the_paper_s_divergence_is_matched_only_when_every_seed_diverged():
     """A paper cell that "diverges" (Table 2, MP without loss-scale): ours matches it only when no
     seed completed; seeds that completed are counted, never hidden behind "as in the paper"."""
