@@ -645,6 +645,18 @@ def test_table2_side_by_side_with_the_paper(results):
     assert "Baseline = our fp32, MP without loss-scale = our no_scaling" in report
 
 
+def test_a_cost_row_gives_peak_memory_and_saved_bytes_in_mib():
+    """One row of the cost table from one group's means (the records of `results` carry no saved
+    bytes, so the unit of that column is pinned here)."""
+    from mpt_repro.report.tables import _cost_row
+
+    means = {"saved_bytes_per_sample_mean": 3 * MiB, "peak_memory_bytes_mean": 50 * MiB}
+    g = pd.Series({**means, "peak_memory_kind": "host_peak_rss", "n_completed": 1, "n_diverged": 0})
+    row = _cost_row("demo", "digits", "mixed", g, None)
+    assert row["Peak memory (MiB)"] == "50.0 (host_peak_rss)"
+    assert row["Saved for backward (MiB/sample)"] == "3.00"
+
+
 def test_a_confidence_interval_wholly_on_one_side_of_zero_is_better_or_worse():
     """The verdict's sides are at zero, whatever the metric's scale: a CI of (0.2, 0.6) above a
     tolerance of 0.1 is better in top-1 and worse in perplexity."""
