@@ -311,3 +311,28 @@ def test_a_real_overflow_holds_the_lr_schedule_and_a_clean_step_advances_it(fuse
         schedule.step(opt.step())
         applied.append(schedule.applied)
     assert applied == [0, 1]  # the overflowing step was skipped and did not count
+
+
+def test_the_summary_holds_the_last_evaluation_and_its_step(tmp_path: Path) -> None:
+    trainer = trainer_for(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3")
+    summary = trainer.fit()
+    trainer.close()
+    assert summary["metrics"] == {"loss": 1.0} and trainer.last_eval_step == 7
+
+
+def test_a_streak_of_non_finite_losses_carries_across_a_resume(tmp_path: Path) -> None:
+    """Iterations 3 and 4 non-finite, a stop after 4, then a resumed run whose first iteration (5)
+    is non-finite too: three in a row from iteration 3 (patience 3), not a new streak from 5."""
+    from mpt_repro.errors import Diverged
+
+    settings = ("trainer.max_steps=20", "trainer.diverge_patience=3")
+    first = trainer_for(tmp_path, *settings, nan_from=3)
+    first.callbacks.append(StopAfter(4))
+    with pytest.raises(Interrupted):
+        first.fit()
+    first.close()
+    resumed = trainer_for(tmp_path, *settings, "resume=true", nan_from=1)
+    with pytest.raises(Diverged) as e:
+        resumed.fit()
+    resumed.close()
+    assert (e.value.step, resumed.step) == (3, 5)
