@@ -16,7 +16,7 @@ from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
 from mpt_repro.schedule import LRSchedule
 from mpt_repro.tasks.base import StepResult, Task
-from mpt_repro.trainer import Trainer
+from mpt_repro.trainer import Clock, LogWindow, Trainer
 
 STEPS = 4
 
@@ -196,7 +196,8 @@ def test_bn_recalibration_gives_the_plain_average_of_the_batches_statistics():
 # -- stopped at an epoch's end, then resumed ---------------------------------------------------
 class Draws(Task):
     """Three batches an epoch; each step records its (epoch, batch) and one draw from each random
-    stream that a task's training uses (torch, numpy, Python's)."""
+    stream that a task's training uses (torch, numpy, Python's), and updates a Linear (the test
+    module calls the optimizer itself: only mpt_repro's tasks must leave that to the loops)."""
 
     metric_names = ["loss"]
 
@@ -217,7 +218,12 @@ class Draws(Task):
     def train_step(self, batch) -> StepResult:
         self.seen.append(batch)
         self.draws.append((torch.rand(1).item(), np.random.rand(), random.random()))
-        return StepResult(loss=torch.tensor(1.0), stepped=torch.tensor(True), samples=1)
+        # a real update, so that the weights and the LR schedule have something to restore
+        opt = self.optimizers["model"]
+        opt.zero_grad()
+        loss = self.models["model"](torch.full((1, 1), batch[1] + 1.0)).pow(2).mean()
+        opt.backward(loss)
+        return StepResult(loss=loss.detach(), stepped=opt.step(), samples=1)
 
     def evaluate(self):
         return {"loss": 1.0}
@@ -239,7 +245,8 @@ def fit_draws(run_dir: Path, *overrides: str, stop_after: int | None = None) -> 
     """Two epochs of Draws from seed 0 (what run.py seeds a process with, a resumed one too)."""
     cfg = compose(
         ["experiment=demo", "budget=smoke", "trainer.progress=false", "trainer.epochs=2"]
-        + ["trainer.max_steps=null", "trainer.eval_every=null", *overrides]
+        + ["trainer.max_steps=null", "trainer.eval_every=null", "optim.warmup_epochs=2"]
+        + list(overrides)
     )
     run_dir.mkdir(exist_ok=True)
     torch.manual_seed(0), np.random.seed(0), random.seed(0)
@@ -286,6 +293,36 @@ def test_a_resumed_run_continues_every_random_stream_where_it_stopped(stopped_tw
     assert [d for p in parts for d in p.draws] == straight.draws
 
 
+def test_a_resumed_run_ends_with_the_weights_and_learning_rate_of_an_uninterrupted_one(
+    stopped_twice,
+) -> None:
+    straight, parts = stopped_twice
+    for got, want in zip(
+        parts[-1].models["model"].parameters(), straight.models["model"].parameters()
+    ):
+        assert torch.equal(got, want)
+    lr = [t.optimizers["model"].param_groups[0]["lr"] for t in (parts[-1], straight)]
+    assert lr[0] == lr[1] != parts[0].optimizers["model"].param_groups[0]["lr"]  # it moved
+
+
+def test_each_lap_of_the_clock_counts_from_the_one_before() -> None:
+    clock = Clock(torch.device("cpu"))
+    for _ in range(2):
+        clock.start()
+        clock.stop()
+        assert clock.take_lap() < 0.5  # a lap of next to nothing, twice
+    assert clock.total < 0.5
+
+
+def test_the_log_window_sums_losses_samples_and_the_task_s_extra_scalars() -> None:
+    window = LogWindow()
+    for value in (1.0, 3.0):
+        scalar = torch.tensor(value)
+        window.add(StepResult(scalar, torch.tensor(True), samples=2, logs={"part": scalar}))
+    assert (float(window.loss_sum), window.count, window.samples) == (4.0, 2, 4)
+    assert window.mean_logs() == {"part": 2.0}
+
+
 def test_train_rows_are_logged_every_log_every_iterations_and_at_the_last(tmp_path: Path) -> None:
     trainer = trainer_for(tmp_path, "trainer.max_steps=7", "trainer.log_every=3")
     trainer.fit()
@@ -298,7 +335,7 @@ def test_train_rows_are_logged_every_log_every_iterations_and_at_the_last(tmp_pa
 def test_a_real_overflow_holds_the_lr_schedule_and_a_clean_step_advances_it(fused: str) -> None:
     cfg = compose(
         ["experiment=demo", "precision=amp", "precision.hold_lr_on_skip=true"]
-        + [f"optim.fused={fused}", "optim.warmup_epochs=1"]
+        + [f"optim.fused={fused}", "optim.warmup_epochs=2"]
     )
     policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
     model = torch.nn.Linear(1, 1)
