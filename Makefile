@@ -44,8 +44,10 @@ test: $(STAMP) lint ## lint, then the test suite (CPU; under 10 minutes)
 shape: $(STAMP) ## the code's shape against the house targets: long functions, repeated blocks, import cycles
 	$(BIN)/python scripts/shape.py
 
-mutants: $(STAMP) ## mutation check of the precision engine and the loop (MAX=40 samples 40; slow)
-	$(BIN)/python scripts/mutants.py $(if $(MAX),--max $(MAX))
+# MAX (a seeded sample of that many) and ARGS (more options: --list, --json PATH, --files ...);
+# the mutant kinds, the files and their tests: docs/mutants.md
+mutants: $(STAMP) ## mutation check of precision/, the step, trainer, run files, report (MAX=40: a sample; slow)
+	$(BIN)/python scripts/mutants.py $(if $(MAX),--max $(MAX)) $(ARGS)
 
 test-full: $(STAMP) ## every test, the slow ones included
 	$(BIN)/python -m pytest -m "not gpu" -q

@@ -90,6 +90,16 @@ def test_zero_statistics_take_the_caps():
     assert exp_of(ms_g=0.0, g=(0.0, 0.0), up=16.0) == 4
 
 
+def test_fan_in_counts_the_terms_of_each_layer_s_input_gradient():
+    from mpt_repro.precision.adaptive import fan_in
+
+    assert fan_in(nn.Linear(3, 5)) == 5  # dX = dY W: a sum over the 5 outputs
+    assert fan_in(nn.Conv2d(4, 6, 3)) == 6 * 9
+    assert fan_in(nn.Conv2d(4, 6, 3, groups=2)) == 3 * 9  # each group's own outputs
+    assert fan_in(nn.ConvTranspose2d(4, 6, 3)) == 6 * 9
+    assert fan_in(nn.LSTM(3, 5)) == 4 * 5  # the four gates' rows, not the input size
+
+
 # -- the authors' code (precision.adaptive_formula=code | code_weights) --------------------------
 # Hand-computed from kumasento/gradient-scaling @911ef2d ada_loss/chainer_impl/ada_loss.py
 # get_loss_scale_by_approx_range and bound_loss_scale_by_heuristics, with its u_min = 6.0e-8,

@@ -458,6 +458,17 @@ def test_off_and_default_configs_validate_and_describe_nothing():
     assert fp8.fp8_mode(PrecisionConfig()) == "none"
 
 
+def test_the_description_names_each_tensor_s_format_rounding_overflow_and_scaling():
+    from conftest import compose
+
+    text = fp8.describe_fp8(compose(["experiment=demo", "precision=fp8_hybrid_emulated"]).precision)
+    assert text.startswith(
+        "emulated FP8 in conv/linear layers (weights E4M3 RNE saturate, tensorwise scale; "
+        "activations E4M3 RNE saturate, tensorwise scale; errors E5M2 RNE nonfinite; "
+        "weight_grads E5M2 RNE nonfinite; FP32 accumulation)"
+    )
+
+
 def test_knobs_compose_from_the_command_line_and_typos_are_refused():
     from conftest import compose
 

@@ -646,6 +646,61 @@ def test_table2_side_by_side_with_the_paper(results):
     assert "Baseline = our fp32, MP without loss-scale = our no_scaling" in report
 
 
+def test_a_cost_row_gives_peak_memory_and_saved_bytes_in_mib():
+    """One row of the cost table from one group's means (the records of `results` carry no saved
+    bytes, so the unit of that column is pinned here)."""
+    from mpt_repro.report.tables import _cost_row
+
+    means = {"saved_bytes_per_sample_mean": 3 * MiB, "peak_memory_bytes_mean": 50 * MiB}
+    g = pd.Series({**means, "peak_memory_kind": "host_peak_rss", "n_completed": 1, "n_diverged": 0})
+    row = _cost_row("demo", "digits", "mixed", g, None)
+    assert row["Peak memory (MiB)"] == "50.0 (host_peak_rss)"
+    assert row["Saved for backward (MiB/sample)"] == "3.00"
+
+
+def test_a_confidence_interval_wholly_on_one_side_of_zero_is_better_or_worse():
+    """The verdict's sides are at zero, whatever the metric's scale: a CI of (0.2, 0.6) above a
+    tolerance of 0.1 is better in top-1 and worse in perplexity."""
+    from mpt_repro.report.compare import Delta, verdict
+
+    def delta(low: float, high: float, higher_is_better: bool) -> Delta:
+        return Delta("mixed", "m", higher_is_better, 3, (low + high) / 2, low, high, 0.1, 0, 3, "")
+
+    assert verdict(delta(0.2, 0.6, True)) == "better"
+    assert verdict(delta(0.2, 0.6, False)) == "worse"
+    assert verdict(delta(-0.6, -0.2, True)) == "worse"
+    assert verdict(delta(-0.6, -0.2, False)) == "better"
+    assert verdict(delta(-0.05, 0.05, True)) == "matches FP32 (CI within ±0.1)"
+    assert verdict(delta(-0.2, 0.6, True)) == "too few seeds to tell (CI wider than ±0.1)"
+
+
+def test_the_recipe_label_names_the_network_variant_optimizer_and_recipe():
+    from mpt_repro.report.collect import recipe_label
+
+    record = {
+        "model": {"name": "alexnet", "variant": "caffe"},
+        "config": {"optim": {"name": "sgd"}},
+    }
+    assert recipe_label(record) == "alexnet (caffe), sgd"
+    record["config"]["recipe"] = "public"
+    assert recipe_label(record) == "alexnet (caffe), sgd, public recipe"
+
+
+def test_the_paper_s_divergence_is_matched_only_when_every_seed_diverged():
+    """A paper cell that "diverges" (Table 2, MP without loss-scale): ours matches it only when no
+    seed completed; seeds that completed are counted, never hidden behind "as in the paper"."""
+    from mpt_repro.report.tables import versus_paper
+
+    entry = pd.Series({"outcome": "diverges", "value": math.nan})
+
+    def seeds(diverged: int, completed: int) -> pd.Series:
+        return pd.Series({"n_diverged": diverged, "n_completed": completed, "map_mean": 70.0})
+
+    assert versus_paper(entry, seeds(2, 0), "map", True) == "diverged, as in the paper"
+    assert versus_paper(entry, seeds(1, 2), "map", True) == "2 of 3 did not diverge"
+    assert versus_paper(entry, seeds(0, 2), "map", True) == "2 of 2 did not diverge"
+
+
 def test_table2_smoke_is_not_compared(results):
     _, out = results
     t2 = read_csv(out, f"table2_smoke_synthetic_{CPU_SLUG}")

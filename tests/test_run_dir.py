@@ -102,6 +102,22 @@ def test_without_flock_a_pid_file_guards_the_directory(tmp_path: Path, monkeypat
         RunLock(tmp_path).acquire()
 
 
+def test_a_lock_file_unlinked_between_open_and_flock_is_opened_again(tmp_path, monkeypatch):
+    """The holder released (and unlinked the file) after our open: the flock we got is on a file
+    nobody else will open, so the lock starts again on a new file."""
+    real_stat, gone = os.stat, []
+
+    def stat(path, *args, **kwargs):
+        if Path(path).name == LOCK_NAME and not gone:
+            gone.append(path)
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(rundir.os, "stat", stat)
+    with RunLock(tmp_path):
+        assert gone and json.loads((tmp_path / LOCK_NAME).read_text())["pid"] == os.getpid()
+
+
 # -- the decision table --------------------------------------------------------------------------
 def _run(tmp_path: Path, status: str | None, checkpoint: bool = False, **extra) -> Path:
     """A run directory as a real run leaves it (the real writer, a real checkpoint)."""

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import random
+import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import compose
 
+from mpt_repro.errors import Interrupted
 from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
+from mpt_repro.schedule import LRSchedule
 from mpt_repro.tasks.base import StepResult, Task
-from mpt_repro.trainer import Trainer
+from mpt_repro.trainer import Clock, LogWindow, Trainer
 
 STEPS = 4
 
@@ -186,3 +191,185 @@ def test_bn_recalibration_gives_the_plain_average_of_the_batches_statistics():
     want = torch.stack([f.mean(0) for f in feats]).mean(0)
     torch.testing.assert_close(model[1].running_mean, want)
     assert model[1].momentum == 0.1 and not model.training  # left as it was found
+
+
+# -- stopped at an epoch's end, then resumed ---------------------------------------------------
+class Draws(Task):
+    """Three batches an epoch; each step records its (epoch, batch) and one draw from each random
+    stream that a task's training uses (torch, numpy, Python's), and updates a Linear (the test
+    module calls the optimizer itself: only mpt_repro's tasks must leave that to the loops)."""
+
+    metric_names = ["loss"]
+
+    def __init__(self, cfg, device, policy):
+        super().__init__(cfg, device, policy)
+        self.models = {"model": torch.nn.Linear(1, 1)}
+        make = optimizer_factory(cfg.optim)
+        self.optimizers = {"model": policy.build_optimizer(self.models["model"], make)}
+        self.seen: list[tuple[int, int]] = []
+        self.draws: list[tuple[float, float, float]] = []
+
+    def steps_per_epoch(self) -> int:
+        return 3
+
+    def train_batches(self, epoch, skip=0):
+        return iter([(epoch, i) for i in range(skip, 3)])
+
+    def train_step(self, batch) -> StepResult:
+        self.seen.append(batch)
+        self.draws.append((torch.rand(1).item(), np.random.rand(), random.random()))
+        # a real update, so that the weights and the LR schedule have something to restore
+        opt = self.optimizers["model"]
+        opt.zero_grad()
+        loss = self.models["model"](torch.full((1, 1), batch[1] + 1.0)).pow(2).mean()
+        opt.backward(loss)
+        return StepResult(loss=loss.detach(), stepped=opt.step(), samples=1)
+
+    def evaluate(self):
+        return {"loss": 1.0}
+
+
+class StopAfter:
+    """A callback that asks for a stop (as SIGTERM does) at the end of iteration `step` (the
+    trainer passes on_step_end the iterations done, this one included)."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_step_end(self, trainer: Trainer, step: int, result: StepResult) -> None:
+        if step == self.step:
+            trainer._stop_signal = signal.SIGTERM
+
+
+def fit_draws(run_dir: Path, *overrides: str, stop_after: int | None = None) -> Draws:
+    """Two epochs of Draws from seed 0 (what run.py seeds a process with, a resumed one too)."""
+    cfg = compose(
+        ["experiment=demo", "budget=smoke", "trainer.progress=false", "trainer.epochs=2"]
+        + ["trainer.max_steps=null", "trainer.eval_every=null", "optim.warmup_epochs=2"]
+        + list(overrides)
+    )
+    run_dir.mkdir(exist_ok=True)
+    torch.manual_seed(0), np.random.seed(0), random.seed(0)
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    task = Draws(cfg, torch.device("cpu"), policy)
+    callbacks = [StopAfter(stop_after)] if stop_after else []
+    trainer = Trainer(cfg, task, policy, run_dir, callbacks=callbacks)
+    try:
+        trainer.fit()
+    except Interrupted:
+        pass
+    finally:
+        trainer.close()
+    return task
+
+
+@pytest.fixture(scope="module")
+def stopped_twice(tmp_path_factory) -> tuple[Draws, list[Draws]]:
+    """An uninterrupted run, and the same run stopped after the last batch of epoch 0, resumed,
+    stopped in the middle of epoch 1, and resumed to its end."""
+    tmp = tmp_path_factory.mktemp("stopped")
+    straight = fit_draws(tmp / "straight")
+    parts = [
+        fit_draws(tmp / "stopped", stop_after=3),
+        fit_draws(tmp / "stopped", "resume=true", stop_after=4),
+        fit_draws(tmp / "stopped", "resume=true"),
+    ]
+    return straight, parts
+
+
+def test_a_checkpoint_resumes_at_the_next_batch_at_an_epoch_end_or_inside_one(
+    stopped_twice,
+) -> None:
+    straight, parts = stopped_twice
+    assert straight.seen == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    # not epoch 0 again, no batch skipped or repeated
+    assert [p.seen for p in parts] == [straight.seen[:3], [(1, 0)], [(1, 1), (1, 2)]]
+
+
+def test_a_resumed_run_continues_every_random_stream_where_it_stopped(stopped_twice) -> None:
+    """Each resumed process was seeded like the first one; the checkpoint's streams replace that
+    seed's, so the draws go on as in an uninterrupted run instead of repeating the first ones."""
+    straight, parts = stopped_twice
+    assert [d for p in parts for d in p.draws] == straight.draws
+
+
+def test_a_resumed_run_ends_with_the_weights_and_learning_rate_of_an_uninterrupted_one(
+    stopped_twice,
+) -> None:
+    straight, parts = stopped_twice
+    for got, want in zip(
+        parts[-1].models["model"].parameters(), straight.models["model"].parameters()
+    ):
+        assert torch.equal(got, want)
+    lr = [t.optimizers["model"].param_groups[0]["lr"] for t in (parts[-1], straight)]
+    assert lr[0] == lr[1] != parts[0].optimizers["model"].param_groups[0]["lr"]  # it moved
+
+
+def test_each_lap_of_the_clock_counts_from_the_one_before() -> None:
+    clock = Clock(torch.device("cpu"))
+    for _ in range(2):
+        clock.start()
+        clock.stop()
+        assert clock.take_lap() < 0.5  # a lap of next to nothing, twice
+    assert clock.total < 0.5
+
+
+def test_the_log_window_sums_losses_samples_and_the_task_s_extra_scalars() -> None:
+    window = LogWindow()
+    for value in (1.0, 3.0):
+        scalar = torch.tensor(value)
+        window.add(StepResult(scalar, torch.tensor(True), samples=2, logs={"part": scalar}))
+    assert (float(window.loss_sum), window.count, window.samples) == (4.0, 2, 4)
+    assert window.mean_logs() == {"part": 2.0}
+
+
+def test_train_rows_are_logged_every_log_every_iterations_and_at_the_last(tmp_path: Path) -> None:
+    trainer = trainer_for(tmp_path, "trainer.max_steps=7", "trainer.log_every=3")
+    trainer.fit()
+    rows = [(row["step"], row["split"]) for row in trainer.metrics.rows]
+    trainer.close()
+    assert [step for step, split in rows if split == "train"] == [3, 6, 7]
+
+
+@pytest.mark.parametrize("fused", ["true", "false"])  # the skip read on the device, or the host
+def test_a_real_overflow_holds_the_lr_schedule_and_a_clean_step_advances_it(fused: str) -> None:
+    cfg = compose(
+        ["experiment=demo", "precision=amp", "precision.hold_lr_on_skip=true"]
+        + [f"optim.fused={fused}", "optim.warmup_epochs=2"]
+    )
+    policy = PrecisionPolicy(cfg.precision, torch.device("cpu"))
+    model = torch.nn.Linear(1, 1)
+    opt = policy.build_optimizer(model, optimizer_factory(cfg.optim))
+    schedule = LRSchedule(opt, lr_multiplier(cfg.optim, STEPS, STEPS), STEPS, True)
+    applied = []
+    for grad in (float("inf"), 1.0):
+        model.weight.grad = torch.full_like(model.weight, grad)
+        model.bias.grad = torch.zeros_like(model.bias)
+        schedule.step(opt.step())
+        applied.append(schedule.applied)
+    assert applied == [0, 1]  # the overflowing step was skipped and did not count
+
+
+def test_the_summary_holds_the_last_evaluation_and_its_step(tmp_path: Path) -> None:
+    trainer = trainer_for(tmp_path, "trainer.max_steps=7", "trainer.eval_every=3")
+    summary = trainer.fit()
+    trainer.close()
+    assert summary["metrics"] == {"loss": 1.0} and trainer.last_eval_step == 7
+
+
+def test_a_streak_of_non_finite_losses_carries_across_a_resume(tmp_path: Path) -> None:
+    """Iterations 3 and 4 non-finite, a stop after 4, then a resumed run whose first iteration (5)
+    is non-finite too: three in a row from iteration 3 (patience 3), not a new streak from 5."""
+    from mpt_repro.errors import Diverged
+
+    settings = ("trainer.max_steps=20", "trainer.diverge_patience=3")
+    first = trainer_for(tmp_path, *settings, nan_from=3)
+    first.callbacks.append(StopAfter(4))
+    with pytest.raises(Interrupted):
+        first.fit()
+    first.close()
+    resumed = trainer_for(tmp_path, *settings, "resume=true", nan_from=1)
+    with pytest.raises(Diverged) as e:
+        resumed.fit()
+    resumed.close()
+    assert (e.value.step, resumed.step) == (3, 5)
