@@ -76,7 +76,7 @@ REPORT = ("tests/test_report.py", "tests/test_report_records.py", "tests/test_re
 # the tests of the first glob it matches
 TARGETS: list[tuple[str, tuple[str, ...]]] = [
     ("mpt_repro/precision/fp8*.py", FP8),
-    ("mpt_repro/precision/pseudo.py", FP8),
+    ("mpt_repro/precision/pseudo.py", ("tests/test_pseudo_fp16.py",)),
     ("mpt_repro/precision/adaptive.py", ("tests/test_adaptive.py", *PRECISION)),
     ("mpt_repro/precision/*.py", PRECISION),
     ("mpt_repro/tasks/loops.py", STEP),
@@ -84,7 +84,10 @@ TARGETS: list[tuple[str, tuple[str, ...]]] = [
     ("mpt_repro/rundir.py", ("tests/test_run_dir.py", "tests/test_report_records.py")),
     ("mpt_repro/checkpoint.py", ("tests/test_run_checkpoint.py", "tests/test_trainer.py")),
     ("mpt_repro/report/*.py", REPORT),
-    ("mpt_repro/schedule.py", ("tests/test_trainer.py", "tests/test_fp16_state.py")),
+    (
+        "mpt_repro/schedule.py",
+        ("tests/test_trainer.py", "tests/test_fp16_state.py", "tests/test_schedule_plateau.py"),
+    ),
     ("mpt_repro/ema.py", ("tests/test_trainer.py", "tests/test_recipe_wiring.py")),
 ]
 
