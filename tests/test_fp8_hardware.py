@@ -110,14 +110,24 @@ def _paper_models(experiment: str, name: str) -> tuple[list[nn.Module], object]:
         elif cfg.task == "gan":
             pair = build_model(m, channels=d.channels, image_size=d.image_size)
             models = [pair.generator, pair.discriminator]
+        elif cfg.task == "speech":  # characters
+            from mpt_repro.data.speech import ALPHABET
+
+            models = [build_model(m, vocab_size=len(ALPHABET))]
+        elif cfg.task == "translation":
+            models = [
+                build_model(m, source_vocab=m.source_vocab_size, target_vocab=m.target_vocab_size)
+            ]
         else:  # the 1B-word benchmark's vocabulary (words seen >= 3 times)
             models = [build_model(m, vocab_size=793_471)]
     return models, cfg.precision
 
 
 # experiments whose every model has an nn.Linear torchao converts under the default exemptions
-# (first and last layer): the classifiers' FC layers, the detectors' fc6/fc7, the aux heads' FC
-ACCEPTED = ["alexnet", "faster_rcnn", "googlenet", "inception_v2", "scaling_matters", "vgg16"]
+# (first and last layer): the classifiers' FC layers, the detectors' fc6/fc7, the aux heads' FC,
+# DeepSpeech 2's fully connected layer, the seq2seq model's attention and output projections
+ACCEPTED = ["alexnet", "faster_rcnn", "googlenet", "inception_v2", "scaling_matters", "speech"]
+ACCEPTED += ["translation", "vgg16"]
 
 
 @pytest.mark.parametrize("name", ["fp8", "fp8_rowwise"])
