@@ -102,11 +102,46 @@ def test_resolved_config_is_plain_json() -> None:
     assert json.loads(json.dumps(plain))["precision"]["compute_dtype"] == "float16"
 
 
+def test_every_preset_file_sets_precision_knobs_only():
+    """A preset reaches nothing outside `precision.*`: no other package, no defaults list."""
+    for path in sorted((Path(CONF_DIR) / "precision").glob("*.yaml")):
+        text = path.read_text()
+        assert "@package" not in text, path.name
+        assert "defaults" not in OmegaConf.load(path), path.name
+
+
+def _interpolations(node, where: str = ""):
+    """(key, value) of every string value holding an interpolation, below `node` unresolved."""
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _interpolations(v, f"{where}.{k}" if where else str(k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node):
+            yield from _interpolations(v, f"{where}[{i}]")
+    elif isinstance(node, str) and "${" in node:
+        yield where, node
+
+
+@pytest.mark.parametrize("experiment", options("experiment"))
+def test_no_setting_outside_precision_reads_the_preset(experiment: str) -> None:
+    """With the test above, why switching presets changes nothing else in any experiment: no
+    value outside `precision` interpolates a precision key (the slow test below composes every
+    preset to check the result itself)."""
+    for budget in ("paper", "smoke"):
+        cfg = compose([f"experiment={experiment}", f"budget={budget}"])
+        tree = OmegaConf.to_container(cfg, resolve=False)
+        tree.pop("precision")
+        readers = [(k, v) for k, v in _interpolations(tree) if "precision" in v]
+        assert readers == [], (experiment, budget)
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("experiment", options("experiment"))
 def test_switching_precision_changes_nothing_outside_precision_in_every_experiment(
     experiment: str,
 ) -> None:
-    """Same schedule, data and model under every preset: never per-precision hyperparameters."""
+    """Same schedule, data and model under every preset: never per-precision hyperparameters
+    (every preset composed: 420 compositions, slow)."""
 
     def without_precision(preset: str, budget: str) -> dict:
         plain = to_plain(
