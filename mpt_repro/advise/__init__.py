@@ -17,13 +17,11 @@ from __future__ import annotations
 
 from mpt_repro.lazy import lazy_exports
 
-_EXPORTS = {
-    "advice_section": "mpt_repro.advise.advice",
-    "build_advice": "mpt_repro.advise.advice",
-    "write_advice": "mpt_repro.advise.advice",
-    "DEFAULT_KEEP": "mpt_repro.advise.defaults",
-    "main": "mpt_repro.advise.cli",
-}
-
-__all__ = list(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "advice": ["advice_section", "build_advice", "write_advice"],
+        "defaults": ["DEFAULT_KEEP"],
+        "cli": ["main"],
+    },
+)

@@ -312,16 +312,12 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     )
     # the references in the dev set's bucket order, as the words they are (not _UNK)
     references = _bucket_order(dev_tgt_tok, [len(s) for s in dev_src_tok], dev.buckets)
-    return ParallelData(
-        train,
-        dev,
-        src_vocab,
-        tgt_vocab,
-        references,
+    about = (
         f"parallel corpus at {root}: {d.train_prefix}.{d.source_lang}-{d.target_lang} "
         f"({len(train)} pairs in buckets, {train.dropped} too long), {d.dev_prefix} "
-        f"({len(dev)} pairs, {dev.dropped} too long)",
+        f"({len(dev)} pairs, {dev.dropped} too long)"
     )
+    return ParallelData(train, dev, src_vocab, tgt_vocab, references, about)
 
 
 def _bucket_order(
@@ -360,11 +356,5 @@ def synthetic_parallel(
 
     train, dev = bucketize(pairs(train_size), buckets), bucketize(pairs(eval_size), buckets)
     references = [tgt_vocab.decode(t[:-1]) for part in dev.pairs for _, t in part]
-    return ParallelData(
-        train,
-        dev,
-        src_vocab,
-        tgt_vocab,
-        references,
-        f"synthetic token pairs ({len(train)} train / {len(dev)} eval, reversed-copy targets)",
-    )
+    about = f"synthetic token pairs ({len(train)} train / {len(dev)} eval, reversed-copy targets)"
+    return ParallelData(train, dev, src_vocab, tgt_vocab, references, about)

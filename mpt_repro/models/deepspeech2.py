@@ -146,15 +146,11 @@ class DeepSpeech2(nn.Module):
         return self.classifier(h), host_lengths
 
 
+SHAPE_KEYS = ("conv_channels", "hidden_size", "num_layers", "bidirectional", "lookahead", "fc_size")
+
+
 @register_model("deepspeech2")
 def deepspeech2(cfg: Any, vocab_size: int, **_: Any) -> DeepSpeech2:
-    return DeepSpeech2(
-        bins=spectrogram_bins(cfg.sample_rate, cfg.window_ms),
-        vocab_size=vocab_size,
-        conv_channels=cfg.conv_channels,
-        hidden_size=cfg.hidden_size,
-        num_layers=cfg.num_layers,
-        bidirectional=cfg.bidirectional,
-        lookahead=cfg.lookahead,
-        fc_size=cfg.fc_size,
-    )
+    shape = {key: cfg[key] for key in SHAPE_KEYS}  # model.* as the constructor names them
+    bins = spectrogram_bins(cfg.sample_rate, cfg.window_ms)
+    return DeepSpeech2(bins=bins, vocab_size=vocab_size, **shape)

@@ -116,15 +116,8 @@ def googlenet(
     6.4 M)."""
     check_input("googlenet", channels, image_size)
     if variant(cfg, "googlenet", ("caffe", "torchvision")) == "torchvision":
-        # init_weights=True: the documented truncated-normal init (and no FutureWarning);
-        # transform_input=False: the input is already normalised with ImageNet mean/std.
         return torchvision.models.GoogLeNet(
-            num_classes=num_classes,
-            aux_logits=cfg.aux_logits,
-            transform_input=False,
-            init_weights=True,
-            dropout=cfg.dropout,
-            dropout_aux=cfg.aux_dropout,
+            **_torchvision_inception(cfg, num_classes), dropout_aux=cfg.aux_dropout
         )
     from mpt_repro.models.caffe_googlenet import CaffeGoogLeNet
 
@@ -164,13 +157,7 @@ def inception_v3(
     # (measured: 298 px fails inside torchvision).
     variant(cfg, "inception_v3", ("torchvision",))
     check_input("inception_v3", channels, image_size, min_size=299 if cfg.aux_logits else None)
-    return torchvision.models.Inception3(
-        num_classes=num_classes,
-        aux_logits=cfg.aux_logits,
-        transform_input=False,
-        init_weights=True,
-        dropout=cfg.dropout,
-    )
+    return torchvision.models.Inception3(**_torchvision_inception(cfg, num_classes))
 
 
 @register_model("resnet50")
@@ -187,3 +174,16 @@ def resnet50(
     from mpt_repro.models.preact_resnet import preact_resnet50
 
     return preact_resnet50(num_classes)
+
+
+def _torchvision_inception(cfg: Any, num_classes: int) -> dict[str, Any]:
+    """What torchvision's GoogLeNet and Inception3 take alike: init_weights=True, their documented
+    truncated-normal init (and no FutureWarning); transform_input=False, the input is already
+    normalised with ImageNet mean/std."""
+    return dict(
+        num_classes=num_classes,
+        aux_logits=cfg.aux_logits,
+        transform_input=False,
+        init_weights=True,
+        dropout=cfg.dropout,
+    )

@@ -11,23 +11,15 @@ from __future__ import annotations
 
 from mpt_repro.lazy import lazy_exports
 
-_EXPORTS = {
-    "PrecisionPolicy": "mpt_repro.precision.policy",
-    "PrecisionOptimizer": "mpt_repro.precision.optimizer",
-    "PrecisionConfig": "mpt_repro.precision.config",
-    "Dtype": "mpt_repro.precision.config",
-    "WeightStorage": "mpt_repro.precision.config",
-    "LossScaling": "mpt_repro.precision.config",
-    "LossScaler": "mpt_repro.precision.scalers",
-    "StaticScaler": "mpt_repro.precision.scalers",
-    "DynamicScaler": "mpt_repro.precision.scalers",
-    "SCALERS": "mpt_repro.precision.scalers",
-    "register_scaler": "mpt_repro.precision.scalers",
-    "build_scaler": "mpt_repro.precision.plugins",
-    "Converter": "mpt_repro.precision.converters",
-    "register_converter": "mpt_repro.precision.converters",
-    "MasterWeights": "mpt_repro.precision.master",
-}
-
-__all__ = list(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {
+        "policy": ["PrecisionPolicy"],
+        "optimizer": ["PrecisionOptimizer"],
+        "config": ["PrecisionConfig", "Dtype", "WeightStorage", "LossScaling"],
+        "scalers": ["LossScaler", "StaticScaler", "DynamicScaler", "SCALERS", "register_scaler"],
+        "plugins": ["build_scaler"],
+        "converters": ["Converter", "register_converter"],
+        "master": ["MasterWeights"],
+    },
+)

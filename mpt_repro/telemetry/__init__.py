@@ -10,11 +10,7 @@ from __future__ import annotations
 
 from mpt_repro.lazy import lazy_exports
 
-_EXPORTS = {
-    "TelemetryCallback": "mpt_repro.telemetry.callback",
-    "TelemetryConfig": "mpt_repro.telemetry.config",
-    "validate_telemetry": "mpt_repro.telemetry.config",
-}
-
-__all__ = list(_EXPORTS)
-__getattr__ = lazy_exports(__name__, _EXPORTS)
+__getattr__, __all__ = lazy_exports(
+    __name__,
+    {"callback": ["TelemetryCallback"], "config": ["TelemetryConfig", "validate_telemetry"]},
+)
