@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -115,13 +116,16 @@ def test_a_failing_baseline_stops_before_any_mutant(tmp_path: Path) -> None:
 def test_the_readme_s_make_mutants_runs_the_script_and_its_sample_lists(tmp_path: Path) -> None:
     """README's `make mutants MAX=40`, as make expands it; its sample listed (a full run of 40
     mutants takes an hour or more)."""
+    # as a user's shell runs it: not as a sub-make of `make test` (which prints its directory)
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
     made = (
         subprocess.run(
-            ["make", "-n", "mutants", "MAX=40"],
+            ["make", "--no-print-directory", "-n", "mutants", "MAX=40"],
             cwd=ROOT,
             capture_output=True,
             text=True,
             check=True,
+            env=env,
         )
         .stdout.splitlines()[-1]
         .rstrip()
