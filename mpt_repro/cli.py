@@ -19,6 +19,8 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
-from mpt_repro.errors import Interrupted, UserError, describe
+from mpt_repro.errors import Interrupted, RunDirError, UserError, describe
 
 register_configs()
 log = logging.getLogger("mpt_repro")
@@ -37,11 +39,17 @@ _show_tracebacks = False
 
 class _JobFailed(Exception):
     """A job of a sweep failed and said why: the sweep goes on to its other jobs, then exits with
-    this status (Hydra re-raises a sweep's first failure once all its jobs have run)."""
+    this status (the first failure's)."""
 
     def __init__(self, code: int):
         super().__init__(f"exit status {code}")
         self.code = code
+
+
+# A sweep's jobs as they end: a failed job has printed its own line and returned to Hydra as if
+# it completed (Hydra's own report of a failed job is a list of overrides after the last job's
+# output); the sweep's last line is then ours, naming the jobs that did not complete.
+_sweep_jobs: list[tuple[str, int, bool]] = []  # (overrides, exit status, finished-run refusal)
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -72,9 +80,40 @@ def _main(cfg: DictConfig) -> None:
             raise
         # A stop by a signal ends a sweep; any other failure ends only its own job.
         if hc.mode == RunMode.MULTIRUN and code not in (130, 143):
-            raise _JobFailed(code) from None
+            finished = isinstance(e, RunDirError) and "already holds a completed run" in str(e)
+            _sweep_jobs.append((_typed(hc.overrides.task), code, finished))
+            return
         sys.exit(code)
+    if hc.mode == RunMode.MULTIRUN:
+        _sweep_jobs.append((_typed(hc.overrides.task), 0, False))
     _report_end(record, run_dir, Path(cfg.paths.runs_dir))
+
+
+def _typed(overrides: list[str]) -> str:
+    """A job's overrides as the user typed them: Hydra's sweeper escapes `:` `,` `=` and the
+    like with a backslash (`mypkg.nets\\:make_net`)."""
+    return " ".join(re.sub(r"\\(.)", r"\1", o) for o in overrides)
+
+
+def _sweep_failure() -> _JobFailed | None:
+    """After a sweep: one line naming the jobs that did not complete, and the failure (the first
+    one's status), or None when every job completed."""
+    failed = [(o, code, finished) for o, code, finished in _sweep_jobs if code]
+    if not failed:
+        return None
+    names = "; ".join(o for o, _, _ in failed[:3]) + ("; ..." if len(failed) > 3 else "")
+    hint = ""
+    if any(finished for _, _, finished in failed):
+        args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "overwrite="))]
+        hint = ". To keep the finished runs and run the rest: " + shlex.join(
+            [PROG, *args, "resume=true"]
+        )
+    print(
+        f"{PROG}: error: {len(failed)} of the sweep's {len(_sweep_jobs)} jobs did not complete "
+        f"({names}); each said why above, and the others ran{hint}",
+        file=sys.stderr,
+    )
+    return _JobFailed(failed[0][1])
 
 
 def _report_end(record: dict, run_dir: Path, runs_root: Path) -> None:
@@ -200,6 +239,9 @@ def main() -> None:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         _main()
+        failure = _sweep_failure()
+        if failure is not None:
+            raise failure
     except BrokenPipeError:  # `mpt-run --help | head`: the reader left, nothing to report
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(141)

@@ -397,9 +397,11 @@ def _check_finite(cfg: DictConfig) -> None:
         numbers = value if isinstance(value, list) else [value]
         for x in numbers:
             if isinstance(x, float) and not math.isfinite(x):
+                # a number typed beyond FP64's range (1e400) has already been read as inf
+                beyond = " (a number beyond 1.8e308, such as 1e400, reads as inf)"
                 raise ConfigError(
-                    f"{key}={value} is not a finite number. Fix it in the config or on the "
-                    f"command line, e.g. {key}=..."
+                    f"{key}={value} is not a finite number{beyond if math.isinf(x) else ''}. "
+                    f"Fix it in the config or on the command line, e.g. {key}=..."
                 )
 
 
@@ -512,16 +514,31 @@ def _schema_has(key: str) -> bool:
 
 
 def _unknown_key_message(key: str) -> str:
-    parent, _, name = key.rpartition(".")
-    known = [
-        k.rpartition(".")[2]
-        for k, _ in _schema_fields(Config, "")
-        if k.rpartition(".")[0] == parent
+    fields = [k for k, _ in _schema_fields(Config, "")]
+    parts = key.split(".")
+    # the first part of the key that names nothing: a section (`optimm.lr`) or a setting
+    # (`optim.lrr`); the suggestion keeps the rest of what was typed (`optim.lr`)
+    depth = len(parts) - 1
+    for i in range(len(parts)):
+        prefix = ".".join(parts[: i + 1])
+        if not any(k == prefix or k.startswith(prefix + ".") for k in fields):
+            depth = i
+            break
+    parent, name, rest = ".".join(parts[:depth]), parts[depth], parts[depth + 1 :]
+    below = [
+        k[len(parent) + 1 :] if parent else k
+        for k in fields
+        if not parent or k.startswith(parent + ".")
     ]
+    known = sorted({k.split(".")[0] for k in below})
     close = [
-        f"{parent}.{k}" if parent else k for k in difflib.get_close_matches(name, known, 2, 0.7)
+        ".".join([*([parent] if parent else []), k, *rest])
+        for k in difflib.get_close_matches(name, known, 2, 0.7)
     ]
-    where = f"{parent} has no setting {name!r}" if parent else f"there is no top-level {name!r}"
+    kind = "section" if rest else "setting"
+    where = (
+        f"{parent} has no {kind} {name!r}" if parent else f"there is no top-level {kind} {name!r}"
+    )
     hint = f" (did you mean {' or '.join(close)}?)" if close else ""
     points = extension_points()
     plus = (

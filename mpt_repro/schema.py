@@ -265,6 +265,15 @@ class CustomModel(Classifier):
         from mpt_repro.catalog import model_options
 
         require(bool(m.target), "model.target", m.target, "must name a factory (package.module:fn)")
+        module, _ = split_target(m.target)
+        problem = missing_module(module)
+        require(
+            problem is None,
+            "model.target",
+            m.target,
+            f"names a module Python cannot find ({problem}): install the package that holds it, "
+            "or put its folder on PYTHONPATH",
+        )
         builtin = sorted(set(model_options()) - {"custom"})
         require(
             m.name not in builtin,
@@ -273,6 +282,32 @@ class CustomModel(Classifier):
             f"names a built-in model ({', '.join(builtin)}); a model of your own (model=custom) "
             "needs a name of its own, e.g. model.name=mynet",
         )
+
+
+def split_target(target: str) -> tuple[str, str]:
+    """`package.module:factory` (or Hydra's `package.module.factory`) as (module, attribute);
+    either is empty when the target does not name both."""
+    module, sep, attr = target.partition(":")
+    if not sep:
+        module, _, attr = target.rpartition(".")
+    return module, attr
+
+
+def missing_module(module: str) -> str | None:
+    """Why `module` cannot be imported, found without importing it (only its parent packages,
+    as Python's own search does), so that a misspelt model.target is refused before torch loads;
+    None when it is there or when only importing it would tell (its package fails to import)."""
+    import importlib.util
+
+    if not module:
+        return None  # the factory check names the malformed target itself
+    try:
+        found = importlib.util.find_spec(module)
+    except ModuleNotFoundError as e:
+        return f"no module named {e.name!r}"
+    except Exception:  # noqa: BLE001 - a parent package that fails to import: the build says why
+        return None
+    return None if found is not None else f"no module named {module!r}"
 
 
 # -- data sets -------------------------------------------------------------------------------------

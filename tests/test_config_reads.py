@@ -127,6 +127,10 @@ def test_a_plus_addition_gets_the_same_answer_as_a_typo() -> None:
     assert "did you mean seed?" in check_command_line(["seeed=1"])
     # a typo of a field of some model is suggested from every model's schema
     assert "did you mean model.hidden_size?" in check_command_line(["model.hiden_size=1"])
+    # a misspelt section: named as one, and the suggestion keeps the setting that was typed
+    section = check_command_line(["optimm.lr=0.1"])
+    assert "there is no top-level section 'optimm' (did you mean optim.lr?)" in section
+    assert "optim has no section 'foo'" in check_command_line(["optim.foo.bar=1"])
 
 
 @pytest.mark.parametrize(

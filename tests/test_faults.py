@@ -363,6 +363,27 @@ def test_a_refused_value_refuses_the_sweep_before_it_starts(tmp_path: Path) -> N
     assert not any(tmp_path.iterdir())
 
 
+def test_a_sweep_that_finds_a_finished_run_ends_with_the_command_that_runs_the_rest(
+    finished, tmp_path: Path
+) -> None:
+    """The finished job says so, the sweep's last line names it and gives the one command that
+    keeps the finished runs and runs the rest (resume=true for the whole sweep); nothing of the
+    finished run changes."""
+    runs = tmp_path / "runs"
+    shutil.copytree(finished, runs / "demo" / "fp32-smoke" / "seed0")
+    before = snapshot(runs / "demo")  # beside it, Hydra writes the sweep's multirun.yaml
+    argv = ["-m", *SMOKE, "precision=fp32", "trainer.progress=false", f"paths.runs_dir={runs}"]
+    proc = subprocess.run(
+        [MPT_RUN, *argv], cwd=ROOT, capture_output=True, text=True, timeout=300
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mpt-run: error: 1 of the sweep's 1 jobs did not complete"), last
+    assert last.endswith(f"run the rest: {shlex.join(['mpt-run', *argv, 'resume=true'])}"), last
+    assert "already holds a completed run" in proc.stderr and "Traceback" not in proc.stderr
+    assert snapshot(runs / "demo") == before
+
+
 @pytest.mark.slow
 def test_a_job_refused_while_it_builds_does_not_stop_the_sweep(tmp_path: Path) -> None:
     """A factory that does not import is found only when the job builds its model: that job
@@ -373,7 +394,7 @@ def test_a_job_refused_while_it_builds_does_not_stop_the_sweep(tmp_path: Path) -
             "-m",
             *SMOKE,
             "model=custom",
-            "model.target=no_such_module:make,helpers_custom_model:tiny_classifier",
+            "model.target=helpers_custom_model:missing,helpers_custom_model:tiny_classifier",
             "+model.kwargs.in_channels=1",
             "trainer.progress=false",
             f"paths.runs_dir={tmp_path}",
@@ -385,8 +406,11 @@ def test_a_job_refused_while_it_builds_does_not_stop_the_sweep(tmp_path: Path) -
         env={**os.environ, "PYTHONPATH": str(ROOT / "tests")},
     )
     assert proc.returncode == 2, proc.stderr[-3000:]
-    assert "cannot import module 'no_such_module'" in proc.stderr
+    assert "module 'helpers_custom_model' has no 'missing'" in proc.stderr
     assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]  # ours, not Hydra's list of overrides
+    assert last.startswith("mpt-run: error: 1 of the sweep's 2 jobs did not complete"), last
+    assert "model.target=helpers_custom_model:missing" in last
     made = sorted(p.name for p in tmp_path.iterdir() if p.name != "multirun.yaml")  # Hydra's
     assert made == ["demo-helpers_custom_model:tiny_classifier"]
     [record] = tmp_path.rglob("run.json")
@@ -474,7 +498,8 @@ def test_ctrl_c_interrupts_and_the_printed_command_resumes(tmp_path: Path) -> No
 BAD_VALUES = [
     ("optim.lrr=0.1", "unknown key 'optim.lrr'"),
     ("optim.lr=inf", "optim.lr=inf is not a finite number"),
-    ("optim.lr=1e400", "is not a finite number"),  # parses as inf
+    ("optim.lr=1e400", "reads as inf"),  # Python reads it as inf: the message says why
+    ("optimm.lr=0.1", "there is no top-level section 'optimm' (did you mean optim.lr?)"),
     ("optim.momentum=5", "optim.momentum must be in [0, 1)"),
     ("model.dropout=1.5", "model.dropout must be in [0, 1)"),
     ("paths.runs_dir=", "paths.runs_dir must name a results folder"),
@@ -511,7 +536,8 @@ def test_refusals_happen_before_torch_is_imported(copy_of: Path) -> None:
         "except SystemExit as e:\n"
         "    print('exit', e.code, 'torch' in sys.modules)\n"
     )
-    for extra in (["optim.lr=-1"], [f"hydra.run.dir={copy_of}"]):
+    misspelt_module = ["model=custom", "model.target=no_such_package.nets:make_net"]
+    for extra in (["optim.lr=-1"], [f"hydra.run.dir={copy_of}"], misspelt_module):
         proc = subprocess.run(
             [sys.executable, "-c", probe, *SMOKE, *extra],
             cwd=ROOT,
@@ -597,3 +623,25 @@ def test_a_stopped_sweep_is_resumed_by_one_command(monkeypatch) -> None:
     assert resume_command(Path("/r/demo/amp-smoke/seed1")) == (
         "mpt-run -m experiment=demo budget=smoke precision=fp32,amp seed=0,1 resume=true"
     )
+
+
+def test_a_custom_model_built_for_other_images_is_refused_at_its_first_step(tmp_path) -> None:
+    """A factory built for RGB images run on the 1-channel digits: one line that names the
+    data's images and the model.kwargs way to fit them, not torch's shape error with a
+    traceback; the record says how the run ended."""
+    path = os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])
+    run_dir = tmp_path / "run"
+    target = "helpers_custom_model:tiny_classifier"  # in_channels=3 unless told
+    proc = run_cli(
+        *SMOKE,
+        "model=custom",
+        f"model.target={target}",
+        run_dir=run_dir,
+        check=False,
+        env={"PYTHONPATH": path},
+    )
+    line = one_line_error(proc)
+    assert f"model.target={target} cannot take this data's images (1 channel, 8x8" in line, line
+    assert "+model.kwargs.in_channels=1" in line
+    record = read_run(run_dir)
+    assert record["status"] == "failed" and "cannot take this data's images" in record["reason"]

@@ -54,6 +54,20 @@ def test_model_custom_without_a_target_is_refused_by_validation():
         build_model(cfg.model, num_classes=10, channels=1, image_size=8)
 
 
+def test_a_module_python_cannot_find_is_refused_by_validation_before_the_build():
+    """Found with importlib's search, not an import: mpt-run refuses it before torch loads. A
+    module that exists with a misspelt factory is left to the build (only importing tells)."""
+    for target, missing in [
+        ("no_such_package.nets:make", "no_such_package"),
+        ("helpers_custom_model_typo:tiny_classifier", "helpers_custom_model_typo"),
+        ("mpt_repro.no_such_module.make", "mpt_repro.no_such_module"),
+    ]:
+        cfg = compose(["experiment=demo", "model=custom", f"model.target={target}"])
+        with pytest.raises(ConfigError, match=rf"cannot find \(no module named '{missing}'\)"):
+            validate(cfg)
+    validate(compose(["experiment=demo", "model=custom", "model.target=helpers_custom_model:nope"]))
+
+
 @pytest.mark.slow  # ~7 s, most of it the subprocess's start-up
 def test_custom_model_trains_through_mpt_run(tmp_path):
     """The whole path (trainer, precision policy, run record) with a factory from outside the

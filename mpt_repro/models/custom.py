@@ -7,7 +7,8 @@ through model.kwargs (e.g. `+model.kwargs.in_chans=1`). The target follows Hydra
 convention, a dotted path (`package.module.factory`), or the entry-point form with a colon
 (`package.module:factory`); the module must be importable (installed, or on PYTHONPATH).
 
-    mpt-run experiment=demo model=custom model.target=torchvision.models:resnet18 precision=amp
+    mpt-run experiment=demo model=custom model.target=torchvision.models:resnet18 \\
+        data=imagefolder data.root=DIR precision=amp     # RGB images (resnet18 takes 3 channels)
 """
 
 from __future__ import annotations
@@ -22,13 +23,12 @@ from torch import nn
 
 from mpt_repro.errors import ConfigError
 from mpt_repro.models import register_model
+from mpt_repro.schema import split_target
 
 
 def resolve_target(target: str) -> Callable[..., Any]:
     """The callable `target` names, or a ConfigError that says what is wrong and what to do."""
-    module_name, sep, attr = target.partition(":")
-    if not sep:
-        module_name, _, attr = target.rpartition(".")
+    module_name, attr = split_target(target)
     if not module_name or not attr:
         raise ConfigError(
             f"model.target={target!r} must name a factory as package.module:factory "

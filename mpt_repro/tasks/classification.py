@@ -13,7 +13,8 @@ from torch.utils.data import DataLoader, Subset
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
-from mpt_repro.errors import ConfigError
+from mpt_repro.errors import ConfigError, DataError
+from mpt_repro.identity import is_custom_model
 from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
@@ -82,7 +83,27 @@ class Classification(SampledTask):
 
     def loss(self, batch: Any) -> Loss:
         x, y = self._to_device(*batch)
-        return Loss(self.criterion(self.train_model(x), y), samples=y.shape[0])
+        out = self.train_model(x) if self._classes_checked else self._first_forward(x)
+        return Loss(self.criterion(out, y), samples=y.shape[0])
+
+    def _first_forward(self, x: torch.Tensor) -> Any:
+        """The first forward. A model=custom factory built for other inputs (3 channels, where the
+        digits have 1) fails deep inside torch; say what the data gives and how to fit it."""
+        try:
+            return self.train_model(x)
+        except torch.OutOfMemoryError:
+            raise
+        except RuntimeError as e:
+            if not is_custom_model(self.cfg.model):
+                raise  # our own networks: a bug, with its traceback
+            c, *size = x.shape[1:]
+            raise DataError(
+                f"model.target={self.cfg.model.target} cannot take this data's images "
+                f"({c} channel{'s' if c != 1 else ''}, {'x'.join(map(str, size))}, from "
+                f"{self.data.description}): {str(e).strip().splitlines()[0]}. Build the model "
+                f"for these images through model.kwargs (e.g. +model.kwargs.in_channels={c} if "
+                "your factory takes it), or choose data the model is made for"
+            ) from e
 
     def criterion(self, out: Any, y: torch.Tensor) -> torch.Tensor:
         """The training loss of the model's output (FP32 under autocast)."""
