@@ -256,6 +256,15 @@ def normalised_status(record: Mapping[str, Any]) -> str | None:
     return status
 
 
+def no_step_applied(record: Mapping[str, Any]) -> bool:
+    """Whether a completed run skipped every optimizer step for an overflow: its metrics are
+    those of the model as initialised (a short run whose dynamic loss scale, starting at 2^16,
+    never came down far enough), a result about nothing trained."""
+    steps, skipped = record.get("steps"), record.get("skipped_steps")
+    numbers = all(isinstance(x, int) and not isinstance(x, bool) for x in (steps, skipped))
+    return numbers and record.get("status") == "completed" and 0 < steps <= skipped
+
+
 def nonfinite_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:
     """The metrics whose value is NaN or infinite (a completed run that learned nothing useful)."""
     return {

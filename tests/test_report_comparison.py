@@ -389,3 +389,40 @@ def test_a_preset_with_changed_knobs_is_its_own_column(results, tmp_path):
     assert row["mixed [precision.init_scale=1024.0]"].endswith("(n=1)")
     deltas = pd.read_csv(out / "deltas.csv")
     assert set(deltas["preset"]) >= {"mixed", "mixed [precision.init_scale=1024.0]"}
+
+
+def test_a_run_that_skipped_every_step_is_flagged_and_gets_no_verdict(results, tmp_path):
+    """A static scale of 2^20 overflows FP16 at every step: the runs complete with the untrained
+    model's accuracy. Every view says so (cell, runs.csv, problems, closing block) and the Δ to
+    fp32 carries no verdict, since it compares a model that never stepped."""
+    from mpt_repro.runlog.closing import closing_block
+
+    root, _, _ = results
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("report"))
+    knobs = ["precision=mixed", "precision.loss_scaling=static", "precision.static_scale=1048576"]
+    # through mpt-run, which records the overrides that tell this recipe from the preset's own
+    sweep = run_cli("-m", *SMOKE, *knobs, "seed=0,1", f"paths.runs_dir={copy}")
+    assert sweep.stdout.count("NO STEP        all 6 optimizer steps were skipped") == 2
+    found = [p.parent for p in copy.rglob("run.json") if "static_scale" in str(p)]
+    assert len(found) == 2
+    for run_dir in found:
+        record = read_run(run_dir)
+        assert record["status"] == "completed" and record["skipped_steps"] == record["steps"] == 6
+        text, warn = closing_block(record, run_dir)
+        assert warn and "NO STEP        all 6 optimizer steps were skipped" in text
+    out = tmp_path / "report"
+    assert cli.main([str(copy), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    column = "mixed [precision.loss_scaling=static, precision.static_scale=1048576.0]"
+    deltas = pd.read_csv(out / "deltas.csv").set_index("preset")
+    assert deltas.loc[column, "verdict"] == "no verdict: 2 of 2 paired seeds applied no step"
+    assert deltas.loc["mixed", "verdict"].startswith("matches FP32")  # mixed's own is untouched
+    demo = table(out, "classification_smoke_digits").set_index("Experiment")
+    assert [c for c in demo.iloc[:, :].stack() if "2 of 2 applied no step" in c]
+    runs = pd.read_csv(out / "runs.csv")
+    static = runs[runs["outcome"].str.contains("no step applied", na=False)]
+    assert len(static) == 2 and set(static["outcome"]) == {
+        "completed, no step applied (all 6 skipped)"
+    }
+    problems = pd.read_csv(out / "problems.csv")
+    assert (problems["reason"].str.contains("all 6 optimizer steps were skipped")).sum() == 2

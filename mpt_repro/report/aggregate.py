@@ -41,14 +41,16 @@ def _sorted_unique(values) -> list:
 
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per GROUP_KEYS: n_completed, n_nonfinite (completed with a non-finite primary
-    metric: not averaged), flagged ({metric: completed runs where it is not finite}), n_diverged,
-    diverged_steps, diverged_layers, <col>_mean/_std/_count, and the group's labels."""
+    metric: not averaged), n_untrained (completed with every step skipped), flagged ({metric:
+    completed runs where it is not finite}), n_diverged, diverged_steps, diverged_layers,
+    <col>_mean/_std/_count, and the group's labels."""
     empty = [
         *GROUP_KEYS,
         "group_label",
         "row_label",
         "n_completed",
         "n_nonfinite",
+        "n_untrained",
         "flagged",
         "n_diverged",
         "diverged_steps",
@@ -67,6 +69,7 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
         n_completed=("seed", "size"),
         n_nonfinite=("primary_finite", lambda s: int((~s.astype(bool)).sum())),
         flagged=("nonfinite", _count_names),
+        n_untrained=("untrained", lambda s: int(s.fillna(False).astype(bool).sum())),
     )
 
     diverged = runs[runs["status"] == "diverged"]
@@ -93,7 +96,7 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     meta = runs.groupby(GROUP_KEYS, dropna=False)[meta_cols].first()
 
     out = pd.concat([meta, completed, div, stats], axis=1)
-    for col in ("n_completed", "n_nonfinite", "n_diverged"):
+    for col in ("n_completed", "n_nonfinite", "n_untrained", "n_diverged"):
         out[col] = out[col].fillna(0).astype(int)
     for col in ("diverged_steps", "diverged_layers"):
         out[col] = out[col].apply(lambda s: s if isinstance(s, list) else [])

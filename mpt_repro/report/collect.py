@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from mpt_repro.identity import comparison_config, difference_labels, digest, flatten
-from mpt_repro.record import normalised_status
+from mpt_repro.record import no_step_applied, normalised_status
 
 SCHEMA_VERSIONS = (1, 2, 3)
 # statuses whose runs enter the tables, and those that are listed instead
@@ -192,7 +192,11 @@ def outcome(record: dict) -> str:
         layer = diverged_layer(record)
         return text + (f" (layer {layer})" if layer else "")
     bad = nonfinite_names(record)
-    return f"completed, non-finite {', '.join(bad)}" if bad else str(status)
+    if bad:
+        return f"completed, non-finite {', '.join(bad)}"
+    if no_step_applied(record):
+        return f"completed, no step applied (all {record['steps']} skipped)"
+    return str(status)
 
 
 def nonfinite_names(record: dict) -> list[str]:
@@ -321,6 +325,7 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "metrics_detail": record.get("metrics_detail") if status == "completed" else None,
         "schema_version": record["schema_version"],
         "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
+        "untrained": no_step_applied(record),
     }
     for name in COST_FIELDS:
         row[name] = record.get(name) if finite(record.get(name)) else None
@@ -390,6 +395,18 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
                     str(path.parent),
                     "suspect",
                     f"completed with non-finite final metrics ({values}); {kept}",
+                    run_name(record),
+                )
+            )
+        if row["untrained"]:
+            problems.append(
+                Problem(
+                    str(path.parent),
+                    "suspect",
+                    f"completed, but all {record['steps']} optimizer steps were skipped for an "
+                    "overflow: its metrics are the untrained model's (flagged in its cell; no "
+                    "verdict); a dynamic loss scale halves per skipped step: train longer; lower "
+                    "a static one",
                     run_name(record),
                 )
             )

@@ -101,6 +101,7 @@ class Delta:
     n_diverged: int  # seeds where this preset diverged and the reference did not
     n_seeds: int  # seeds of this preset in the group
     verdict: str
+    n_untrained: int = 0  # paired seeds where either run skipped every optimizer step
 
 
 def paired_delta(
@@ -148,13 +149,23 @@ def paired_delta(
         len(preset_runs),
         "",
     )
+    delta.n_untrained = len(set(seeds) & (_untrained(preset_runs) | _untrained(reference_runs)))
     delta.verdict = verdict(delta)
     return delta
+
+
+def _untrained(runs: pd.DataFrame) -> set[int]:
+    """The seeds of completed runs that applied no optimizer step (every step skipped)."""
+    if "untrained" not in runs:
+        return set()
+    return {int(s) for s in runs.loc[runs["untrained"].fillna(False).astype(bool), "seed"]}
 
 
 def verdict(d: Delta) -> str:
     if d.n_diverged:
         return f"worse: {d.n_diverged} of {d.n_seeds} seeds diverged"
+    if d.n_untrained:  # a comparison with a model that never stepped says nothing of precision
+        return f"no verdict: {d.n_untrained} of {d.n} paired seeds applied no step"
     if d.low is None or d.high is None:
         return f"too few seeds (n={d.n})"
     tol = d.tolerance

@@ -116,6 +116,9 @@ def result_cell(group: pd.Series | None, column: str, decimals: int) -> str:
     for name, count in sorted((flagged or {}).items()):
         if name != metric:
             parts.append(f"{name} non-finite in {count} of {total}")
+    n_untrained = int(group.get("n_untrained", 0) or 0) if column.startswith("metric_") else 0
+    if n_untrained:  # every step skipped: the number is the untrained model's
+        parts.append(f"{n_untrained} of {total} applied no step")
     if n_div:
         div = group_diverged_text(group)
         parts.append(f"{n_div} of {total} {div}" if parts else div)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.record import normalised_status
+from mpt_repro.record import no_step_applied, normalised_status
 from mpt_repro.runlog.console import _short
 from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, tb_dir
 
@@ -36,9 +36,17 @@ def closing_block(
     name = " / ".join(str(x) for x in parts)
     lines = [f"── {name}: {status} " + "─" * max(0, 60 - len(name) - len(status))]
     shown, bad = _metrics_lines(record)
-    lines += shown + _ending_lines(record, status, run_dir) + _cost_lines(record)
+    lines += shown
+    untrained = no_step_applied(record)
+    if untrained:
+        lines.append(
+            f"  NO STEP        all {record['steps']} optimizer steps were skipped for an overflow: "
+            "the metrics are the untrained model's (a dynamic scale halves per skip: train longer; "
+            "lower a static one)"
+        )
+    lines += _ending_lines(record, status, run_dir) + _cost_lines(record)
     lines += _where_lines(record, run_dir, runs_root)
-    return "\n".join(lines), status != "completed" or bad
+    return "\n".join(lines), status != "completed" or bad or untrained
 
 
 def _metrics_lines(record: Mapping[str, Any]) -> tuple[list[str], bool]:
