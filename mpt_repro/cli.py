@@ -28,7 +28,7 @@ import hydra
 from omegaconf import DictConfig
 
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
-from mpt_repro.errors import Interrupted, RunDirError, UserError, describe
+from mpt_repro.errors import FinishedRun, Interrupted, UserError, describe
 
 register_configs()
 log = logging.getLogger("mpt_repro")
@@ -80,8 +80,7 @@ def _main(cfg: DictConfig) -> None:
             raise
         # A stop by a signal ends a sweep; any other failure ends only its own job.
         if hc.mode == RunMode.MULTIRUN and code not in (130, 143):
-            finished = isinstance(e, RunDirError) and "already holds a completed run" in str(e)
-            _sweep_jobs.append((_typed(hc.overrides.task), code, finished))
+            _sweep_jobs.append((_typed(hc.overrides.task), code, isinstance(e, FinishedRun)))
             return
         sys.exit(code)
     if hc.mode == RunMode.MULTIRUN:

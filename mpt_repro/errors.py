@@ -32,6 +32,12 @@ class RunDirError(UserError):
     run, or there is nothing to resume. The message names the directory and the choices."""
 
 
+class FinishedRun(RunDirError):
+    """The run directory holds a completed run and neither resume=true nor overwrite=true was
+    given: nothing was changed. In a sweep, the others run and the sweep's last line gives the
+    command that keeps the finished runs and runs the rest."""
+
+
 class Diverged(Exception):
     """Training diverged (non-finite loss, or the loss scale stuck at its floor).
 

@@ -33,7 +33,7 @@ except ImportError:  # not POSIX: the pid-file lock below
     fcntl = None  # type: ignore[assignment]
 
 from mpt_repro.checkpoint import has_checkpoint
-from mpt_repro.errors import RunDirError
+from mpt_repro.errors import FinishedRun, RunDirError
 from mpt_repro.record import RecordError, now_iso, read_record
 
 LOCK_NAME = ".lock"
@@ -293,7 +293,7 @@ def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
     if status in FINISHED:
         if resume:
             return Plan("done", state.record, [], notes, work)
-        raise RunDirError(_finished_message(state))
+        raise FinishedRun(_finished_message(state))
     if state.checkpoint:
         if resume:
             aside = ["run.json"] if state.record_problem else []
