@@ -244,6 +244,22 @@ def test_mpt_report_carries_the_section_for_its_runs_with_telemetry(tmp_path, di
     assert str(tmp_path / "runs" / "diag") in report
 
 
+def test_a_telemetry_run_counted_as_a_duplicate_still_gets_its_advice(tmp_path, diagnostic, plain):
+    """The README's workflow: a sweep, then the same configuration with telemetry. The tables
+    count the two once (the plain run is read first here), the advice reads the telemetry one."""
+    import shutil
+
+    from mpt_repro.report.cli import build_report
+
+    shutil.copytree(plain, tmp_path / "runs" / "a_sweep_run")
+    shutil.copytree(diagnostic, tmp_path / "runs" / "b_telemetry_run")
+    report, _, problems = build_report(tmp_path / "runs", tmp_path / "report", plots=False)
+    [duplicate] = [p for p in problems if p.status == "duplicate"]
+    assert duplicate.path.endswith("b_telemetry_run")
+    assert report.count("### Precision advice:") == 1
+    assert str(tmp_path / "runs" / "b_telemetry_run") in report
+
+
 def test_advice_starts_its_own_diagnostic_run_on_a_custom_model(tmp_path):
     """`mpt-advise experiment=... model=custom ...` trains the diagnostic run, then advises; the
     same command again reuses the finished run."""

@@ -148,9 +148,13 @@ def build_report(
     text += ["## Tables", ""] + [markdown(t) for t in tables]
     text.append(problems_section(problems))
     if not runs.empty:
-        # mpt-advise's reading of every run that recorded gradient histograms (telemetry=diagnostic)
+        # mpt-advise's reading of every run that recorded gradient histograms (telemetry),
+        # duplicates included: a telemetry run of a sweep's configuration is counted once in the
+        # tables (telemetry changes nothing trained), but it is the one that holds histograms
+        duplicates = [p.path for p in problems if p.status == "duplicate"]
         figures = out / "advice" if plots else None
-        text.append(advice_section(runs["path"], figures_dir=figures, relative_to=out))
+        paths = [*runs["path"], *duplicates]
+        text.append(advice_section(paths, figures_dir=figures, relative_to=out))
     if images:
         text += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     report = "\n".join(text)
