@@ -426,3 +426,23 @@ def test_a_run_that_skipped_every_step_is_flagged_and_gets_no_verdict(results, t
     }
     problems = pd.read_csv(out / "problems.csv")
     assert (problems["reason"].str.contains("all 6 optimizer steps were skipped")).sum() == 2
+
+
+def test_a_seed_that_ended_with_a_non_finite_metric_makes_the_verdict_worse(results, tmp_path):
+    """mixed seed 1's record rewritten with top1 NaN (what a completed run whose evaluation
+    overflowed records): the finite pair alone would read "too few seeds"; the verdict names the
+    NaN seed instead, and deltas.csv counts it."""
+    root, _, _ = results
+    copy = tmp_path / "runs"
+    shutil.copytree(root, copy, ignore=shutil.ignore_patterns("report"))
+    record_path = runs_dir(copy, "mixed", 1) / "run.json"
+    record = json.loads(record_path.read_text())
+    record["metrics"]["top1"] = float("nan")
+    record_path.write_text(json.dumps(record))
+    out = tmp_path / "report"
+    assert cli.main([str(copy), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    deltas = pd.read_csv(out / "deltas.csv")
+    [mixed] = deltas[(deltas["preset"] == "mixed") & (deltas["reference"] == "fp32")].itertuples()
+    assert mixed.seeds_paired == 1 and mixed.seeds_nonfinite == 1
+    assert mixed.verdict == "worse: 1 of 2 seeds ended with a non-finite top1"
+    assert "group_label" in deltas.columns

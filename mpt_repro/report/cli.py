@@ -80,7 +80,11 @@ HEADINGS = {
         False,
     ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
-    "suspect": ("Completed with non-finite metrics (in the tables: check them)", True),
+    "suspect": (
+        "Completed with non-finite metrics, or without one applied step (in the tables: check "
+        "them)",
+        True,
+    ),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
 }
 
@@ -220,9 +224,8 @@ def main(argv=None) -> int:
     )
     if not args.quiet:
         print(report)
-    print(
-        f"mpt-report: wrote {out / 'report.md'}, tables/ (csv, tex, md) and plots/", file=sys.stderr
-    )
+    written = "tables/ (csv, tex, md)" + ("" if args.no_plots else " and plots/")
+    print(f"mpt-report: wrote {out / 'report.md'}, {written}", file=sys.stderr)
     return 0
 
 

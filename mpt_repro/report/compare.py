@@ -102,6 +102,7 @@ class Delta:
     n_seeds: int  # seeds of this preset in the group
     verdict: str
     n_untrained: int = 0  # paired seeds where either run skipped every optimizer step
+    n_nonfinite: int = 0  # seeds where this preset's metric is NaN/inf and the reference's is not
 
 
 def paired_delta(
@@ -150,8 +151,16 @@ def paired_delta(
         "",
     )
     delta.n_untrained = len(set(seeds) & (_untrained(preset_runs) | _untrained(reference_runs)))
+    ref_bad = ref_diverged | _nonfinite(reference_runs)
+    delta.n_nonfinite = len(_nonfinite(preset_runs) - ref_bad)
     delta.verdict = verdict(delta)
     return delta
+
+
+def _nonfinite(runs: pd.DataFrame) -> set[int]:
+    """The seeds of completed runs whose primary metric is NaN or infinite."""
+    bad = (runs["status"] == "completed") & ~runs["primary_finite"].astype(bool)
+    return {int(s) for s in runs.loc[bad, "seed"]}
 
 
 def _untrained(runs: pd.DataFrame) -> set[int]:
@@ -162,8 +171,13 @@ def _untrained(runs: pd.DataFrame) -> set[int]:
 
 
 def verdict(d: Delta) -> str:
-    if d.n_diverged:
-        return f"worse: {d.n_diverged} of {d.n_seeds} seeds diverged"
+    if d.n_diverged or d.n_nonfinite:  # an outcome the interval of the finite pairs would hide
+        bad = [f"{d.n_diverged} of {d.n_seeds} seeds diverged"] if d.n_diverged else []
+        if d.n_nonfinite:
+            bad.append(f"{d.n_nonfinite} of {d.n_seeds} seeds ended with a non-finite {d.metric}")
+        return "worse: " + ", ".join(bad)
+    if d.n == 0:
+        return "no paired seeds: none completed with a finite metric under both presets"
     if d.n_untrained:  # a comparison with a model that never stepped says nothing of precision
         return f"no verdict: {d.n_untrained} of {d.n} paired seeds applied no step"
     if d.low is None or d.high is None:
@@ -223,6 +237,7 @@ def deltas_frame(runs: pd.DataFrame, settings: Settings) -> pd.DataFrame:
     """deltas.csv: one row per comparison group and preset, numbers unformatted."""
     columns = [
         *PAIR_KEYS,
+        "group_label",
         "row_label",
         "preset",
         "reference",
@@ -235,18 +250,22 @@ def deltas_frame(runs: pd.DataFrame, settings: Settings) -> pd.DataFrame:
         "confidence",
         "tolerance",
         "seeds_diverged",
+        "seeds_nonfinite",
+        "seeds_untrained",
         "verdict",
     ]
-    labels = {}
+    labels, groups = {}, {}
     if not runs.empty:
         for _, r in runs.iterrows():
             labels.setdefault(tuple(r[k] for k in PAIR_KEYS), r.get("row_label", ""))
+            groups.setdefault(tuple(r[k] for k in PAIR_KEYS), r.get("group_label", ""))
     rows = []
     for key, found in group_deltas(runs, settings).items():
         for preset, d in found.items():
             rows.append(
                 {
                     **dict(zip(PAIR_KEYS, key)),
+                    "group_label": groups.get(key, ""),
                     "row_label": labels.get(key, ""),
                     "preset": preset,
                     "reference": settings.reference,
@@ -259,6 +278,8 @@ def deltas_frame(runs: pd.DataFrame, settings: Settings) -> pd.DataFrame:
                     "confidence": settings.confidence,
                     "tolerance": d.tolerance,
                     "seeds_diverged": d.n_diverged,
+                    "seeds_nonfinite": d.n_nonfinite,
+                    "seeds_untrained": d.n_untrained,
                     "verdict": d.verdict,
                 }
             )
