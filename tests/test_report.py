@@ -845,18 +845,23 @@ def test_plain_tick_labels_and_one_point_panels():
 
 def test_cost_bars_linear_from_zero():
     """Ratios to fp32 on linear axes from zero, one row of panels per comparison group (no axis
-    shared by experiments with other units), each bar labelled with the ratio and the figure."""
+    shared by experiments with other units), each bar labelled with the ratio and the figure; a
+    preset whose runs all diverged keeps its place, marked, so no missing bar reads as cheap."""
     from mpt_repro.report.plots import cost_figure
 
+    nan = float("nan")
     agg = pd.DataFrame(
         {
-            "row_label": ["demo", "demo", "lstm_lm", "lstm_lm"],
-            "data": ["digits", "digits", "corpus", "corpus"],
-            "precision": ["fp32", "mixed", "fp32", "mixed"],
-            "samples_per_s_mean": [1000.0, 1010.0, 4720.0, 2360.0],  # 1% apart looks 1% apart
-            "saved_bytes_per_sample_mean": [100 * MiB, 50 * MiB, 10 * MiB, 10 * MiB],
-            "peak_memory_bytes_mean": [2000 * MiB, 2000 * MiB, 2000 * MiB, 2000 * MiB],
-            "peak_memory_kind": ["host_peak_rss"] * 4,
+            "row_label": ["demo", "demo", "demo", "lstm_lm", "lstm_lm"],
+            "data": ["digits", "digits", "digits", "corpus", "corpus"],
+            "precision": ["fp32", "mixed", "no_scaling", "fp32", "mixed"],
+            "n_completed": [1, 1, 0, 1, 1],
+            "n_diverged": [0, 0, 1, 0, 0],
+            # 1% apart looks 1% apart
+            "samples_per_s_mean": [1000.0, 1010.0, nan, 4720.0, 2360.0],
+            "saved_bytes_per_sample_mean": [100 * MiB, 50 * MiB, nan, 10 * MiB, 10 * MiB],
+            "peak_memory_bytes_mean": [2000 * MiB] * 2 + [nan] + [2000 * MiB] * 2,
+            "peak_memory_kind": ["host_peak_rss"] * 5,
         }
     )
     fig = cost_figure(agg, "t")
@@ -864,12 +869,14 @@ def test_cost_bars_linear_from_zero():
     for ax in fig.axes:
         assert ax.get_yscale() == "linear" and ax.get_ylim()[0] == 0
     demo_speed, demo_memory, lm_speed, _ = fig.axes
-    assert [p.get_height() for p in demo_speed.patches] == [1.0, 1.01]
-    assert [t.get_text() for t in demo_speed.texts] == ["1.00× (1,000/s)", "1.01× (1,010/s)"]
-    assert [p.get_height() for p in demo_memory.patches] == [1.0, 0.5]  # saved bytes on a CPU
-    assert "saved for backward" in demo_memory.get_title()
+    assert [p.get_height() for p in demo_speed.patches] == [1.0, 1.01, 0.0]
+    texts = [t.get_text() for t in demo_speed.texts]
+    assert texts[:3] == ["1.00×\n1,000/s", "1.01×\n1,010/s", ""]  # the bars' labels
+    assert "diverged" in texts and "demo (digits)" in texts  # the outcome; the group's label
+    assert [p.get_height() for p in demo_memory.patches] == [1.0, 0.5, 0.0]  # saved bytes
+    assert demo_memory.get_title() == "saved for backward per sample ÷ fp32"
     assert [p.get_height() for p in lm_speed.patches] == [1.0, 0.5]
-    assert lm_speed.get_title().startswith("lstm_lm (corpus)")
+    assert "lstm_lm (corpus)" in [t.get_text() for t in lm_speed.texts]
 
 
 def test_every_preset_has_its_own_colour():
@@ -904,6 +911,23 @@ def test_percent_axes_from_zero_integer_steps_and_the_difference_panel():
     [line] = delta.get_lines()[:1]
     assert list(line.get_ydata()) == [2.0, 2.0]
     assert delta.get_title().startswith("Δ top1 to fp32")
+
+
+def test_an_empty_difference_panel_says_which_preset_diverged():
+    """fp32 evaluated, no_scaling diverged before its first evaluation: nothing pairs, and the
+    panel says why instead of an empty axis with steps -1 to 1."""
+    from mpt_repro.report.plots import curves_figure
+
+    fp32 = pd.DataFrame({"step": [6], "split": "eval", "top1": [7.8]})
+    nothing = pd.DataFrame({"step": [], "split": [], "top1": []})
+    by_seed = {"fp32": {0: fp32}, "no_scaling": {0: nothing}}
+    train = {p: _band_frames([[3.0, 2.0, 1.0]]) for p in by_seed}
+    evals = {p: list(f.values()) for p, f in by_seed.items()}
+    fig = curves_figure(train, evals, {"no_scaling": [5]}, "top1", "t", by_seed)
+    delta = fig.axes[2]
+    assert not delta.get_lines()
+    [text] = [t.get_text() for t in delta.texts]
+    assert text.endswith("(no_scaling diverged before an evaluation)"), text
 
 
 def test_nothing_of_a_diverged_run_is_drawn_from_the_step_it_diverged_at(tmp_path):

@@ -15,6 +15,7 @@ must work over SSH and in CI.
 
 from __future__ import annotations
 
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -194,7 +195,9 @@ def paired_band(
         both = frame[["step", column]].merge(ref[["step", column]], on="step", suffixes=("", "_r"))
         both = both.apply(pd.to_numeric, errors="coerce").dropna()
         both["diff"] = both[column] - both[f"{column}_r"]
-        diffs.append(both[["step", "diff"]][np.isfinite(both["diff"])])
+        found = both[["step", "diff"]][np.isfinite(both["diff"])]
+        if not found.empty:  # a seed that diverged before its first evaluation pairs nothing
+            diffs.append(found)
     if not diffs:
         return None
     stats = pd.concat(diffs).groupby("step")["diff"].agg(["mean", "std", "count"]).reset_index()
@@ -206,8 +209,9 @@ def paired_band(
     return stats
 
 
-def plot_deltas(ax, evals, reference_name, metric, styles, level) -> bool:
-    """The paired difference to the reference preset of each other preset, with its band."""
+def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=()) -> bool:
+    """The paired difference to the reference preset of each other preset, with its band.
+    diverged: the presets with a diverged run, named when nothing could be paired."""
     reference = evals.get(reference_name)
     if not reference:
         say_empty(ax, f"no {reference_name} run in this group:\nnothing to compare with")
@@ -229,7 +233,9 @@ def plot_deltas(ax, evals, reference_name, metric, styles, level) -> bool:
     if drew:
         ax.axhline(0.0, color="black", linewidth=0.8)
     else:
-        say_empty(ax, f"no {metric} of another preset\npaired with {reference_name}'s seeds")
+        others = sorted(set(diverged) - {reference_name})
+        why = f"\n({', '.join(others)} diverged before an evaluation)" if others else ""
+        say_empty(ax, f"no {metric} of another preset\npaired with {reference_name}'s seeds{why}")
     return drew
 
 
@@ -255,7 +261,7 @@ def curves_figure(
         middle, train, metric, styles
     )
     middle.set(title=metric, xlabel="step")
-    plot_deltas(right, by_seed or {}, reference, metric, styles, level)
+    plot_deltas(right, by_seed or {}, reference, metric, styles, level, diverged)
     ended = "every run diverged before it" if diverged and len(diverged) == len(train) else "none"
     if not drew_loss:
         left.text(
@@ -418,49 +424,81 @@ def memory_measure(rows: pd.DataFrame) -> tuple[str, str]:
 def cost_figure(part: pd.DataFrame, title: str, reference: str = "fp32"):
     """One row of panels per comparison group (speed and memory as ratios to the group's
     reference preset, each bar labelled with the ratio and the absolute figure): linear axes from
-    zero, and no axis shared between experiments."""
+    zero, and no axis shared between experiments. A preset of the group without a completed run
+    keeps its place, marked with how it ended, so a missing bar never reads as a cheap one."""
     groups = [
         (f"{label} ({data})", g)
         for (label, data), g in part.groupby(["row_label", "data"], sort=True)
-        if (g["precision"] == reference).any()
+        if ((g["precision"] == reference) & (g["n_completed"] > 0)).any()
     ]
     if not groups:
         return None
-    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 2.4 * len(groups) + 0.8), squeeze=False)
+    fig, axes = plt.subplots(len(groups), 2, figsize=(11, 2.9 * len(groups) + 0.8), squeeze=False)
     for (label, g), (speed_ax, memory_ax) in zip(groups, axes):
         presets = preset_order(g["precision"], g)
         styles = preset_styles(presets)
         rows = g.set_index("precision")
-        ref = rows.loc[reference]
-        memory_col, memory_name = memory_measure(g)
+        memory_col, memory_name = memory_measure(g[g["n_completed"] > 0])
         for ax, col, name, unit, scale in (
             (speed_ax, "samples_per_s_mean", "samples/s", "/s", 1.0),
             (memory_ax, memory_col, memory_name, " MiB", 2**20),
         ):
-            heights, texts = [], []
-            for p in presets:
-                value, base = rows.loc[p].get(col), ref.get(col)
-                ratio = value / base if _number(value) and _number(base) and base else np.nan
-                heights.append(ratio)
-                texts.append(
-                    "" if np.isnan(ratio) else f"{ratio:.2f}× ({_amount(value / scale)}{unit})"
-                )
-            bars = ax.bar(
-                range(len(presets)),
-                heights,
-                color=[styles[p]["color"] for p in presets],
-                edgecolor="black",
-                linewidth=0.5,
-            )
-            ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
-            ax.set_xticks(range(len(presets)), presets, fontsize="small", rotation=20)
-            ax.set_ylim(0, max([h for h in heights if h == h] + [1.0]) * 1.3)  # linear, from zero
-            ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
-            plain_axis(ax)
-            ax.set_title(f"{label}: {name} ÷ {reference}", fontsize="small")
-            ax.set_ylabel(f"÷ {reference}")
-    fig.suptitle(title, fontsize="medium")
+            cost_panel(ax, rows, presets, styles, (col, unit, scale), reference)
+            ax.set_title(f"{name} ÷ {reference}", fontsize="small")
+        # the group's label once per row, wrapped over both panels (it can name several keys)
+        speed_ax.annotate(
+            textwrap.fill(label, 120),
+            xy=(0, 1.16),
+            xycoords="axes fraction",
+            fontsize="small",
+            fontweight="bold",
+            va="bottom",
+        )
+    inch = 1 / fig.get_figheight()
+    fig.suptitle(title, fontsize="medium", y=1 - 0.2 * inch)
+    fig.tight_layout()
+    # tight_layout leaves out the row labels (annotations): room for the title and the first
+    # label above the first row, and for each label and the wrapped preset names between rows
+    fig.subplots_adjust(top=1 - 1.1 * inch, hspace=0.95)
     return fig
+
+
+def cost_panel(ax, rows: pd.DataFrame, presets: list[str], styles, measure, reference) -> None:
+    """Bars of one measure as ratios to the reference, labelled `0.54×` over the absolute figure;
+    a preset without a completed run gets its outcome at the foot of its place instead."""
+    col, unit, scale = measure
+    base = rows.loc[reference].get(col)
+    heights, texts = [], []
+    for p in presets:
+        row = rows.loc[p]
+        value = row.get(col) if row.get("n_completed", 0) else np.nan
+        ratio = value / base if _number(value) and _number(base) and base else np.nan
+        heights.append(ratio)
+        texts.append("" if np.isnan(ratio) else f"{ratio:.2f}×\n{_amount(value / scale)}{unit}")
+    bars = ax.bar(
+        range(len(presets)),
+        [0.0 if np.isnan(h) else h for h in heights],
+        color=[styles[p]["color"] for p in presets],
+        edgecolor="black",
+        linewidth=0.5,
+    )
+    ax.bar_label(bars, labels=texts, fontsize="x-small", padding=2)
+    for i, (p, h) in enumerate(zip(presets, heights)):
+        if np.isnan(h):
+            ended = "diverged" if rows.loc[p].get("n_diverged", 0) else "no result"
+            ax.text(i, 0.04, ended, ha="center", va="bottom", fontsize="x-small", style="italic")
+    names = [tick_name(p) for p in presets]  # a preset with changed knobs has a long name
+    ax.set_xticks(range(len(presets)), names, fontsize="x-small", rotation=0)
+    ax.set_ylim(0, max([h for h in heights if h == h] + [1.0]) * 1.45)  # linear, from zero
+    ax.axhline(1.0, color="black", linewidth=0.6, linestyle=":")
+    plain_axis(ax)
+    ax.set_ylabel(f"÷ {reference}")
+
+
+def tick_name(preset: str) -> str:
+    """`amp [precision.init_scale=1024.0]` under its bar: the preset, then its knobs wrapped."""
+    name, sep, knobs = preset.partition(" [")
+    return name + ("\n" + "\n".join(textwrap.wrap("[" + knobs, 18)) if sep else "")
 
 
 def _amount(x: float) -> str:
@@ -476,8 +514,7 @@ def cost_plots(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list
     """A cost figure per budget and device, from the completed runs."""
     written = []
     for (budget, device), part in agg.groupby(["budget", "device"]):
-        part = part[part["n_completed"] > 0]
-        if part.empty:
+        if not (part["n_completed"] > 0).any():
             continue
         fig = cost_figure(
             part, f"cost relative to {reference}: budget={budget}, {device}", reference
