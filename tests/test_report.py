@@ -808,6 +808,22 @@ def _band_frames(values_by_seed):
     ]
 
 
+def test_a_step_one_seed_did_not_log_is_not_a_mean_of_the_others():
+    """Seeds 0-2 logged every 2 steps, seed 3 (trainer.log_every=6, a key that changes nothing
+    trained) only at 6: the band keeps step 6, the mean of all four, not steps 2 and 4 of three
+    seeds beside step 6 of four; a seed that stopped at 4 (it diverged) leaves 6 to the others."""
+    from mpt_repro.report.plots import seed_band
+
+    frames = _band_frames([[3.0, 2.0, 1.0]] * 3)
+    frames.append(pd.DataFrame({"step": [6], "split": "train", "loss": [5.0]}))
+    band = seed_band(frames, "loss")
+    assert band["step"].tolist() == [6] and band["count"].tolist() == [4]
+    assert band["mean"].tolist() == [2.0]  # (1 + 1 + 1 + 5) / 4
+    stopped = pd.DataFrame({"step": [2, 4], "split": "train", "loss": [9.0, 9.0]})
+    band = seed_band([*_band_frames([[3.0, 2.0, 1.0]]), stopped], "loss")
+    assert band["step"].tolist() == [2, 4, 6] and band["count"].tolist() == [2, 2, 1]
+
+
 def test_curves_mean_with_band_one_style_per_preset():
     from mpt_repro.report.plots import curves_figure
 

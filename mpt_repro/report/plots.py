@@ -87,8 +87,13 @@ def seed_band(frames: list[pd.DataFrame], column: str) -> pd.DataFrame | None:
     parts = [p.apply(pd.to_numeric, errors="coerce").dropna() for p in parts if not p.empty]
     if not parts:
         return None
+    # a step that a seed ran past without logging it (another trainer.log_every, a neutral key)
+    # is left out, so that each point is the mean of the same seeds; a seed that stopped (it
+    # diverged) leaves the later steps to the others
+    logged = [(set(p["step"]), p["step"].max()) for p in parts]
     stacked = pd.concat(parts)
-    stacked = stacked[np.isfinite(stacked[column])]
+    every = [all(s in steps for steps, end in logged if s <= end) for s in stacked["step"]]
+    stacked = stacked[np.isfinite(stacked[column]) & np.array(every, dtype=bool)]
     if stacked.empty:
         return None
     band = stacked.groupby("step")[column].agg(["mean", "min", "max", "count"])
