@@ -288,3 +288,19 @@ def test_help_loads_no_torch():
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
     assert "RUN_DIR | KEY=VALUE" in done.stdout and done.stderr.strip() == "False"
+
+
+def test_the_checks_made_for_the_diagnostic_run_find_the_modules_it_will(tmp_path):
+    """mpt-advise checks the diagnostic run's command in its own process, the run gets `env`:
+    a model.target module on the child's PYTHONPATH only is found by the checks too."""
+    from mpt_repro.advise.launch import child_path, refusal
+
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "nets_for_the_child.py").write_text("def make(num_classes):\n    return None\n")
+    args = ["experiment=demo", "model=custom", "model.target=nets_for_the_child:make",
+            f"paths.runs_dir={tmp_path / 'runs'}"]  # fmt: skip
+    assert "no module named 'nets_for_the_child'" in refusal(args)
+    with child_path({"PYTHONPATH": str(lib)}):
+        assert refusal(args) is None
+    assert str(lib) not in sys.path

@@ -8,6 +8,8 @@ run of the same command is reused.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import shlex
 import subprocess
 import sys
@@ -81,6 +83,18 @@ def refusal(args: list[str]) -> str | None:
     return problem.removeprefix("error: ") if problem else None
 
 
+@contextlib.contextmanager
+def child_path(env: dict | None):
+    """sys.path with the child's PYTHONPATH in front, for the checks made here on its behalf."""
+    extra = [p for p in ((env or {}).get("PYTHONPATH") or "").split(os.pathsep) if p]
+    saved = list(sys.path)
+    sys.path[:0] = extra
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 def run_diagnostic(
     overrides: list[str],
     steps: int,
@@ -97,7 +111,8 @@ def run_diagnostic(
         print(f"mpt-advise: reusing the finished diagnostic run {run_dir} (overwrite=true trains "
               "it again)", file=sys.stderr)  # fmt: skip
         return run_dir
-    problem = refusal(args)
+    with child_path(env):  # the checks find the modules the child will (model.target's)
+        problem = refusal(args)
     if problem:
         raise AdviceError(problem)
     print(f"mpt-advise: diagnostic run: mpt-run {shlex.join(args)}", file=sys.stderr)
