@@ -103,8 +103,10 @@ def test_the_markdown_shows_the_json_figures(advice):
     text = markdown(advice)
     data = to_json(advice)
     for p in data["predictions"]:
-        row = next(line for line in text.splitlines() if line.startswith(f"| {p['title']} |"))
+        row = next(line for line in text.splitlines() if line.startswith(f"| {p['title']} (`"))
         cells = [c.strip() for c in row.strip("|").split("|")]
+        preset = next(w for w in p["command"].split() if w.startswith("precision="))
+        assert cells[0].endswith(f"(`{preset}`)")  # the preset it runs as, by its mpt-run name
         assert cells[2] == pct(p["network"]["act"]["lost"]["fraction"])
         assert cells[5] == pct(p["network"]["weight"]["lost"]["fraction"])
         assert cells[-1] == p["verdict"]

@@ -62,7 +62,8 @@ def recipe_table(advice: Advice) -> list[str]:
     for p in advice.predictions:
         worst = ", ".join(f"{n} ({_layer_cell(c)})" for n, c in p.worst_layers())
         upd = "0 (master copy)" if p.recipe.master else pct(p.updates_lost)
-        cells = [p.recipe.title, _scale_cell(p)]
+        # the preset it runs as, so that `no_scaling` is found by the name mpt-run knows
+        cells = [f"{p.recipe.title} (`{p.recipe.overrides[0]}`)", _scale_cell(p)]
         cells += _kind_cells(p.kinds["act"]) + _kind_cells(p.kinds["weight"])
         cells += [upd, worst or "none", p.verdict]
         lines.append("| " + " | ".join(cells) + " |")
