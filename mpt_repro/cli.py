@@ -50,6 +50,7 @@ class _JobFailed(Exception):
 # it completed (Hydra's own report of a failed job is a list of overrides after the last job's
 # output); the sweep's last line is then ours, naming the jobs that did not complete.
 _sweep_jobs: list[tuple[str, int, bool]] = []  # (overrides, exit status, finished-run refusal)
+_sweep_dir: list[Path] = []  # the sweep's folder, as its jobs saw it
 
 
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
@@ -80,6 +81,7 @@ def _main(cfg: DictConfig) -> None:
             raise
         # A stop by a signal ends a sweep; any other failure ends only its own job.
         if hc.mode == RunMode.MULTIRUN and code not in (130, 143):
+            _sweep_dir[:] = [Path(hc.sweep.dir)]
             _sweep_jobs.append((_typed(hc.overrides.task), code, isinstance(e, FinishedRun)))
             return
         sys.exit(code)
@@ -100,6 +102,11 @@ def _sweep_failure() -> _JobFailed | None:
     failed = [(o, code, finished) for o, code, finished in _sweep_jobs if code]
     if not failed:
         return None
+    if len(failed) == len(_sweep_jobs) and all(code == 2 for _, code, _ in failed) and _sweep_dir:
+        from mpt_repro.preflight import remove_sweep_if_new
+
+        remove_sweep_if_new(_sweep_dir[0])  # every job refused: Hydra's multirun.yaml goes too
+    others = ", and the others ran" if len(failed) < len(_sweep_jobs) else ""
     names = "; ".join(o for o, _, _ in failed[:3]) + ("; ..." if len(failed) > 3 else "")
     hint = ""
     if any(finished for _, _, finished in failed):
@@ -109,7 +116,7 @@ def _sweep_failure() -> _JobFailed | None:
         )
     print(
         f"{PROG}: error: {len(failed)} of the sweep's {len(_sweep_jobs)} jobs did not complete "
-        f"({names}); each said why above, and the others ran{hint}",
+        f"({names}); each said why above{others}{hint}",
         file=sys.stderr,
     )
     return _JobFailed(failed[0][1])

@@ -144,6 +144,25 @@ def remove_if_new(run_dir: Path) -> None:
         folder = folder.parent
 
 
+def remove_sweep_if_new(sweep_dir: Path) -> None:
+    """A sweep whose every job was refused, in a folder this command created: Hydra's
+    multirun.yaml goes too, then the emptied folders up to the first that did not exist."""
+    folder = Path(sweep_dir).resolve()
+    mine = [f for f in NEW_DIRECTORIES.values() if f == folder or f in folder.parents]
+    if not mine or any(p.name != "multirun.yaml" for p in folder.iterdir()):
+        return
+    first = min(mine, key=lambda f: len(f.parts))
+    (folder / "multirun.yaml").unlink(missing_ok=True)
+    while True:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+        if folder == first:
+            return
+        folder = folder.parent
+
+
 def unwritable(run_dir: Path) -> str | None:
     """Why the run directory cannot be written (its nearest existing folder is read-only), or
     None. Probed by creating and removing a temporary file: permission bits lie to root and say

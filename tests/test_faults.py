@@ -384,6 +384,24 @@ def test_a_sweep_that_finds_a_finished_run_ends_with_the_command_that_runs_the_r
     assert snapshot(runs / "demo") == before
 
 
+def test_a_sweep_whose_every_job_is_refused_at_build_leaves_nothing(tmp_path: Path) -> None:
+    """An empty data folder is found only when each job builds its data: every job says so, the
+    last line counts them, and the runs folder this command created is gone again, Hydra's
+    multirun.yaml included."""
+    (tmp_path / "empty").mkdir()
+    runs = tmp_path / "runs" / "sweep"
+    proc = subprocess.run(
+        [MPT_RUN, "-m", *SMOKE, "precision=fp32,mixed", "data=imagefolder",
+         f"data.root={tmp_path / 'empty'}", f"paths.runs_dir={runs}"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("mpt-run: error: 2 of the sweep's 2 jobs did not complete"), last
+    assert last.endswith("each said why above") and "Traceback" not in proc.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+
+
 @pytest.mark.slow
 def test_a_job_refused_while_it_builds_does_not_stop_the_sweep(tmp_path: Path) -> None:
     """A factory that does not import is found only when the job builds its model: that job
