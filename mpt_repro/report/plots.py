@@ -179,7 +179,8 @@ def say_empty(ax, text: str) -> None:
 def metric_axis(ax, metric: str) -> None:
     """A percent metric's axis starts at 0 and is labelled with %."""
     if metric in PERCENT_METRICS:
-        ax.set_ylim(bottom=0, top=max(ax.get_ylim()[1], 1.0))
+        # from 0, with headroom so the highest point is not cut by the frame
+        ax.set_ylim(bottom=0, top=max(min(ax.get_ylim()[1] * 1.08, 105.0), 1.0))
         ax.set_ylabel(f"{metric} (%)")
     else:
         ax.set_ylabel(metric)
@@ -237,6 +238,7 @@ def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=()) -
         drew = True
     if drew:
         ax.axhline(0.0, color="black", linewidth=0.8)
+        ax.margins(y=0.12)  # a lone point off zero stays inside the frame
     else:
         others = sorted(set(diverged) - {reference_name})
         why = f"\n({', '.join(others)} diverged before an evaluation)" if others else ""
@@ -291,7 +293,7 @@ def curves_figure(
             legend(ax)
     if drew_metric:
         metric_axis(middle, metric)
-    fig.suptitle(title, fontsize="medium")
+    fig.suptitle(textwrap.fill(title, 150), fontsize="medium")  # a group's keys can be many
     return fig
 
 
@@ -410,7 +412,9 @@ def experiment_plots(
             ax.set_yscale("log", base=2)
             legend(ax)
         integer_steps(ax)
-        ax.set(title=f"loss scale — {setting}", xlabel="step", ylabel="loss scale")
+        # the setting names the group's keys: wrapped to the figure's width, not clipped
+        title = textwrap.fill(f"loss scale — {setting}", 70)
+        ax.set(title=title, xlabel="step", ylabel="loss scale")
         ax.title.set_fontsize("small")
         written.append(_save(fig, folder / f"{stem}_loss_scale.png"))
     return written, problems
