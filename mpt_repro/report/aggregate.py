@@ -39,25 +39,27 @@ def _sorted_unique(values) -> list:
     return sorted({v for v in values if v is not None and v == v})
 
 
+# the columns of a group beside its keys and its statistics
+COUNT_COLUMNS = (
+    "group_label",
+    "row_label",
+    "n_completed",
+    "n_nonfinite",
+    "n_untrained",
+    "flagged",
+    "n_diverged",
+    "diverged_steps",
+    "diverged_layers",
+)
+
+
 def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
     """One row per GROUP_KEYS: n_completed, n_nonfinite (completed with a non-finite primary
     metric: not averaged), n_untrained (completed with every step skipped), flagged ({metric:
     completed runs where it is not finite}), n_diverged, diverged_steps, diverged_layers,
     <col>_mean/_std/_count, and the group's labels."""
-    empty = [
-        *GROUP_KEYS,
-        "group_label",
-        "row_label",
-        "n_completed",
-        "n_nonfinite",
-        "n_untrained",
-        "flagged",
-        "n_diverged",
-        "diverged_steps",
-        "diverged_layers",
-    ]
     if runs.empty:
-        return pd.DataFrame(columns=empty)
+        return pd.DataFrame(columns=[*GROUP_KEYS, *COUNT_COLUMNS])
     values = value_columns(runs)
     # groupby(dropna=False): a key never vanishes because a field was empty
     done = runs[runs["status"] == "completed"]

@@ -379,37 +379,7 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
             )
             continue
         rows.append(row)
-        # a run can complete with a NaN (e.g. an eval loss that overflowed): it stays in the
-        # tables as recorded, but the reader is told
-        metrics = record.get("metrics") or {}
-        bad = sorted(k for k, v in metrics.items() if not finite(v))
-        if row["status"] == "completed" and bad:
-            values = ", ".join(f"{k}={metrics[k]}" for k in bad)
-            kept = (
-                "kept in the tables, flagged in its cell"
-                if row["primary_finite"]
-                else f"its {row['primary_metric']} is not averaged (the cell says so)"
-            )
-            problems.append(
-                Problem(
-                    str(path.parent),
-                    "suspect",
-                    f"completed with non-finite final metrics ({values}); {kept}",
-                    run_name(record),
-                )
-            )
-        if row["untrained"]:
-            problems.append(
-                Problem(
-                    str(path.parent),
-                    "suspect",
-                    f"completed, but all {record['steps']} optimizer steps were skipped for an "
-                    "overflow: its metrics are the untrained model's (flagged in its cell; no "
-                    "verdict); a dynamic loss scale halves per skipped step: train longer; lower "
-                    "a static one",
-                    run_name(record),
-                )
-            )
+        problems += _to_check(record, row, path)
     columns = [
         "path",
         *GROUP_KEYS,
@@ -424,6 +394,31 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
     runs = with_preset_variants(runs)
     runs = _without_duplicates(runs, problems)
     return with_group_labels(runs), problems
+
+
+def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
+    """A tabulated run the reader is told to check: it completed with a NaN (e.g. an evaluation
+    loss that overflowed; it stays in the tables as recorded), or without one applied step."""
+    found = []
+    metrics = record.get("metrics") or {}
+    bad = sorted(k for k, v in metrics.items() if not finite(v))
+    if row["status"] == "completed" and bad:
+        values = ", ".join(f"{k}={metrics[k]}" for k in bad)
+        kept = (
+            "kept in the tables, flagged in its cell"
+            if row["primary_finite"]
+            else f"its {row['primary_metric']} is not averaged (the cell says so)"
+        )
+        reason = f"completed with non-finite final metrics ({values}); {kept}"
+        found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
+    if row["untrained"]:
+        reason = (
+            f"completed, but all {record['steps']} optimizer steps were skipped for an overflow: "
+            "its metrics are the untrained model's (flagged in its cell; no verdict); a dynamic "
+            "loss scale halves per skipped step: train longer; lower a static one"
+        )
+        found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
+    return found
 
 
 def preset_config(record: dict) -> dict[str, Any]:
