@@ -962,3 +962,15 @@ def test_nothing_of_a_diverged_run_is_drawn_from_the_step_it_diverged_at(tmp_pat
     assert curves.diverged == {"mixed": [4]}
     assert curves.by_seed["mixed"][0]["step"].tolist() == [2]  # not step 6's 10.94
     assert curves.by_seed["fp32"][0]["step"].tolist() == [6]  # fp32's own evaluation stays
+
+
+def test_groups_are_listed_in_the_numeric_order_of_their_keys():
+    from mpt_repro.report.tables import natural_key
+
+    labels = ["demo [optim.lr=30.0]", "demo [optim.lr=1e+308]", "demo [optim.lr=3.0]", "demo"]
+    assert sorted(labels, key=natural_key) == [
+        "demo",
+        "demo [optim.lr=3.0]",
+        "demo [optim.lr=30.0]",
+        "demo [optim.lr=1e+308]",
+    ]

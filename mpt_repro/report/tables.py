@@ -193,8 +193,15 @@ def group_rows(part: pd.DataFrame, experiment: str, own_model_only: bool = False
         first = group.iloc[0]
         presets = {r["precision"]: r for _, r in group.iterrows()}
         rows.append(Row(str(first["row_label"]), presets, tuple(first[k] for k in PAIR_KEYS)))
-    rows.sort(key=lambda r: (r.key[1] != experiment, r.label))
+    rows.sort(key=lambda r: (r.key[1] != experiment, natural_key(r.label)))
     return rows
+
+
+def natural_key(text: str) -> list:
+    """`optim.lr=3` before `optim.lr=30` and `optim.lr=1e+308`: the numbers in a label compared
+    as numbers, the rest as text."""
+    parts = re.split(r"(-?\d+(?:\.\d+)?(?:e[+-]?\d+)?)", text)
+    return [(0, float(p), "") if i % 2 else (1, 0.0, p) for i, p in enumerate(parts)]
 
 
 Deltas = dict  # {PAIR_KEYS tuple: {preset: compare.Delta}}
