@@ -20,7 +20,6 @@ import errno
 import logging
 import os
 import re
-import shlex
 import sys
 from pathlib import Path
 
@@ -110,10 +109,9 @@ def _sweep_failure() -> _JobFailed | None:
     names = "; ".join(o for o, _, _ in failed[:3]) + ("; ..." if len(failed) > 3 else "")
     hint = ""
     if any(finished for _, _, finished in failed):
-        args = [a for a in sys.argv[1:] if not a.startswith(("resume=", "overwrite="))]
-        hint = ". To keep the finished runs and run the rest: " + shlex.join(
-            [PROG, *args, "resume=true"]
-        )
+        from mpt_repro.rundir import resume_command  # launched here: the whole sweep's command
+
+        hint = f". To keep the finished runs and run the rest: {resume_command(_sweep_dir[0])}"
     print(
         f"{PROG}: error: {len(failed)} of the sweep's {len(_sweep_jobs)} jobs did not complete "
         f"({names}); each said why above{others}{hint}",

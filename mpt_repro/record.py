@@ -256,6 +256,10 @@ def normalised_status(record: Mapping[str, Any]) -> str | None:
     return status
 
 
+# what to do about a run that applied no step, as the closing block and the reporter say it
+NO_STEP_ADVICE = "a dynamic loss scale halves per skipped step: train longer; lower a static one"
+
+
 def no_step_applied(record: Mapping[str, Any]) -> bool:
     """Whether a completed run skipped every optimizer step for an overflow: its metrics are
     those of the model as initialised (a short run whose dynamic loss scale, starting at 2^16,

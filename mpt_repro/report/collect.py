@@ -32,7 +32,7 @@ from typing import Any
 import pandas as pd
 
 from mpt_repro.identity import comparison_config, difference_labels, digest, flatten
-from mpt_repro.record import no_step_applied, normalised_status
+from mpt_repro.record import NO_STEP_ADVICE, no_step_applied, normalised_status
 
 SCHEMA_VERSIONS = (1, 2, 3)
 # statuses whose runs enter the tables, and those that are listed instead
@@ -400,10 +400,9 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
     """A tabulated run the reader is told to check: it completed with a NaN (e.g. an evaluation
     loss that overflowed; it stays in the tables as recorded), or without one applied step."""
     found = []
-    metrics = record.get("metrics") or {}
-    bad = sorted(k for k, v in metrics.items() if not finite(v))
+    bad = nonfinite_names(record)
     if row["status"] == "completed" and bad:
-        values = ", ".join(f"{k}={metrics[k]}" for k in bad)
+        values = ", ".join(f"{k}={record['metrics'][k]}" for k in bad)
         kept = (
             "kept in the tables, flagged in its cell"
             if row["primary_finite"]
@@ -414,8 +413,8 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
     if row["untrained"]:
         reason = (
             f"completed, but all {record['steps']} optimizer steps were skipped for an overflow: "
-            "its metrics are the untrained model's (flagged in its cell; no verdict); a dynamic "
-            "loss scale halves per skipped step: train longer; lower a static one"
+            f"its metrics are the untrained model's (flagged in its cell; no verdict); "
+            f"{NO_STEP_ADVICE}"
         )
         found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
     return found

@@ -254,19 +254,19 @@ def deltas_frame(runs: pd.DataFrame, settings: Settings) -> pd.DataFrame:
         "seeds_untrained",
         "verdict",
     ]
-    labels, groups = {}, {}
+    labels = {}  # {comparison group: (group_label, row_label)}
     if not runs.empty:
         for _, r in runs.iterrows():
-            labels.setdefault(tuple(r[k] for k in PAIR_KEYS), r.get("row_label", ""))
-            groups.setdefault(tuple(r[k] for k in PAIR_KEYS), r.get("group_label", ""))
+            key = tuple(r[k] for k in PAIR_KEYS)
+            labels.setdefault(key, (r.get("group_label", ""), r.get("row_label", "")))
     rows = []
     for key, found in group_deltas(runs, settings).items():
         for preset, d in found.items():
             rows.append(
                 {
                     **dict(zip(PAIR_KEYS, key)),
-                    "group_label": groups.get(key, ""),
-                    "row_label": labels.get(key, ""),
+                    "group_label": labels.get(key, ("", ""))[0],
+                    "row_label": labels.get(key, ("", ""))[1],
                     "preset": preset,
                     "reference": settings.reference,
                     "metric": d.metric,

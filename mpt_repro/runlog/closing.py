@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.record import no_step_applied, normalised_status
+from mpt_repro.record import NO_STEP_ADVICE, no_step_applied, normalised_status
 from mpt_repro.runlog.console import _short
 from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, tb_dir
 
@@ -41,8 +41,7 @@ def closing_block(
     if untrained:
         lines.append(
             f"  NO STEP        all {record['steps']} optimizer steps were skipped for an overflow: "
-            "the metrics are the untrained model's (a dynamic scale halves per skip: train longer; "
-            "lower a static one)"
+            f"the metrics are the untrained model's ({NO_STEP_ADVICE})"
         )
     lines += _ending_lines(record, status, run_dir) + _cost_lines(record)
     lines += _where_lines(record, run_dir, runs_root)
