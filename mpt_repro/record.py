@@ -14,6 +14,13 @@ or `<experiment>-<model.name>` for your own model), `overrides` (the job's comma
 overrides), `saved_bytes_per_sample`, `peak_memory_kind` `host_peak_rss` (a CPU run's own peak;
 `host_max_rss_process` where it could not be reset), and every record has `metrics`: null for a
 diverged run (its last evaluation before it diverged is `diagnostics.last_eval`).
+
+Schema 4 (this writer) over 3: `evaluation`, what the metrics rest on (mpt_repro/evidence.py):
+the items evaluated and their unit, the count under each metric, the metrics left undefined
+(null in `metrics`, with the reason), the items dropped before scoring, and the file beside
+run.json that keeps what each item scored (`eval_items.npz`). Null until a run completes with a
+result; older records read as null (the reporter then gives no verdict: it cannot tell how much
+evidence is under their numbers).
 """
 
 from __future__ import annotations
@@ -31,14 +38,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 3
-READABLE_VERSIONS = (1, 2, 3)
+SCHEMA_VERSION = 4
+READABLE_VERSIONS = (1, 2, 3, 4)
 STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
 # what every readable record holds, whatever its status (a diverged or failed run has no metrics)
 REQUIRED = ("schema_version", "status", "experiment", "precision")
 # fields a record of an older schema lacks: read as None
 ADDED_IN_2 = ("reason", "hint", "diverged_at_step", "diverged_layer", "host", "pid")
 ADDED_IN_3 = ("package_version", "study", "overrides", "saved_bytes_per_sample", "metrics")
+ADDED_IN_4 = ("evaluation",)
 
 
 class RecordError(ValueError):
@@ -151,6 +159,7 @@ class RunRecord:
             "diverged_layer": None,
             "metrics": None,  # every record has it: null until a run completes with a result
             "metrics_detail": None,
+            "evaluation": None,  # what the metrics rest on (schema 4)
             "started_at": now_iso(),
             "finished_at": None,
             "command": " ".join(sys.argv),
@@ -235,7 +244,7 @@ def upgrade(record: Any, path: Path | str = "run.json") -> dict[str, Any]:
         raise RecordError(Path(path), f"unknown status {record['status']!r}")
     if version == SCHEMA_VERSION:
         return record
-    record = {**{k: None for k in (*ADDED_IN_2, *ADDED_IN_3)}, **record}
+    record = {**{k: None for k in (*ADDED_IN_2, *ADDED_IN_3, *ADDED_IN_4)}, **record}
     reason = str(record.get("reason") or "")
     if record["status"] == "failed" and "SIGTERM" in reason:
         # version 1 recorded a stop by SIGTERM (checkpoint saved, resumable) as failed

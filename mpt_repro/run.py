@@ -362,11 +362,13 @@ def _summary(trainer: Any) -> dict[str, Any]:
         log.warning("could not summarise the run: %s", err)
         return {}
     last = summary.pop("metrics", None) or None
-    summary["metrics"], summary["metrics_detail"] = None, None
+    evaluation = summary.pop("evaluation", None)
+    summary["metrics"], summary["metrics_detail"], summary["evaluation"] = None, None, None
     if last:
         summary.setdefault("diagnostics", {})["last_eval"] = {
             "step": trainer.last_eval_step,
             "metrics": last,
+            "evaluation": evaluation,
         }
     return summary
 

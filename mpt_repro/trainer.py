@@ -24,6 +24,7 @@ from mpt_repro import distributed
 from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
+from mpt_repro.evidence import ITEMS_FILE, Evaluation, write_items
 from mpt_repro.memory import RunMemory
 from mpt_repro.optim import lr_multiplier
 from mpt_repro.runlog.console import RunProgress
@@ -68,8 +69,9 @@ class Trainer:
         self.batch_in_epoch = 0
         self.samples = 0
         self.clock = Clock(task.device)
-        self.last_eval: dict[str, float] = {}
+        self.last_eval: dict[str, float | None] = {}
         self.last_eval_step: int | None = None
+        self.last_evaluation: dict[str, Any] | None = None  # run.json's `evaluation` block
         self.window = LogWindow()  # what the next train row of the log averages over
         self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
         self._stop_signal: int | None = None  # the signal that asked for a stop
@@ -224,13 +226,22 @@ class Trainer:
                 averaged.enter_context(ema.applied())
             if self.cfg.trainer.recalibrate_bn:  # statistics of the weights evaluated
                 self.task.recalibrate_bn(self.cfg.trainer.recalibrate_bn)
-            metrics = self.task.evaluate()
+            evaluation = self.task.evaluate()
+        metrics = evaluation.metrics
         self.last_eval, self.last_eval_step = metrics, self.step
+        items_file = None
+        if self.is_main and evaluation.columns is not None:  # what each item scored, beside
+            items_file = ITEMS_FILE  # run.json: the report's interval resamples the items
+            write_items(self.run_dir / ITEMS_FILE, evaluation.columns, self.step)
+        self.last_evaluation = evaluation.record(self.step, items_file)
         if self.metrics is not None:
             self.metrics.log(self.step, "eval", {"epoch": self._epoch_float(), **metrics})
             self.task.log_media(self.writer, self.step)
-        shown = ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
-        self.log.info("eval at step %d: %s", self.step, shown)
+        shown = ", ".join(
+            f"{k}={v:.4g}" if v is not None else f"{k}=undefined" for k, v in metrics.items()
+        )
+        counts = ", ".join(f"{n} {u}" for u, n in _counted(evaluation).items())
+        self.log.info("eval at step %d: %s (%s)", self.step, shown, counts)
         self._call("on_eval_end", self.step, metrics)
 
     def _log_train(self, loss: float, samples_per_s: float, progress: Any) -> None:
@@ -269,6 +280,7 @@ class Trainer:
         return {
             "metrics": self.last_eval,
             "metrics_detail": self.task.metrics_detail or None,
+            "evaluation": self.last_evaluation,
             "steps": self.step,
             "epochs": round(self._epoch_float(), 4),
             "skipped_steps": policy["skipped_steps"],
@@ -300,6 +312,7 @@ class Trainer:
             "train_time": self.clock.total,
             "last_eval": self.last_eval,
             "last_eval_step": self.last_eval_step,
+            "last_evaluation": self.last_evaluation,
             "metrics_rows": list(self.metrics.rows) if self.metrics is not None else None,
             # the window's time so far includes the clock's running lap
             "window": {**self.window.state(), "time": self.window.time + self.clock.lap},
@@ -338,6 +351,7 @@ class Trainer:
         self.batch_in_epoch, self.samples = state["batch_in_epoch"], state["samples"]
         self.clock.total, self.last_eval = state["train_time"], state["last_eval"]
         self.last_eval_step = state.get("last_eval_step")  # absent from older checkpoints
+        self.last_evaluation = state.get("last_evaluation")
         self.window = LogWindow(**state["window"])
         self.divergence.load_state(state["divergence"])
         self.log.info(
@@ -569,3 +583,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
     np.random.set_state(state["numpy"])
     random.setstate(state["python"])
+
+
+def _counted(evaluation: Evaluation) -> dict[str, int]:
+    """{unit: count}: the items evaluated and each other unit a metric rests on (tokens, ...)."""
+    counted = {evaluation.unit: evaluation.items}
+    for metric, unit in evaluation.units.items():
+        counted.setdefault(unit, evaluation.counts[metric])
+    return counted

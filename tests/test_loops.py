@@ -12,6 +12,7 @@ from conftest import compose
 from omegaconf import OmegaConf
 from torch import nn
 
+from mpt_repro.evidence import Ratio
 from mpt_repro.precision import PrecisionConfig, PrecisionPolicy
 from mpt_repro.precision.config import Dtype, LossScaling, WeightStorage
 from mpt_repro.precision.converters import CONVERTERS, Converter
@@ -47,7 +48,10 @@ class Scalar(nn.Module):
 
 class Toy(Task):
     """A task written against the interface only: models from add_model, a loss per micro-batch,
-    evaluation through eval_totals / eval_step / eval_metrics."""
+    evaluation by items: eval_step's per-item columns, metrics from their sums."""
+
+    item_unit = "values"
+    formulas = {"loss": Ratio("loss", "items", "values")}
 
     def __init__(self, policy: PrecisionPolicy, names=("model",)):
         cfg = OmegaConf.create({"seed": 0, "optim": {"grad_clip": None}, "distributed": {}})
@@ -67,15 +71,10 @@ class Toy(Task):
     def eval_batches(self):
         return [torch.tensor([1.0, 2.0]), torch.tensor([4.0])]
 
-    def eval_totals(self) -> dict:
-        return {"loss": 0.0, "n": 0, "sizes": []}
-
     def eval_step(self, x: torch.Tensor) -> dict:
         self.seen_in_eval.append((self.models["model"].training, torch.is_grad_enabled()))
-        return {"loss": self.models["model"](x), "n": len(x), "sizes": [len(x)]}
-
-    def eval_metrics(self, totals: dict) -> dict:
-        return {"loss": totals["loss"] / totals["n"], "sizes": totals["sizes"]}
+        w = self.models["model"].w
+        return {"loss": w * x, "items": torch.ones_like(x), "batch": [len(x)] * len(x)}
 
 
 def test_micro_batches_step_once_on_the_mean_gradient_times_the_grad_factor() -> None:
@@ -128,10 +127,43 @@ def test_a_shared_loss_scale_serves_both_phases_and_moves_once_per_iteration() -
     assert result.loss.item() == 3.0 + 3.0 + 1.0  # both phases' losses (weights before steps)
 
 
-def test_the_evaluation_loop_sums_numbers_joins_lists_in_eval_mode_without_grad() -> None:
+def test_the_evaluation_loop_joins_item_columns_in_eval_mode_without_grad() -> None:
     task = Toy(PrecisionPolicy(amp(loss_scaling=LossScaling.none, compute_dtype=Dtype.float32)))
-    assert task.evaluate() == {"loss": (1.0 + 2.0 + 4.0) / 3, "sizes": [2, 1]}
+    found = task.evaluate()
+    assert found.metrics == {"loss": (1.0 + 2.0 + 4.0) / 3}
+    # the count under the metric, and every column of every item (extra ones kept too)
+    assert found.counts == {"loss": 3} and found.items == 3 and found.unit == "values"
+    assert found.columns["loss"].tolist() == [1.0, 2.0, 4.0]
+    assert found.columns["batch"].tolist() == [2, 2, 1] and found.undefined == {}
     assert task.seen_in_eval == [(False, False), (False, False)]
+
+
+def test_an_evaluation_with_no_item_has_undefined_metrics_never_a_number() -> None:
+    task = Toy(PrecisionPolicy(amp(loss_scaling=LossScaling.none, compute_dtype=Dtype.float32)))
+    task.eval_batches = lambda: []
+    found = task.evaluate()
+    assert found.metrics == {"loss": None} and found.counts == {"loss": 0}
+    assert found.undefined == {"loss": "no values to score (0 values evaluated)"}
+
+
+class Totals(Toy):
+    """A task that sums its own totals (as detection does): evaluation_of reads them."""
+
+    formulas = None
+
+    def eval_totals(self) -> dict:
+        return {"loss": 0.0, "n": 0, "sizes": []}
+
+    def eval_step(self, x: torch.Tensor) -> dict:
+        return {"loss": self.models["model"](x), "n": len(x), "sizes": [len(x)]}
+
+
+def test_the_totals_path_sums_numbers_and_joins_lists() -> None:
+    task = Totals(PrecisionPolicy(amp(loss_scaling=LossScaling.none, compute_dtype=Dtype.float32)))
+    seen = {}
+    task.evaluation_of = lambda totals: seen.update(totals) or "done"
+    assert task.evaluate() == "done"
+    assert seen == {"loss": 1.0 + 2.0 + 4.0, "n": 3.0, "sizes": [2, 1]}
 
 
 def test_no_task_module_calls_backward_autocast_or_an_optimizer_step() -> None:

@@ -12,11 +12,19 @@ import torch
 from conftest import compose
 
 from mpt_repro.errors import Interrupted
+from mpt_repro.evidence import Evaluation, Ratio, from_columns
 from mpt_repro.optim import lr_multiplier, optimizer_factory
 from mpt_repro.precision import PrecisionPolicy
 from mpt_repro.schedule import LRSchedule
 from mpt_repro.tasks.base import StepResult, Task
 from mpt_repro.trainer import Clock, LogWindow, Trainer
+
+
+def loss_of_one() -> Evaluation:
+    """An evaluation of one item whose loss is 1 (what a task's evaluate returns)."""
+    columns = {"loss": np.array([1.0]), "items": np.array([1.0])}
+    return from_columns(columns, {"loss": Ratio("loss", "items", "items")}, "items")
+
 
 STEPS = 4
 
@@ -47,7 +55,7 @@ class TwoOptimizers(Task):
         )
 
     def evaluate(self):
-        return {"loss": 1.0}
+        return loss_of_one()
 
 
 @pytest.mark.parametrize("fused", ["true", "false"])  # LR count on the device, or on the host
@@ -112,7 +120,7 @@ class Scripted(Task):
         import time
 
         time.sleep(self.eval_s)
-        return {"loss": 1.0}
+        return loss_of_one()
 
 
 def trainer_for(tmp_path, *overrides, **task_kw):
@@ -226,7 +234,7 @@ class Draws(Task):
         return StepResult(loss=loss.detach(), stepped=opt.step(), samples=1)
 
     def evaluate(self):
-        return {"loss": 1.0}
+        return loss_of_one()
 
 
 class StopAfter:

@@ -34,7 +34,7 @@ import pandas as pd
 from mpt_repro.identity import comparison_config, difference_labels, digest, flatten
 from mpt_repro.record import NO_STEP_ADVICE, no_step_applied, normalised_status
 
-SCHEMA_VERSIONS = (1, 2, 3)
+SCHEMA_VERSIONS = (1, 2, 3, 4)
 # statuses whose runs enter the tables, and those that are listed instead
 TABULATED = ("completed", "diverged")
 LISTED = ("failed", "interrupted", "running")

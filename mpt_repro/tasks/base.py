@@ -17,9 +17,9 @@ one evaluation loop (mpt_repro/tasks/loops.py) run its code. A task writes what 
             ...
             return Loss(ctc, samples=len(batch))
 
-        def eval_totals(self): return {"errors": 0, "words": 0}
-        def eval_step(self, batch) -> dict: ...     # under autocast and no_grad
-        def eval_metrics(self, totals) -> dict: ...  # from the totals of every rank
+        item_unit = "utterances"
+        formulas = {"cer": Ratio("char_errors", "chars", "characters", scale=100.0)}
+        def eval_step(self, batch) -> dict: ...  # per utterance: char_errors, chars
 
 Precision enters only through the PrecisionPolicy: `add_model` prepares the model and builds its
 optimizer, `self.policy.cast_inputs` casts inputs; autocast, backward and the optimizer step
@@ -37,6 +37,7 @@ from torch import nn
 
 from mpt_repro import distributed
 from mpt_repro.data import describe_sizes, load_skip_state, skip_state
+from mpt_repro.evidence import Evaluation, Formula
 from mpt_repro.identity import is_custom_model
 from mpt_repro.models import build_model
 from mpt_repro.tasks.loops import (  # noqa: F401  (micro_batches: part of the task interface)
@@ -77,6 +78,12 @@ class Task:
     metric_names: list[str] = ["loss"]  # what evaluate() returns
     # what the last evaluate() found besides its scalar metrics (e.g. per-class AP), for run.json
     metrics_detail: dict | None = None
+    # Evaluation by items (mpt_repro/evidence.py): eval_step gives one value per item for each
+    # column the formulas read (and may give more, e.g. the label, kept in the items file); every
+    # metric is its formula over the columns' sums, and rests on the sum of its denominator.
+    # None: the task sums its own totals (eval_totals, evaluation_of).
+    item_unit: str = "items"  # what one item is: images, utterances, sentences, text blocks
+    formulas: dict[str, Formula] | None = None
 
     models: dict[str, nn.Module]
     optimizers: dict[str, Any]  # PrecisionOptimizers, by the names add_model gave them
@@ -145,7 +152,7 @@ class Task:
         return train_step(self, batch)
 
     # -- evaluation ---------------------------------------------------------------------------
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self) -> Evaluation:
         """The shared evaluation loop (tasks/loops.py) over eval_batches."""
         return evaluate(self)
 
@@ -157,17 +164,34 @@ class Task:
     def eval_batches(self) -> Iterable[Any]:
         raise NotImplementedError
 
-    def eval_totals(self) -> dict[str, Any]:
-        """The running totals before the first batch: a zero per sum, [] per collected list. Every
-        rank reduces these keys, also one with nothing to evaluate."""
+    def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Computed under autocast and no_grad: with `formulas`, each column's values for the
+        batch's items (a 1-D tensor or list each, one value per item); without, what the batch
+        adds to eval_totals (same keys)."""
         raise NotImplementedError
 
-    def eval_step(self, batch: Any) -> dict[str, Any]:
-        """What one batch adds to the totals (same keys), computed under autocast and no_grad."""
+    def item_columns(self) -> list[str]:
+        """The columns eval_step gives, so a rank with nothing to evaluate still has them."""
+        return sorted({c for f in (self.formulas or {}).values() for c in f.columns()})
+
+    def eval_dropped(self) -> dict[str, int]:
+        """Items of the evaluation data left out before scoring, by reason (e.g. pairs longer
+        than the largest bucket): run.json and the closing block state them."""
+        return {}
+
+    def eval_totals(self) -> dict[str, Any]:
+        """Without `formulas`: the running totals before the first batch, a zero per sum and []
+        per collected list. Every rank reduces these keys, also one with nothing to evaluate."""
         raise NotImplementedError
+
+    def evaluation_of(self, totals: dict[str, Any]) -> Evaluation:
+        """Without `formulas`: the Evaluation from the totals of every rank (numbers summed,
+        lists joined), with the count each metric rests on."""
+        # TRANSITIONAL (issue 31): the tasks not yet converted to items report no counts
+        metrics = self.eval_metrics(totals)
+        return Evaluation(metrics, {}, {}, None, self.item_unit, {}, {}, None, None)
 
     def eval_metrics(self, totals: dict[str, Any]) -> dict[str, float]:
-        """The metrics from the totals of every rank (numbers summed, lists joined)."""
         raise NotImplementedError
 
     def recalibrate_bn(self, batches: int) -> None:

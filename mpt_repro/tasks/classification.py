@@ -14,6 +14,7 @@ from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError, DataError
+from mpt_repro.evidence import Ratio
 from mpt_repro.identity import is_custom_model
 from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
@@ -41,6 +42,12 @@ class Classification(SampledTask):
     primary_metric = "top1"
     higher_is_better = True
     metric_names = ["loss", "top1", "top5"]
+    item_unit = "images"
+    formulas = {
+        "loss": Ratio("loss", "items", "images"),
+        "top1": Ratio("top1", "items", "images", scale=100.0),
+        "top5": Ratio("top5", "items", "images", scale=100.0),
+    }
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
@@ -127,20 +134,16 @@ class Classification(SampledTask):
         loader = DataLoader(shard, batch_size=self.micro_batch, num_workers=d.num_workers)
         return (self._to_device(*batch)[0] for batch in itertools.islice(loader, batches))
 
-    def eval_totals(self) -> dict[str, Any]:
-        return {"loss": 0.0, "top1": 0.0, "top5": 0.0, "total": 0}
-
     def eval_step(self, batch: Any) -> dict[str, Any]:
+        """Per image: its loss, whether the first guess (top1) and any of the first five (top5)
+        were right, and its label (which tells two runs' evaluation sets apart)."""
         x, y = self._to_device(*batch)
         logits = self.model(x).float()
         hits = logits.topk(min(5, self.data.num_classes), dim=1).indices.eq(y[:, None])
         return {
-            "loss": F.cross_entropy(logits, y, reduction="sum"),
-            "top1": hits[:, 0].sum().float(),
-            "top5": hits.any(dim=1).sum().float(),
-            "total": y.shape[0],
+            "loss": F.cross_entropy(logits, y, reduction="none"),
+            "top1": hits[:, 0],
+            "top5": hits.any(dim=1),
+            "items": torch.ones_like(y),
+            "label": y,
         }
-
-    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
-        n = max(s["total"], 1)
-        return {"loss": s["loss"] / n, "top1": 100.0 * s["top1"] / n, "top5": 100.0 * s["top5"] / n}

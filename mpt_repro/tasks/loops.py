@@ -29,10 +29,12 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from mpt_repro import distributed
+from mpt_repro.evidence import Evaluation, from_columns
 
 
 @dataclass
@@ -168,20 +170,46 @@ def _result(phases: list[Phase], done: list[_Done]) -> StepResult:
 
 # -- evaluation ---------------------------------------------------------------------------------
 @torch.no_grad()
-def evaluate(task: Any) -> dict[str, float]:
+def evaluate(task: Any) -> Evaluation:
     """Every model in eval mode with rank 0's buffers; the task's eval_step on each of its
-    eval_batches under autocast, added up into its eval_totals; eval_metrics of the totals over
-    all ranks."""
+    eval_batches under autocast. A task with `formulas` gives one value per item for each column
+    (mpt_repro/evidence.py): the columns of every rank are joined and every metric computed from
+    their sums, with the count under it. A task without (detection: its AP needs every detection
+    together) adds its eval_step's results into its eval_totals and reads them in
+    `evaluation_of(totals)`."""
     for model in task.models.values():
         distributed.sync_buffers(model)  # every rank evaluates rank 0's BN statistics
         model.eval()
-    totals = task.eval_totals()
+    if task.formulas is None:
+        totals = task.eval_totals()
+        for batch in task.eval_batches():
+            with task.policy.autocast():
+                found = task.eval_step(batch)
+            for key, value in found.items():
+                totals[key] = totals[key] + value
+        return task.evaluation_of(_over_ranks(totals, task.device))
+    parts: dict[str, list[torch.Tensor]] = {name: [] for name in task.item_columns()}
     for batch in task.eval_batches():
         with task.policy.autocast():
             found = task.eval_step(batch)
         for key, value in found.items():
-            totals[key] = totals[key] + value
-    return task.eval_metrics(_over_ranks(totals, task.device))
+            value = value.detach() if torch.is_tensor(value) else torch.as_tensor(value)
+            parts.setdefault(key, []).append(value.reshape(-1))
+    # one host read per column and evaluation, in float64 so that sums of many items stay exact
+    columns = {
+        key: (torch.cat(p).cpu().double().numpy() if p else np.zeros(0)) for key, p in parts.items()
+    }
+    joined = _join_over_ranks(columns)
+    return from_columns(joined, task.formulas, task.item_unit, task.eval_dropped())
+
+
+def _join_over_ranks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """Each column of every rank, joined in rank order (one process: the columns as they are)."""
+    if distributed.world_size() == 1:
+        return columns
+    gathered = distributed.all_gather_object(columns)
+    keys = sorted({k for part in gathered for k in part})
+    return {k: np.concatenate([part.get(k, np.zeros(0)) for part in gathered]) for k in keys}
 
 
 @torch.no_grad()
