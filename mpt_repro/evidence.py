@@ -31,6 +31,9 @@ import numpy as np
 ITEMS_FILE = "eval_items.npz"  # the last evaluation's per-item columns, beside run.json
 # the largest log-perplexity turned into a perplexity (exp overflows a float past ~709)
 MAX_LOG = 700.0
+# columns that depend on the data alone, not on the model: two runs whose values differ did not
+# evaluate the same items (the reporter checks them before it resamples items across runs)
+KEY_COLUMNS = ("label", "tokens", "bleu_ref_len", "chars", "words")
 BLEU_ORDER = 4
 # the columns a Bleu metric sums: hypothesis and reference lengths, then matching and total
 # n-grams per order (sacrebleu's sufficient statistics)

@@ -16,7 +16,13 @@ from mpt_repro.advise import advice_section
 from mpt_repro.report.aggregate import aggregate
 from mpt_repro.report.bench import bench_tables
 from mpt_repro.report.collect import Problem, load_runs, problems_frame
-from mpt_repro.report.compare import Settings, default_settings, deltas_frame, with_tolerances
+from mpt_repro.report.compare import (
+    Settings,
+    default_settings,
+    deltas_frame,
+    group_deltas,
+    with_tolerances,
+)
 from mpt_repro.report.plots import cost_plots, experiment_plots
 from mpt_repro.report.render import markdown, write_table
 from mpt_repro.report.tables import Table, all_tables
@@ -131,14 +137,15 @@ def build_report(
     settings = settings or default_settings()
     runs, problems = load_runs(results_dir)
     agg = aggregate(runs)
-    tables = all_tables(agg, runs, settings)
+    deltas = group_deltas(runs, settings)  # the bootstrap runs once per report
+    tables = all_tables(agg, runs, settings, deltas)
     bench_dir = beside(results_dir, "bench") if bench_dir is None else bench_dir
     benches, bench_problems = bench_tables(bench_dir)
     tables += benches
     problems = problems + bench_problems
     for table in tables:
         write_table(table, out / "tables")
-    write_raw(out, runs, agg, settings)
+    write_raw(out, runs, agg, settings, deltas)
     images = []
     if plots and not runs.empty:
         curves, curve_problems = experiment_plots(runs, out / "plots", settings.reference)
@@ -166,14 +173,15 @@ def build_report(
     return report, tables, problems
 
 
-def write_raw(out: Path, runs, agg, settings: Settings) -> None:
+def write_raw(out: Path, runs, agg, settings: Settings, deltas=None) -> None:
     """The raw material, for anyone who wants other tables: one row per run (a diverged run's
     metric columns are empty: its `outcome` says what happened), one per group and preset, one
     per paired difference."""
     hidden = ["precision_config", "metrics_detail", "comparison_config", "preset_config"]
+    hidden.append("evaluation")  # its count and unit are columns of their own
     runs.drop(columns=hidden, errors="ignore").to_csv(out / "runs.csv", index=False)
     agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
-    deltas_frame(runs, settings).to_csv(out / "deltas.csv", index=False)
+    deltas_frame(runs, settings, deltas).to_csv(out / "deltas.csv", index=False)
 
 
 def header(results_dir: Path, n_used: int, n_left_out: int, n_benches: int) -> list[str]:

@@ -78,6 +78,7 @@ FIELD_TYPES: dict[str, tuple[tuple[type, ...], str]] = {
     "precision_config": ((dict,), "an object"),
     "diagnostics": ((dict,), "an object"),
     "config": ((dict,), "an object"),
+    "evaluation": ((dict,), "an object"),
     "study": ((str,), "a string"),
     "reason": ((str,), "a string"),
     "hint": ((str,), "a string"),
@@ -289,6 +290,7 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
     status = normalised_status(record)
     metrics = (record.get("metrics") or {}) if status == "completed" else {}
     config = record.get("config")
+    evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
     # what else decides the training besides the configuration: the number of processes (the
     # global batch, the LR scaling)
     world = (record.get("distributed") or {}).get("world_size") or 1
@@ -323,6 +325,10 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "loss_scale_min": scale.get("min") if finite(scale.get("min")) else None,
         "precision_config": record.get("precision_config"),
         "metrics_detail": record.get("metrics_detail") if status == "completed" else None,
+        # what the metrics rest on (schema 4): the compare module resamples its items
+        "evaluation": (evaluation or None) if status == "completed" else None,
+        "eval_items": evaluation.get("items") if status == "completed" else None,
+        "eval_unit": evaluation.get("unit") if status == "completed" else None,
         "schema_version": record["schema_version"],
         "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
         "untrained": no_step_applied(record),

@@ -865,11 +865,12 @@ def reference_tables() -> list[Table]:
     ]
 
 
-def all_tables(agg: pd.DataFrame, runs: pd.DataFrame, settings=None) -> list[Table]:
+def all_tables(agg: pd.DataFrame, runs: pd.DataFrame, settings=None, deltas=None) -> list[Table]:
+    """Every table of the report (`deltas`: group_deltas of the runs, when already computed)."""
     settings = settings or default_settings()
     ref = load_reference()
     paper_rows = set(ref.loc[ref["table"].isin(["table1", "table2"]), "row"])
-    deltas = group_deltas(runs, settings)
+    deltas = group_deltas(runs, settings) if deltas is None else deltas
     return [
         *table1(agg, deltas),
         *table2(agg, runs, deltas),

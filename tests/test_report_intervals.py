@@ -1,0 +1,192 @@
+"""The interval under a difference to FP32 holds both seed-to-seed variation and the evaluation
+set's own sampling error, and no verdict comes from degenerate evidence (issue 31).
+
+Records are the real completed demo run's (tests/test_report_records.py), each given the
+evaluation the trainer would record for per-image results chosen here: the metrics and the
+`evaluation` block from evidence.from_columns, and eval_items.npz written by evidence.write_items,
+the two calls trainer.py makes.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+from test_report_records import derive, real_record, write_record
+
+from mpt_repro.evidence import ITEMS_FILE, Ratio, from_columns, write_items
+from mpt_repro.report import cli
+from mpt_repro.report.collect import load_runs
+from mpt_repro.report.compare import default_settings, group_deltas
+
+TOP1 = {
+    "loss": Ratio("loss", "items", "images"),
+    "top1": Ratio("top1", "items", "images", scale=100.0),
+    "top5": Ratio("top5", "items", "images", scale=100.0),
+}
+
+
+def write_run(root, precision: str, seed: int, correct: np.ndarray):
+    """A completed demo run whose final evaluation scored `correct` (1/0 per image)."""
+    labels = np.arange(len(correct)) % 10
+    columns = {
+        "loss": 1.0 - correct * 0.5,
+        "top1": correct.astype(float),
+        "top5": np.ones(len(correct)),
+        "items": np.ones(len(correct)),
+        "label": labels.astype(float),
+    }
+    evaluation = from_columns(columns, TOP1, "images")
+    record = derive(real_record("completed"), precision=precision, seed=seed)
+    step = record["steps"]
+    record.update(metrics=evaluation.metrics, evaluation=evaluation.record(step, ITEMS_FILE))
+    run_dir = write_record(root, record)
+    write_items(run_dir / ITEMS_FILE, evaluation.columns, step)
+    return run_dir
+
+
+def mixed_delta(root):
+    runs, _ = load_runs(root)
+    (found,) = group_deltas(runs, default_settings()).values()
+    return found["mixed"]
+
+
+def flips(n: int, where: list[int], base: np.ndarray) -> np.ndarray:
+    out = base.copy()
+    out[where] = 1 - out[where]
+    return out
+
+
+def test_the_interval_adds_the_evaluation_set_to_the_seeds_and_matches_scipy(tmp_path):
+    """Three seeds on 200 images; mixed differs from fp32 on a few images per seed, by −1, +2
+    and +3 images: d = (−0.5, +1.0, +1.5) points. The interval, recomputed here: the seeds' part
+    s²/n by hand, the evaluation set's part scipy.stats.bootstrap's standard error of the mean
+    per-image difference (resampling the images), combined with Welch–Satterthwaite degrees of
+    freedom."""
+    from scipy import stats
+
+    rng = np.random.default_rng(7)
+    n_img = 200
+    per_seed = {0: ([3], []), 1: ([], [10, 11]), 2: ([20], [30, 31, 32, 33])}  # (lost, gained)
+    diffs, per_image = [], []
+    for seed, (lost, gained) in per_seed.items():
+        fp32 = (rng.random(n_img) < 0.8).astype(float)
+        fp32[lost], fp32[gained] = 1.0, 0.0
+        mixed = fp32.copy()
+        mixed[lost], mixed[gained] = 0.0, 1.0
+        write_run(tmp_path, "fp32", seed, fp32)
+        write_run(tmp_path, "mixed", seed, mixed)
+        diffs.append(100.0 * (mixed.mean() - fp32.mean()))
+        per_image.append(100.0 * (mixed - fp32))
+    assert diffs == pytest.approx([-0.5, 1.0, 1.5])
+    d = mixed_delta(tmp_path)
+    mean = sum(diffs) / 3
+    sd = math.sqrt(sum((x - mean) ** 2 for x in diffs) / 2)
+    assert d.n == 3 and d.mean == pytest.approx(mean) and d.sd == pytest.approx(sd)
+    # the evaluation set's part: the mean over seeds of each image's difference, resampled
+    mean_image = np.mean(per_image, axis=0)
+    boot = stats.bootstrap((mean_image,), np.mean, n_resamples=4000, method="percentile", rng=1)
+    assert d.evidence.se == pytest.approx(boot.standard_error, rel=0.06)
+    assert d.evidence.se == pytest.approx(mean_image.std() / math.sqrt(n_img), rel=0.06)
+    assert d.evidence.items == n_img and d.evidence.unit == "images"
+    # combined: t with ν = (n − 1)(1 + SE²·n/s²)², at the SE the report found
+    seed_var, eval_var = sd**2 / 3, d.evidence.se**2
+    dof = 2 * ((seed_var + eval_var) / seed_var) ** 2
+    half = stats.t.ppf(0.975, dof) * math.sqrt(seed_var + eval_var)
+    assert d.low == pytest.approx(mean - half) and d.high == pytest.approx(mean + half)
+    # never narrower than the evaluation set alone allows (a normal interval on its SE)
+    assert half >= stats.norm.ppf(0.975) * d.evidence.se
+    assert d.verdict.startswith("no verdict: CI wider than ±0.5")
+    # and the same interval reaches deltas.csv and the table
+    assert cli.main([str(tmp_path), "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 0
+    row = pd.read_csv(tmp_path / "r" / "deltas.csv").iloc[0]
+    assert row["ci_low"] == pytest.approx(d.low) and row["eval_items"] == n_img
+    assert row["eval_se"] == pytest.approx(d.evidence.se) and row["seed_sd"] == pytest.approx(sd)
+
+
+def test_a_small_evaluation_set_says_how_many_images_would_resolve_the_tolerance(tmp_path):
+    """360 images, as the demo's: mixed disagrees with fp32 on 11 or 12 images per seed (others
+    each time), winning about as many as it loses. The set alone then resolves the difference
+    only to about ±1 point (at 95 %), wider than the 0.5 tolerance, so no number of seeds gives
+    a verdict; the reason says so and how many images would."""
+    rng = np.random.default_rng(0)
+    order = rng.permutation(360)
+    for seed, (lost, won) in enumerate(((6, 5), (5, 6), (6, 6))):
+        fp32 = np.ones(360)
+        start = 12 * seed
+        mixed = flips(360, list(order[start : start + lost]), fp32)
+        fp32[order[start + lost : start + lost + won]] = 0.0  # fp32 missed what mixed got
+        write_run(tmp_path, "fp32", seed, fp32)
+        write_run(tmp_path, "mixed", seed, mixed)
+    d = mixed_delta(tmp_path)
+    assert d.evidence.half_width(0.95) > 0.5
+    assert "no verdict" in d.verdict and "the evaluation set (360 images) alone leaves" in d.verdict
+    assert "images would" in d.verdict or "more than seeds can remove" in d.verdict
+    # the interval is at least as wide as the evaluation set's own
+    assert (d.high - d.low) / 2 >= d.evidence.half_width(0.95)
+
+
+@pytest.mark.parametrize(
+    "seeds,why",
+    [
+        ((0,), "1 paired seed; a verdict needs at least 3"),
+        ((0, 1), "2 paired seeds; a verdict needs at least 3"),
+        ((0, 1, 2), "the 3 paired differences have no spread (all +0.5)"),
+    ],
+)
+def test_degenerate_evidence_gives_no_verdict(tmp_path, seeds, why):
+    """One seed, two equal, three equal: each mixed run differs from its fp32 run by exactly one
+    image of 200 (+0.5 points) — the zero-width interval that once read "matches FP32"."""
+    base = np.zeros(200)
+    base[:150] = 1.0
+    for seed in seeds:
+        write_run(tmp_path, "fp32", seed, base)
+        write_run(tmp_path, "mixed", seed, flips(200, [190], base))
+    d = mixed_delta(tmp_path)
+    assert d.verdict.startswith("no verdict: ") and why in d.verdict, d.verdict
+    assert d.mean == pytest.approx(0.5)
+
+
+def test_a_run_without_its_items_file_gives_no_verdict_naming_the_file(tmp_path):
+    rng = np.random.default_rng(1)
+    for seed in range(3):
+        fp32 = (rng.random(100) < 0.9).astype(float)
+        write_run(tmp_path, "fp32", seed, fp32)
+        write_run(tmp_path, "mixed", seed, flips(100, list(range(10, 10 + 2**seed)), fp32))
+    gone = next(tmp_path.rglob(f"mixed-*/seed1/{ITEMS_FILE}"))
+    gone.unlink()
+    d = mixed_delta(tmp_path)
+    assert d.verdict.startswith("no verdict: the evaluation set's own sampling error is unknown")
+    assert str(gone) in d.verdict and d.low is not None  # the seeds' interval is still shown
+
+
+def test_a_schema_3_record_gives_no_verdict(tmp_path):
+    """A record written before schema 4 does not say what its metric rests on."""
+    for seed, top1 in enumerate((90.0, 91.0, 93.0)):
+        for precision, shift in (("fp32", 0.0), ("mixed", seed * 0.7)):
+            record = derive(real_record("completed"), precision=precision, seed=seed)
+            record.update(schema_version=3, metrics={**record["metrics"], "top1": top1 + shift})
+            record.pop("evaluation")
+            write_record(tmp_path, record)
+    d = mixed_delta(tmp_path)
+    assert "run.json schema 3 keeps no evaluation record" in d.verdict
+    assert d.verdict.startswith("no verdict")
+
+
+def test_items_of_another_evaluation_set_are_not_paired(tmp_path):
+    """Labels that differ between paired runs: they did not evaluate the same images."""
+    rng = np.random.default_rng(2)
+    for seed in range(3):
+        fp32 = (rng.random(100) < 0.9).astype(float)
+        write_run(tmp_path, "fp32", seed, fp32)
+        run_dir = write_run(tmp_path, "mixed", seed, flips(100, list(range(40, 41 + seed)), fp32))
+        if seed == 2:  # the same counts, other labels
+            from mpt_repro.evidence import read_items
+
+            step, columns = read_items(run_dir / ITEMS_FILE)
+            columns["label"] = columns["label"][::-1].copy()
+            write_items(run_dir / ITEMS_FILE, columns, step)
+    d = mixed_delta(tmp_path)
+    assert "the paired runs evaluated different items (label differs)" in d.verdict
