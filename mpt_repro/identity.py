@@ -176,6 +176,35 @@ def register_resolvers() -> None:
 
 
 # -- comparison ------------------------------------------------------------------------------------
+# besides NOT_COMPARED: what a run's path and setting already say (the experiment, preset, budget,
+# seed, data set and model, and a custom model's identity), and the preset's knobs (a preset
+# variant is a column of its own, mpt_repro.report.collect)
+NOT_A_RECIPE_CHANGE = (
+    "experiment",
+    "budget",
+    "data",
+    "data.root",
+    "model",
+    *CUSTOM_MODEL_KEYS,
+    "model.kwargs",
+    "hydra",
+)
+
+
+def recipe_changes(overrides: Iterable[str]) -> list[str]:
+    """The command-line overrides that changed what a run trained or evaluated from the recipe
+    conf/ defines for its experiment and budget (`trainer.max_steps=300`, `data.eval_limit=100`,
+    `optim.lr=0.01`): a run with one is not the full recipe, and the reporter names them in its
+    label. Sorted; the text as typed (a leading + or ~ dropped)."""
+    found = []
+    for text in overrides:
+        key, sep, _ = str(text).lstrip("+~").partition("=")
+        if not sep or _under(key, NOT_COMPARED) or _under(key, NOT_A_RECIPE_CHANGE):
+            continue
+        found.append(str(text).lstrip("+~"))
+    return sorted(found)
+
+
 def flatten(node: Any, prefix: str = "") -> dict[str, Any]:
     """{dotted key: leaf value} of a nested mapping (lists are leaves)."""
     if isinstance(node, Mapping):

@@ -67,7 +67,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o666 & ~_umask())
+        os.fchmod(fd, 0o666 & ~current_umask())
         with os.fdopen(fd, "w") as f:
             f.write(text)
             f.flush()
@@ -78,7 +78,7 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
-def _umask() -> int:
+def current_umask() -> int:
     mask = os.umask(0o022)  # reading the umask means setting it: put it straight back
     os.umask(mask)
     return mask
@@ -276,6 +276,28 @@ def no_step_applied(record: Mapping[str, Any]) -> bool:
     steps, skipped = record.get("steps"), record.get("skipped_steps")
     numbers = all(isinstance(x, int) and not isinstance(x, bool) for x in (steps, skipped))
     return numbers and record.get("status") == "completed" and 0 < steps <= skipped
+
+
+# what every speed figure of a device without fast low-precision arithmetic carries
+SLOW_FP16_NOTE = (
+    "this device has no fast FP16/BF16 arithmetic ({why}): its speed ratios between presets say "
+    "nothing about a GPU's (mpt-bench on a GPU measures them)"
+)
+
+
+def slow_low_precision(device: Mapping[str, Any] | None) -> str | None:
+    """Why a run's device has no fast FP16/BF16 arithmetic (a CPU emulates it, a GPU before
+    compute capability 7.0 has no tensor cores), or None when it has, or is not known."""
+    if not isinstance(device, Mapping):
+        return None
+    kind = device.get("type")
+    if kind == "cuda":
+        try:
+            major = int(str(device.get("capability")).split(".")[0])
+        except ValueError:
+            return None  # older records do not say
+        return f"compute capability {device['capability']}, no tensor cores" if major < 7 else None
+    return f"a {str(kind).upper()}" if kind else None
 
 
 def nonfinite_metrics(metrics: dict[str, Any] | None) -> dict[str, Any]:

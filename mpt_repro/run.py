@@ -67,10 +67,12 @@ def set_backends(t: Any, environ: MutableMapping[str, str] = os.environ) -> None
 
 def describe_device(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
+        major, minor = torch.cuda.get_device_capability(device)
         return {
             "type": "cuda",
             "name": torch.cuda.get_device_name(device),
             "count": torch.cuda.device_count(),
+            "capability": f"{major}.{minor}",  # tensor cores (fast FP16) from 7.0
         }
     import platform
 

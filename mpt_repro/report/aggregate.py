@@ -92,6 +92,8 @@ def aggregate(runs: pd.DataFrame) -> pd.DataFrame:
             "recipe",
             "group_label",
             "row_label",
+            "recipe_changes",
+            "slow_fp16",
         )
         if c in runs.columns
     ]

@@ -8,11 +8,15 @@ mpt-report /data/sweep --out /tmp/r --no-plots --tolerance top1=0.3
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import sys
+import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
 from mpt_repro.advise import advice_section
+from mpt_repro.record import current_umask
 from mpt_repro.report.aggregate import aggregate
 from mpt_repro.report.bench import bench_tables
 from mpt_repro.report.collect import Problem, load_runs, problems_frame
@@ -85,6 +89,11 @@ HEADINGS = {
         "Duplicates (the same configuration, preset and seed as a run in the tables)",
         False,
     ),
+    "conflict": (
+        "Conflicting records (one configuration, preset and seed, other results: both listed, "
+        "the first in the tables without a verdict)",
+        True,
+    ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": (
         "Completed with non-finite metrics, or without one applied step (in the tables: check "
@@ -148,7 +157,9 @@ def build_report(
     write_raw(out, runs, agg, settings, deltas)
     images = []
     if plots and not runs.empty:
-        curves, curve_problems = experiment_plots(runs, out / "plots", settings.reference)
+        curves, curve_problems = experiment_plots(
+            runs, out / "plots", settings.reference, settings.confidence, deltas
+        )
         problems = problems + curve_problems
         images = curves + cost_plots(agg, out / "plots")
     problems_frame(problems).to_csv(out / "problems.csv", index=False)
@@ -182,6 +193,9 @@ def write_raw(out: Path, runs, agg, settings: Settings, deltas=None) -> None:
     runs.drop(columns=hidden, errors="ignore").to_csv(out / "runs.csv", index=False)
     agg.drop(columns=["precision_config"], errors="ignore").to_csv(out / "groups.csv", index=False)
     deltas_frame(runs, settings, deltas).to_csv(out / "deltas.csv", index=False)
+
+
+CSV_FILES = ("runs", "groups", "deltas", "problems")  # the raw tables beside report.md
 
 
 def header(results_dir: Path, n_used: int, n_left_out: int, n_benches: int) -> list[str]:
@@ -227,14 +241,64 @@ def main(argv=None) -> int:
         return _refuse(
             f"cannot write the report to {out} ({reason}): choose a writable folder with --out DIR"
         )
-    report, _, _ = build_report(
-        args.results_dir, out, plots=not args.no_plots, bench_dir=bench_dir, settings=settings
-    )
+    foreign = sorted(p.name for p in out.iterdir() if not _written_by_report(p))
+    if foreign:
+        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+        return _refuse(
+            f"--out {out} holds files a report does not write ({shown}): a report replaces its "
+            "folder whole, so give an empty folder or an earlier report's"
+        )
+    try:
+        report = write_atomically(
+            out,
+            lambda folder: build_report(
+                args.results_dir,
+                folder,
+                plots=not args.no_plots,
+                bench_dir=bench_dir,
+                settings=settings,
+            )[0],
+        )
+    except KeyboardInterrupt:
+        print(f"mpt-report: interrupted; {out} is as it was", file=sys.stderr)
+        return 130
     if not args.quiet:
         print(report)
     written = "tables/ (csv, tex, md)" + ("" if args.no_plots else " and plots/")
     print(f"mpt-report: wrote {out / 'report.md'}, {written}", file=sys.stderr)
     return 0
+
+
+# what a report folder holds (build_report writes these and nothing else)
+REPORT_ENTRIES = {"report.md", "tables", "plots", "advice", *(f"{n}.csv" for n in CSV_FILES)}
+
+
+def _written_by_report(path: Path) -> bool:
+    return path.name in REPORT_ENTRIES or path.name.startswith(".")
+
+
+def write_atomically(out: Path, build) -> str:
+    """build(folder) into a new folder beside `out`, then put it in `out`'s place: a report killed
+    while it is built leaves the previous one as it was (and a hidden `.<name>.new-*` folder that
+    the next report removes), never new tables beside an old report.md. The swap is two renames
+    in one folder; the previous report is then deleted (it is this command's own output)."""
+    parent, name = out.parent, out.name
+    for stale in parent.glob(f".{name}.new-*"):  # a report killed before its swap
+        shutil.rmtree(stale, ignore_errors=True)
+    new = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.new-"))
+    try:
+        result = build(new)
+        os.chmod(
+            new, 0o777 & ~current_umask()
+        )  # mkdtemp's 0700 would hide the report from the team
+        old = parent / f".{name}.old-{os.getpid()}"
+        os.rename(out, old)
+        os.rename(new, out)
+    except BaseException:
+        shutil.rmtree(new, ignore_errors=True)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+    return result
 
 
 def _refuse(message: str) -> int:

@@ -31,8 +31,19 @@ from typing import Any
 
 import pandas as pd
 
-from mpt_repro.identity import comparison_config, difference_labels, digest, flatten
-from mpt_repro.record import NO_STEP_ADVICE, no_step_applied, normalised_status
+from mpt_repro.identity import (
+    comparison_config,
+    difference_labels,
+    digest,
+    flatten,
+    recipe_changes,
+)
+from mpt_repro.record import (
+    NO_STEP_ADVICE,
+    no_step_applied,
+    normalised_status,
+    slow_low_precision,
+)
 
 SCHEMA_VERSIONS = (1, 2, 3, 4)
 # statuses whose runs enter the tables, and those that are listed instead
@@ -332,6 +343,13 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "schema_version": record["schema_version"],
         "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
         "untrained": no_step_applied(record),
+        # overrides that changed the recipe (a cap on steps, data or evaluation): named in the
+        # group's label, and never captioned as the full recipe; "" also where not recorded
+        "recipe_changes": ", ".join(recipe_changes(record.get("overrides") or [])),
+        # why the device's speed ratios say nothing about a GPU's ("" where they do)
+        "slow_fp16": slow_low_precision(record.get("device")) or "",
+        # the code that ran: a group whose runs differ in it says so in its label
+        **{name: _code(record, name) for name in CODE_FIELDS},
     }
     for name in COST_FIELDS:
         row[name] = record.get(name) if finite(record.get(name)) else None
@@ -503,6 +521,13 @@ def with_group_labels(runs: pd.DataFrame) -> pd.DataFrame:
         labels = difference_labels(configs)
         if "" in configs and len(configs) > 1:
             labels[""] = "configuration not recorded"
+        if "recipe_changes" in part:
+            for key, group in part.groupby("comparison"):
+                labels[key] = _with_changes(labels.get(key, ""), group["recipe_changes"])
+                code = _code_difference(group)  # a Δ across code versions names them
+                labels[key] = ", ".join(
+                    x for x in (labels[key], code and f"code differs: {code}") if x
+                )
         runs.loc[part.index, "group_label"] = part["comparison"].map(labels)
     runs["row_label"] = [
         f"{s} [{label}]" if label else s for s, label in zip(runs["subject"], runs["group_label"])
@@ -510,24 +535,104 @@ def with_group_labels(runs: pd.DataFrame) -> pd.DataFrame:
     return runs
 
 
+# what names the code behind a run: a difference within a group is named in its label
+CODE_FIELDS = ("torch", "mpt-repro", "commit")
+
+
+def _code(record: dict, name: str) -> str:
+    versions = record.get("versions") if isinstance(record.get("versions"), dict) else {}
+    value = {
+        "torch": versions.get("torch"),
+        "mpt-repro": record.get("package_version"),
+        "commit": str(record.get("git_commit") or "")[:12] or None,
+    }[name]
+    return str(value) if value else ""
+
+
+def _code_difference(part: pd.DataFrame) -> str:
+    """`torch 2.11.0/2.14.1` (each code field whose values differ within the runs of `part`),
+    or ""."""
+    shown = []
+    for name in CODE_FIELDS:
+        values = sorted({v for v in part.get(name, pd.Series(dtype=str)).fillna("") if v})
+        if len(values) > 1:
+            shown.append(f"{name} {'/'.join(values)}")
+    return ", ".join(shown)
+
+
+def _with_changes(label: str, changes: pd.Series) -> str:
+    """A group's label with every recipe change of its runs that it does not already name: a
+    capped run is labelled by its cap even where no other group differs from it."""
+    shown = [label] if label else []
+    for change in sorted({c for text in changes.fillna("") for c in str(text).split(", ") if c}):
+        if change.split("=")[0] + "=" not in label:
+            shown.append(change)
+    return ", ".join(shown)
+
+
 def _without_duplicates(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
     """Two records of one configuration, preset and seed (a copy of a results folder, a run
     repeated under another runs_dir) are one run: keep the first path, list the others, so no
-    run is averaged in twice as if it were two seeds."""
+    run is averaged in twice as if it were two seeds. Where their outcomes or metrics differ,
+    neither can be taken for the result: both are listed as conflicting, and the kept one is
+    flagged (`conflict`), so no verdict rests on it."""
+    runs = runs.copy()
+    runs["conflict"] = False
     if runs.empty:
         return runs
-    dup = runs.duplicated(subset=[*GROUP_KEYS, "seed"], keep="first")
-    for path in runs[dup]["path"]:
-        problems.append(
-            Problem(
-                path,
-                "duplicate",
-                "the same configuration, preset and seed as another run in the tables: counted "
-                "once",
-                hint=f"report it on its own: mpt-report {shlex.quote(path)}",
-            )
-        )
+    identity = [*GROUP_KEYS, "seed"]
+    dup = runs.duplicated(subset=identity, keep="first")
+    results = [c for c in runs.columns if c.startswith("metric_")] + ["status"]
+    for _, same in runs[runs.duplicated(subset=identity, keep=False)].groupby(identity):
+        kept, others = same.iloc[0], same.iloc[1:]
+        for _, other in others.iterrows():
+            if _same_result(kept, other, results):
+                problems.append(
+                    Problem(
+                        other["path"],
+                        "duplicate",
+                        "the same configuration, preset and seed as another run in the "
+                        "tables: counted once",
+                        hint=f"report it on its own: mpt-report {shlex.quote(other['path'])}",
+                    )
+                )
+                continue
+            runs.loc[same.index[0], "conflict"] = True
+            problems += [
+                Problem(
+                    row["path"],
+                    "conflict",
+                    f"{_result_text(row, results)}; the same configuration, preset and seed as "
+                    f"{(other if row is kept else kept)['path']}, which gives "
+                    f"{_result_text(other if row is kept else kept, results)}"
+                    + (": this one is in the tables" if row is kept else ""),
+                    run_name_of(row),
+                    "keep the record you trust, move the other out of the results folder",
+                )
+                for row in (kept, other)
+            ]
     return runs[~dup]
+
+
+def _same_result(a: pd.Series, b: pd.Series, columns: list[str]) -> bool:
+    for c in columns:
+        x, y = a.get(c), b.get(c)
+        if not ((pd.isna(x) and pd.isna(y)) or x == y):
+            return False
+    return True
+
+
+def _result_text(row: pd.Series, columns: list[str]) -> str:
+    shown = [
+        f"{c.removeprefix('metric_')}={row[c]:.6g}"
+        for c in columns
+        if c.startswith("metric_") and not pd.isna(row.get(c))
+    ]
+    return f"{row['status']}" + (f" ({', '.join(shown)})" if shown else "")
+
+
+def run_name_of(row: pd.Series) -> str:
+    return f"{row['subject']} {row['precision']} {row['budget']} seed{row['seed']}"
 
 
 def load_metrics_csv(run_dir: str) -> pd.DataFrame | None:

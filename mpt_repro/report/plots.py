@@ -28,9 +28,11 @@ import pandas as pd  # noqa: E402
 from matplotlib.ticker import FixedLocator, MaxNLocator, ScalarFormatter  # noqa: E402
 
 from mpt_repro import catalog  # noqa: E402
+from mpt_repro.record import SLOW_FP16_NOTE  # noqa: E402
 from mpt_repro.report.aggregate import preset_order  # noqa: E402
-from mpt_repro.report.collect import Problem, load_metrics_csv  # noqa: E402
-from mpt_repro.report.tables import slugify  # noqa: E402
+from mpt_repro.report.collect import PAIR_KEYS, Problem, load_metrics_csv  # noqa: E402
+from mpt_repro.report.compare import MIN_SEEDS  # noqa: E402
+from mpt_repro.report.tables import slow_device, slugify  # noqa: E402
 
 # line styles and markers cycle independently of the colours, so two presets never share both
 LINESTYLES = ["-", "--", "-.", ":"]
@@ -187,10 +189,16 @@ def metric_axis(ax, metric: str) -> None:
 
 
 def paired_band(
-    frames: dict[int, pd.DataFrame], reference: dict[int, pd.DataFrame], column: str, level: float
+    frames: dict[int, pd.DataFrame],
+    reference: dict[int, pd.DataFrame],
+    column: str,
+    level: float,
+    eval_se: float | None = None,
 ) -> pd.DataFrame | None:
-    """Per step: the mean over seeds of (preset − reference) for the same seed, and its
-    confidence interval (Student t) where at least two seeds logged the step."""
+    """Per step: the mean over seeds of (preset − reference) for the same seed, and the report's
+    interval around it where at least MIN_SEEDS seeds logged the step: the seeds' spread with the
+    evaluation set's share `eval_se` (the bootstrap standard error of the final evaluation, the
+    one with per-item records), as compare.interval combines them."""
     from mpt_repro.report.compare import t_quantile
 
     diffs = []
@@ -207,16 +215,27 @@ def paired_band(
     if not diffs:
         return None
     stats = pd.concat(diffs).groupby("step")["diff"].agg(["mean", "std", "count"]).reset_index()
-    half = [
-        t_quantile(1 - (1 - level) / 2, int(n) - 1) * sd / np.sqrt(n) if n >= 2 else 0.0
-        for sd, n in zip(stats["std"].fillna(0.0), stats["count"])
-    ]
+    eval_var = (eval_se or 0.0) ** 2
+    half = []
+    for sd, n in zip(stats["std"].fillna(0.0), stats["count"]):
+        seed_var = sd**2 / n
+        if n < MIN_SEEDS or seed_var + eval_var == 0:
+            half.append(np.nan)  # no interval, as the table gives no verdict
+            continue
+        dof = (n - 1) * ((seed_var + eval_var) / seed_var) ** 2 if seed_var > 0 else np.inf
+        half.append(t_quantile(1 - (1 - level) / 2, dof) * np.sqrt(seed_var + eval_var))
     stats["low"], stats["high"] = stats["mean"] - half, stats["mean"] + half
     return stats
 
 
-def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=()) -> bool:
-    """The paired difference to the reference preset of each other preset, with its band.
+def short_verdict(text: str) -> str:
+    """The verdict's first clause, for a legend: `no verdict`, `worse`, `matches FP32 (...)`."""
+    return text.split(":")[0].split(";")[0]
+
+
+def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=(), deltas=None) -> bool:
+    """The paired difference to the reference preset of each other preset, with its band, each
+    labelled with the table's verdict (`deltas`: {preset: compare.Delta} of the group).
     diverged: the presets with a diverged run, named when nothing could be paired."""
     reference = evals.get(reference_name)
     if not reference:
@@ -226,12 +245,15 @@ def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=()) -
     for preset, frames in evals.items():
         if preset == reference_name:
             continue
-        band = paired_band(frames, reference, metric, level)
+        delta = (deltas or {}).get(preset)
+        se = delta.evidence.se if delta is not None else None
+        band = paired_band(frames, reference, metric, level, se)
         if band is None:
             continue
         style = styles[preset]
-        draw_line(ax, band, style, preset)
-        if (band["count"] >= 2).any():
+        label = f"{preset}: {short_verdict(delta.verdict)}" if delta is not None else preset
+        draw_line(ax, band, style, label)
+        if band["low"].notna().any():
             ax.fill_between(
                 band["step"], band["low"], band["high"], color=style["color"], alpha=0.2
             )
@@ -255,9 +277,10 @@ def curves_figure(
     by_seed: dict[str, dict[int, pd.DataFrame]] | None = None,
     reference: str = "fp32",
     level: float = 0.95,
+    deltas: dict | None = None,
 ):
     """Train loss, the eval metric, and the eval metric's paired difference to the reference
-    preset, per preset (keys in display order)."""
+    preset, per preset (keys in display order; `deltas`: the group's {preset: compare.Delta})."""
     styles = preset_styles(list(train))
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
     drew_loss = plot_presets(left, train, "loss", styles)
@@ -268,7 +291,7 @@ def curves_figure(
         middle, train, metric, styles
     )
     middle.set(title=metric, xlabel="step")
-    plot_deltas(right, by_seed or {}, reference, metric, styles, level, diverged)
+    plot_deltas(right, by_seed or {}, reference, metric, styles, level, diverged, deltas)
     ended = "every run diverged before it" if diverged and len(diverged) == len(train) else "none"
     if not drew_loss:
         left.text(
@@ -282,7 +305,8 @@ def curves_figure(
     if not drew_metric:
         say_empty(middle, f"no evaluation to draw ({ended})")
     right.set(
-        title=f"Δ {metric} to {reference} (same seed; {level:.0%} CI band)",
+        title=f"Δ {metric} to {reference} (same seed)\n{level:.0%} CI over seeds and items "
+        f"(from {MIN_SEEDS} seeds)",
         xlabel="step",
         ylabel=f"Δ {metric}",
     )
@@ -366,10 +390,15 @@ def group_curves(part: pd.DataFrame, problems: list[Problem]) -> GroupCurves:
 
 
 def experiment_plots(
-    runs: pd.DataFrame, folder: Path, reference: str = "fp32", level: float = 0.95
+    runs: pd.DataFrame,
+    folder: Path,
+    reference: str = "fp32",
+    level: float = 0.95,
+    deltas: dict | None = None,
 ) -> tuple[list[Path], list[Problem]]:
     """Curves and loss-scale trace per comparison group (subject, configuration) and setting,
-    from each metrics.csv."""
+    from each metrics.csv; the Δ panel with the report's intervals and verdicts (`deltas`:
+    compare.group_deltas of the runs)."""
     written: list[Path] = []
     problems: list[Problem] = []
     keys = ["subject", "comparison", "budget", "data", "device"]
@@ -397,6 +426,7 @@ def experiment_plots(
             curves.by_seed,
             reference,
             level,
+            (deltas or {}).get(tuple(part.iloc[0][k] for k in PAIR_KEYS)),
         )
         written.append(_save(fig, folder / f"{stem}_curves.png"))
         task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
@@ -525,9 +555,11 @@ def cost_plots(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list
     for (budget, device), part in agg.groupby(["budget", "device"]):
         if not (part["n_completed"] > 0).any():
             continue
-        fig = cost_figure(
-            part, f"cost relative to {reference}: budget={budget}, {device}", reference
-        )
+        title = f"cost relative to {reference}: budget={budget}, {device}"
+        slow = slow_device(part)
+        if slow:  # say it on the figure itself: it travels without the report's text
+            title += "\n" + textwrap.fill(SLOW_FP16_NOTE.format(why=slow), 110)
+        fig = cost_figure(part, title, reference)
         if fig is not None:
             written.append(_save(fig, folder / f"{slugify('cost', budget, device)}.png"))
     return written

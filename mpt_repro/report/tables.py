@@ -28,9 +28,10 @@ from mpt_repro.paper import (
     paper_table,
     table1_reference,
 )
+from mpt_repro.record import SLOW_FP16_NOTE
 from mpt_repro.report.aggregate import preset_order
 from mpt_repro.report.collect import PAIR_KEYS
-from mpt_repro.report.compare import default_settings, delta_text, group_deltas
+from mpt_repro.report.compare import MIN_SEEDS, default_settings, delta_text, group_deltas
 
 NOT_COMPARABLE = "n/c"  # a difference with the paper that the setting cannot support
 
@@ -139,9 +140,13 @@ def comparable(budget: str, data: str, experiment: str) -> bool:
     return own is not None and data == own and catalog.full_recipe(budget, experiment)
 
 
-def verdict(budget: str, data: str, paper_experiment: str | None = None) -> str:
+def verdict(
+    budget: str, data: str, paper_experiment: str | None = None, changed: list[str] = ()
+) -> str:
     """What numbers from this setting can show. `paper_experiment`: a paper row of the table,
-    whose recipe and data decide whether the setting is the paper's."""
+    whose recipe and data decide whether the setting is the paper's; `changed`: the recipe
+    changes of the table's groups (overrides such as trainer.max_steps=300), whose rows are never
+    the full recipe."""
     known = catalog.budgets().get(budget)
     if data == "synthetic":
         return (
@@ -153,17 +158,40 @@ def verdict(budget: str, data: str, paper_experiment: str | None = None) -> str:
     if known.trims:
         return f"{known.description or 'a trimmed recipe'}; not comparable with the paper"
     if paper_experiment is None:
-        return "the experiment's full recipe"
-    if comparable(budget, data, paper_experiment):
-        return "the full recipe on the paper's data set: comparable with the paper's numbers"
-    return "the full recipe on a substitute data set, not comparable with the paper's numbers"
+        said = "the experiment's full recipe"
+    elif comparable(budget, data, paper_experiment):
+        said = "the full recipe on the paper's data set: comparable with the paper's numbers"
+    else:
+        said = "the full recipe on a substitute data set, not comparable with the paper's numbers"
+    if changed:  # a capped run is never captioned as the full recipe
+        said += (
+            f", except the rows labelled with a change ({', '.join(changed)}): their command "
+            "line changed the recipe, so they are neither the full recipe nor comparable with "
+            "the paper"
+        )
+    return said
 
 
-def caption(budget: str, data: str, device: str, paper_experiment: str | None = None) -> str:
+def caption(
+    budget: str,
+    data: str,
+    device: str,
+    paper_experiment: str | None = None,
+    part: pd.DataFrame | None = None,
+) -> str:
+    """The setting and what it can show; `part`: the table's groups (their recipe changes)."""
     return (
         f"budget={budget} on {data} data, device {device}: "
-        f"{verdict(budget, data, paper_experiment)}."
+        f"{verdict(budget, data, paper_experiment, changes_of(part))}."
     )
+
+
+def changes_of(part: pd.DataFrame | None) -> list[str]:
+    """Every recipe change of the groups in `part` (aggregate rows or runs)."""
+    if part is None or "recipe_changes" not in part:
+        return []
+    texts = part["recipe_changes"].fillna("")
+    return sorted({c for text in texts for c in str(text).split(", ")} - {""})
 
 
 def by_setting(agg: pd.DataFrame, keys=("budget", "data", "device")):
@@ -195,6 +223,12 @@ def group_rows(part: pd.DataFrame, experiment: str, own_model_only: bool = False
         rows.append(Row(str(first["row_label"]), presets, tuple(first[k] for k in PAIR_KEYS)))
     rows.sort(key=lambda r: (r.key[1] != experiment, natural_key(r.label)))
     return rows
+
+
+def changed(group: Row) -> bool:
+    """Whether the group's command line changed its recipe (a cap on steps, data, evaluation):
+    never set against the paper's number."""
+    return any(str(g.get("recipe_changes") or "") for g in group.presets.values())
 
 
 def natural_key(text: str) -> list:
@@ -252,7 +286,14 @@ def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
         presets = preset_order(part["precision"], part)
         ok = {e: comparable(budget, data, e) for e in ref["experiment"]}
         rows = [
-            _table1_row(paper, group, presets, ok[paper["experiment"]], _confidence(ref), deltas)
+            _table1_row(
+                paper,
+                group,
+                presets,
+                ok[paper["experiment"]] and not changed(group),
+                _confidence(ref),
+                deltas,
+            )
             for _, paper in ref.iterrows()
             for group in group_rows(part, paper["experiment"], own_model_only=True)
             or [Row("", {}, ())]
@@ -273,7 +314,7 @@ def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
             Table(
                 slugify("table1", budget, data, device),
                 "Table 1: ILSVRC12 classification, top-1 accuracy (%)",
-                caption(budget, data, device, ref["experiment"].iloc[0]),
+                caption(budget, data, device, ref["experiment"].iloc[0], part),
                 pd.DataFrame(rows),
                 notes,
             )
@@ -305,9 +346,12 @@ def _table1_row(
 # what a "Δ ... (95% CI)" cell is, said under every table that has one
 DELTA_NOTE = (
     "Δ ... − fp32: the mean over seeds run under both presets of (preset − fp32), with its 95% "
-    "confidence interval (Student t) and the number of paired seeds; only runs whose "
-    "configurations are equal but for the preset and the seed are compared (a row with [keys] is "
-    "its own group). Verdicts and their tolerances: docs/report.md."
+    "confidence interval and what it holds: `(n=3; 360 images)` is the variation over 3 paired "
+    "seeds together with the sampling error of the 360 evaluated images (a bootstrap over the "
+    "images), `(n=3; seeds only)` where the records keep no per-item results (then no verdict). "
+    "Only runs whose configurations are equal but for the preset and the seed are compared (a "
+    "row with [keys] is its own group). Verdicts, their tolerances and the method: "
+    "docs/report.md."
 )
 
 
@@ -357,7 +401,13 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]
         presets = preset_order(part["precision"], part)
         ok = {r: comparable(budget, data, r) for r in paper_rows}
         rows = [
-            _table2_row(ref[ref["row"] == r].set_index("column"), group, presets, ok[r], conf)
+            _table2_row(
+                ref[ref["row"] == r].set_index("column"),
+                group,
+                presets,
+                ok[r] and not changed(group),
+                conf,
+            )
             | _delta_cells(deltas, group, 1)
             for r in paper_rows
             for group in group_rows(part, r, own_model_only=True) or [Row("", {}, ())]
@@ -380,7 +430,7 @@ def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]
             Table(
                 slugify("table2", budget, data, device),
                 "Table 2: PASCAL VOC 2007 detection, mAP (%)",
-                caption(budget, data, device, paper_rows[0]),
+                caption(budget, data, device, paper_rows[0], part),
                 pd.DataFrame(rows),
                 notes,
             )
@@ -464,7 +514,7 @@ def per_class_table(
     return Table(
         slugify("table2_per_class", budget, data, device),
         "Table 2 detail: per-class AP (%)",
-        caption(budget, data, device, experiments[0]),
+        caption(budget, data, device, experiments[0], part),
         pd.DataFrame(rows),
         ["Means over completed seeds; a diverged run has no AP."],
     )
@@ -499,7 +549,7 @@ def table3(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
             Table(
                 slugify("table3", budget, data, device),
                 "Table 3: speech recognition, character error rate (%, lower is better)",
-                caption(budget, data, device),
+                caption(budget, data, device, part=part),
                 pd.DataFrame(rows).fillna(""),
                 [
                     f"Paper values ({ref['source'].iloc[0]} of Micikevicius et al. 2018, "
@@ -552,7 +602,7 @@ def per_setting(
             Table(
                 slugify(slug, budget, data, device),
                 title,
-                caption(budget, data, device),
+                caption(budget, data, device, part=part),
                 pd.DataFrame(rows),
                 [*notes, DELTA_NOTE],
             )
@@ -663,12 +713,15 @@ def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
             Table(
                 slugify("vs_fp32", budget, data, device),
                 f"Each preset against {settings.reference}: paired differences and verdicts",
-                caption(budget, data, device),
+                caption(budget, data, device, part=part),
                 pd.DataFrame(rows),
                 [
                     DELTA_NOTE,
                     "The paper's claim is that mixed precision matches FP32. A verdict needs at "
-                    "least two seeds of both presets (mpt-run -m ... seed=0,1,2).",
+                    f"least {MIN_SEEDS} seeds of both presets (mpt-run -m ... seed=0,1,2), "
+                    "differences that vary between seeds, and an interval, seeds and evaluation "
+                    "set together, that the tolerance can decide; otherwise it says `no verdict`, "
+                    "why, and what would give one.",
                 ],
             )
         )
@@ -746,11 +799,13 @@ def cost_table(agg: pd.DataFrame) -> list[Table]:
                 order = preset_order(group.presets, pd.DataFrame(list(group.presets.values())))
                 rows += [_cost_row(group.label, data, p, group.presets[p], fp32) for p in order]
         kinds = set(part["peak_memory_kind"].dropna()) if "peak_memory_kind" in part else set()
+        slow = slow_device(part)
         tables.append(
             Table(
                 slugify("cost", budget, device),
                 "Cost: time, throughput and memory",
-                f"budget={budget}, device {device}, data set per row.",
+                f"budget={budget}, device {device}, data set per row"
+                + (f"; {SLOW_FP16_NOTE.format(why=slow)}." if slow else "."),
                 pd.DataFrame(rows),
                 _cost_notes(budget, kinds),
             )
@@ -780,6 +835,13 @@ def _cost_row(label: str, data: str, preset: str, g: pd.Series, fp32) -> dict[st
         "Saved for backward (MiB/sample)": fmt_num(None if _nan(saved) else saved / 2**20, 2),
         "Saved ÷ fp32": fmt_num(_ratio(saved, _mean(fp32, "saved_bytes_per_sample")), 2),
     }
+
+
+def slow_device(part: pd.DataFrame) -> str:
+    """Why the device of these rows has no fast FP16/BF16 arithmetic, or "" (collect.py)."""
+    if "slow_fp16" not in part:
+        return ""
+    return next((str(x) for x in part["slow_fp16"].fillna("") if x), "")
 
 
 def _cost_notes(budget: str, kinds: set[str]) -> list[str]:

@@ -10,7 +10,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.record import NO_STEP_ADVICE, no_step_applied, normalised_status
+from mpt_repro.record import (
+    NO_STEP_ADVICE,
+    SLOW_FP16_NOTE,
+    no_step_applied,
+    normalised_status,
+    slow_low_precision,
+)
 from mpt_repro.runlog.console import _short
 from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, tb_dir
 
@@ -49,22 +55,46 @@ def closing_block(
 
 
 def _metrics_lines(record: Mapping[str, Any]) -> tuple[list[str], bool]:
-    """The final metrics (the primary one first), and whether any is not finite."""
+    """The final metrics (the primary one first) and what they rest on, and whether any is not
+    finite or is undefined (nothing to score)."""
     metrics = record.get("metrics") or {}
     if not metrics:
         return [], False
     primary = record.get("primary_metric")
+    evaluation = record.get("evaluation") or {}
+    undefined = evaluation.get("undefined") or {}
     order = sorted(metrics, key=lambda k: k != primary)
     shown = ", ".join(
-        f"{k}={_short(float(metrics[k])) if _finite(metrics[k]) else metrics[k]}"
+        f"{k}={_short(float(metrics[k])) if _finite(metrics[k]) else _value(metrics[k])}"
         + (" (primary)" if k == primary else "")
         for k in order
     )
     lines = [f"  final metrics  {shown}"]
-    bad = [k for k in order if not _finite(metrics[k])]
+    if evaluation.get("items") is not None:
+        lines.append(f"  evaluated on   {_evidence(evaluation)}")
+    bad = [k for k in order if metrics[k] is not None and not _finite(metrics[k])]
     if bad:
         lines.append(f"  NOT FINITE     {', '.join(bad)}: check the curves before using them")
-    return lines, bool(bad)
+    for name, why in undefined.items():
+        lines.append(f"  UNDEFINED      {name}: {why}")
+    return lines, bool(bad or undefined)
+
+
+def _value(x: Any) -> str:
+    return "undefined" if x is None else str(x)
+
+
+def _evidence(evaluation: Mapping[str, Any]) -> str:
+    """`360 images` and each other count a metric rests on: `360 images; 9,120 tokens
+    (perplexity, loss)`."""
+    unit, items = evaluation.get("unit"), evaluation.get("items")
+    by_unit: dict[str, list[str]] = {}
+    counts = evaluation.get("counts") or {}
+    for metric, other in (evaluation.get("units") or {}).items():
+        if other != unit:
+            by_unit.setdefault(f"{counts.get(metric, 0):,} {other}", []).append(metric)
+    extra = "".join(f"; {count} ({', '.join(names)})" for count, names in by_unit.items())
+    return f"{items:,} {unit}{extra}"
 
 
 def _ending_lines(record: Mapping[str, Any], status: str, run_dir: Path) -> list[str]:
@@ -104,6 +134,9 @@ def _cost_lines(record: Mapping[str, Any]) -> list[str]:
             + (f" ({kind})" if kind else "")
         )
     lines = [f"  cost           {', '.join(cost)}"] if cost else []
+    why = slow_low_precision(record.get("device"))
+    if cost and why and record.get("precision") != "fp32":
+        lines.append(f"  speed          {SLOW_FP16_NOTE.format(why=why)}")
     scale = record.get("loss_scale") or {}
     if _finite(scale.get("final")):
         lines.append(
