@@ -104,6 +104,12 @@ def test_the_interval_adds_the_evaluation_set_to_the_seeds_and_matches_scipy(tmp
     row = pd.read_csv(tmp_path / "r" / "deltas.csv").iloc[0]
     assert row["ci_low"] == pytest.approx(d.low) and row["eval_items"] == n_img
     assert row["eval_se"] == pytest.approx(d.evidence.se) and row["seed_sd"] == pytest.approx(sd)
+    # a wider tolerance decides the same interval: --tolerance changes the verdict, not the CI
+    wide = [str(tmp_path), "--out", str(tmp_path / "w"), "--quiet", "--no-plots"]
+    assert cli.main([*wide, "--tolerance", "top1=1000"]) == 0
+    row = pd.read_csv(tmp_path / "w" / "deltas.csv").iloc[0]
+    assert row["tolerance"] == 1000 and row["verdict"] == "matches FP32 (CI within ±1000)"
+    assert row["ci_low"] == pytest.approx(d.low)
 
 
 def test_a_small_evaluation_set_says_how_many_images_would_resolve_the_tolerance(tmp_path):
