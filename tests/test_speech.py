@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import build_task, compose, option_config, read_run, run_cli
@@ -20,8 +21,9 @@ from mpt_repro.data.speech import (
     greedy_decode,
 )
 from mpt_repro.errors import DataError
+from mpt_repro.evidence import from_columns
 from mpt_repro.models import build_model
-from mpt_repro.tasks.speech import edit_counts, error_rates
+from mpt_repro.tasks.speech import Speech, edit_counts
 
 # the paper-size count docs/experiments_speech.md and conf/model/deepspeech2.yaml state
 PAPER_PARAMETERS = 115_527_997
@@ -83,12 +85,25 @@ def test_greedy_decoding_merges_repeats_and_drops_blanks() -> None:
 
 def test_cer_and_wer_count_edits_over_the_reference() -> None:
     counts = edit_counts(["hello world", "abc"], ["helo world", "abd e"])
-    # characters: one deletion; one substitution + two insertions ("d", " ", "e")
-    assert (counts["char_errors"], counts["chars"]) == (1 + 3, 11 + 3)
-    # words: "hello"->"helo"; "abc"->"abd" and "e" inserted
-    assert (counts["word_errors"], counts["words"]) == (1 + 2, 2 + 1)
-    rates = error_rates(counts)
-    assert rates["cer"] == pytest.approx(100 * 4 / 14) and rates["wer"] == pytest.approx(100.0)
+    # per utterance; characters: one deletion | one substitution + two insertions ("d", " ", "e")
+    assert (counts["char_errors"], counts["chars"]) == ([1, 3], [11, 3])
+    # words: "hello"->"helo" | "abc"->"abd" and "e" inserted
+    assert (counts["word_errors"], counts["words"]) == ([1, 2], [2, 1])
+    columns = {k: np.array(v) for k, v in counts.items()}
+    columns["loss"], columns["aligned"] = np.array([3.0, 5.0]), np.array([1, 1])
+    found = from_columns(columns, Speech.formulas, "utterances")
+    assert found.metrics["cer"] == pytest.approx(100 * 4 / 14)  # summed edits / summed chars
+    assert found.metrics["wer"] == pytest.approx(100.0) and found.metrics["loss"] == 4.0
+    assert found.counts == {"loss": 2, "cer": 14, "wer": 3}
+
+
+def test_error_rates_of_nothing_are_undefined_never_zero() -> None:
+    """No reference character (all utterances left out): CER and WER are null with a reason."""
+    columns = {k: np.zeros(0) for k in ("loss", "aligned", "char_errors", "chars", "word_errors",
+                                        "words")}  # fmt: skip
+    found = from_columns(columns, Speech.formulas, "utterances")
+    assert found.metrics == {"loss": None, "cer": None, "wer": None}
+    assert found.undefined["cer"] == "no characters to score (0 utterances evaluated)"
 
 
 # -- LibriSpeech as its tarballs unpack ------------------------------------------------------------
