@@ -256,13 +256,16 @@ class Speech(SampledTask):
         return found
 
     def state_dict(self) -> dict:
-        trained = self.infeasible_trained + self._infeasible_here
-        return {**super().state_dict(), "ctc_infeasible_trained": trained}
+        # each rank's own (the trainer saves every rank's): this rank's count since the last
+        # evaluation is summed over the ranks at the next one, also after a resume
+        counts = {"all_ranks": self.infeasible_trained, "this_rank": self._infeasible_here}
+        return {**super().state_dict(), "ctc_infeasible_trained": counts}
 
     def load_state_dict(self, state: dict) -> None:
         super().load_state_dict(state)
-        self.infeasible_trained = int(state.get("ctc_infeasible_trained", 0))
-        self._infeasible_here = 0
+        counts = state.get("ctc_infeasible_trained") or {}
+        self.infeasible_trained = int(counts.get("all_ranks", 0))
+        self._infeasible_here = int(counts.get("this_rank", 0))
 
     def describe_data(self) -> dict:
         return {
