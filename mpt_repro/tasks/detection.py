@@ -164,13 +164,13 @@ class Detection(SampledTask):
             "iou_threshold": IOU_THRESHOLD,
             "map_method": "VOC2007 11-point interpolated AP (map); VOC2010+ area (map_area)",
         }
+        # what an AP recalls: the ground-truth objects (difficult ones are ignored)
         objects = sum(result.num_positives.values())
         names = ("map", "map_area")
         why = f"no ground-truth object (not difficult) in the {n} evaluation images"
+        found = {"map": result.map, "map_area": result.map_area}
         return Evaluation(
-            metrics={"map": result.map, "map_area": result.map_area}
-            if objects
-            else dict.fromkeys(names),
+            metrics=found if objects else dict.fromkeys(names),
             counts=dict.fromkeys(names, objects),
             units=dict.fromkeys(names, "objects"),
             items=n,
