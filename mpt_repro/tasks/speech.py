@@ -179,18 +179,11 @@ class Speech(SampledTask):
             zero_infinity=True,
         )
 
-    @staticmethod
-    def _unaligned(lengths: torch.Tensor, batch: dict) -> torch.Tensor:
-        """Which utterances of the batch CTC cannot align, from host tensors ("host:": mpt-bench
-        counts no device read in it; there is none)."""
-        with torch.profiler.record_function("host:ctc_feasibility"):
-            return ctc_infeasible(lengths, batch["targets"], batch["target_lengths"])
-
     def loss(self, batch: dict) -> Loss:
         logits, lengths = self._forward(self.train_model, batch)
         utterances = len(batch["frames"])
         with torch.profiler.record_function("host:ctc_feasibility"):  # host tensors only
-            zeroed = int(self._unaligned(lengths, batch).sum())
+            zeroed = int(ctc_infeasible(lengths, batch["targets"], batch["target_lengths"]).sum())
         self._step[0] += utterances
         self._step[1] += zeroed
         return Loss(self._ctc(logits, lengths, batch).sum() / utterances, samples=utterances)
@@ -203,13 +196,15 @@ class Speech(SampledTask):
         seen, zeroed = self._step
         self._infeasible_here += zeroed
         if seen and zeroed == seen:
+            known = self.infeasible["train"]  # None: the model does not say its output frames
+            share = f"{known} of the {len(self.data.train)} training utterances are such clips"
             raise DataError(
                 f"every utterance of a training step ({seen}, from {self.data.sources['train']}) "
                 f"is too short for its transcript: CTC needs an output frame per character "
                 f"(and one between doubled letters), so their loss was 0 and the step learned "
-                f"nothing; {self.infeasible['train']} of the {len(self.data.train)} training "
-                "utterances are such clips: leave them out (or shorten their transcripts), and "
-                f"check that the audio is at model.sample_rate={self.sample_rate} Hz"
+                f"nothing; {share if known is not None else 'such clips'}: leave them out (or "
+                "shorten their transcripts), and check that the audio is at "
+                f"model.sample_rate={self.sample_rate} Hz"
             )
         return result
 
@@ -222,7 +217,7 @@ class Speech(SampledTask):
         for n in batch["target_lengths"].tolist():
             references.append(decode(batch["targets"][start : start + n].tolist()))
             start += n
-        unaligned = self._unaligned(lengths, batch)
+        unaligned = ctc_infeasible(lengths, batch["targets"], batch["target_lengths"])
         return {
             "loss": self._ctc(logits, lengths, batch),
             "aligned": ~unaligned,
