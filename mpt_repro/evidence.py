@@ -11,7 +11,12 @@ perplexity is exp(Σloss / Σtokens); `Bleu`: sacrebleu's BLEU from summed n-gra
   undefined (null, with the reason), never a number (no division by max(n, 1));
 - the reporter recomputes a metric on resampled items (docs/report.md, "Differences and their
   uncertainty") from the items file the trainer writes beside run.json (`ITEMS_FILE`), using
-  the formulas the record states, without importing the task.
+  the formulas the record states, without importing the task;
+- what the evaluation dropped is counted by reason (`dropped`): items of the evaluation data left
+  out before scoring (a task's `eval_dropped`: pairs longer than the largest bucket, utterances
+  without a reference) and items evaluated but left out of a loss or a metric (a
+  `dropped_<reason>` column: a clip too short for its transcript). `dropped_share` is their share
+  of the evaluation data; above DROPPED_WARN_SHARE the closing block and the report say so.
 
 Nothing here imports torch.
 """
@@ -21,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,6 +35,15 @@ from typing import Any
 import numpy as np
 
 ITEMS_FILE = "eval_items.npz"  # the last evaluation's per-item columns, beside run.json
+# A column named DROPPED_PREFIX + reason holds 1 for each evaluated item that a loss or a metric
+# left out for that reason (e.g. `dropped_ctc_infeasible`: a clip too short for its transcript,
+# whose CTC loss is zeroed); its sum joins the evaluation's `dropped` counts.
+DROPPED_PREFIX = "dropped_"
+# Above this share of the evaluation data's items dropped (left out before scoring, or by a loss
+# or a metric), the closing block and the report say so: the metric describes a subset that may
+# differ from the data set it is named after. 5 %: at that share a subset chosen by length (the
+# usual reason) can move a corpus metric by more than the differences the paper discusses.
+DROPPED_WARN_SHARE = 0.05
 # the largest log-perplexity turned into a perplexity (exp overflows a float past ~709)
 MAX_LOG = 700.0
 # columns that depend on the data alone, not on the model: two runs whose values differ did not
@@ -63,6 +78,12 @@ class Ratio:
     def count(self, sums: Mapping[str, Any]) -> Any:
         return sums[self.denominator]
 
+    def undefined(self, sums: Mapping[str, Any], items: int, item_unit: str) -> str | None:
+        """Why the metric has no value over these sums (None: it has one)."""
+        if sums[self.denominator] <= 0:
+            return f"no {self.unit} to score ({items} {item_unit} evaluated)"
+        return None
+
     def value(self, sums: Mapping[str, Any]) -> Any:
         """The metric from column sums (numbers, or arrays of resampled sums); NaN where the
         denominator is 0 (the caller reports that as undefined)."""
@@ -89,6 +110,15 @@ class Bleu:
 
     def count(self, sums: Mapping[str, Any]) -> Any:
         return sums[self.denominator]
+
+    def undefined(self, sums: Mapping[str, Any], items: int, item_unit: str) -> str | None:
+        """Why BLEU has no value: nothing evaluated, or references without a word (BLEU's
+        brevity penalty and precisions compare against reference words)."""
+        if sums[self.denominator] <= 0:
+            return f"no {self.unit} to score ({items} {item_unit} evaluated)"
+        if sums["bleu_ref_len"] <= 0:
+            return f"the references hold no words ({items} {item_unit} evaluated)"
+        return None
 
     def value(self, sums: Mapping[str, Any]) -> Any:
         from sacrebleu.metrics.bleu import BLEU
@@ -117,6 +147,32 @@ class Bleu:
 Formula = Ratio | Bleu
 
 
+def bleu_statistics(hypotheses: list[str], references: list[str]) -> dict[str, list[int]]:
+    """Each sentence's BLEU statistics (BLEU_COLUMNS: hypothesis and reference lengths, matching
+    and total n-grams per order), as sacrebleu counts them for its corpus BLEU over the same
+    tokens (tokenize="none"): summed over sentences, `Bleu` gives sacrebleu's corpus score."""
+    from sacrebleu.metrics.bleu import BLEU
+
+    # effective_order changes a sentence's score only, not its statistics (and keeps sacrebleu
+    # from warning on every sentence)
+    bleu = BLEU(tokenize="none", effective_order=True)
+    out: dict[str, list[int]] = {c: [] for c in BLEU_COLUMNS}
+    for hyp, ref in zip(hypotheses, references, strict=True):
+        s = bleu.sentence_score(hyp, [ref])
+        out["bleu_sys_len"].append(int(s.sys_len))
+        out["bleu_ref_len"].append(int(s.ref_len))
+        for n in range(1, BLEU_ORDER + 1):
+            out[f"bleu_correct_{n}"].append(int(s.counts[n - 1]))
+            out[f"bleu_total_{n}"].append(int(s.totals[n - 1]))
+    return out
+
+
+def text_key(text: str) -> int:
+    """A key naming an item by its text (a reference sentence or transcript): CRC-32 below 2^31,
+    the same in every process and run (Python's hash() is salted per process)."""
+    return zlib.crc32(text.encode("utf-8")) & 0x7FFFFFFF
+
+
 def formula_from_dict(spec: Mapping[str, Any]) -> Formula:
     """A formula as run.json's `evaluation.formulas` states it."""
     spec = dict(spec)
@@ -139,9 +195,17 @@ class Evaluation:
     items: int | None  # the items evaluated (images, utterances, sentences, text blocks)
     unit: str  # what an item is
     undefined: dict[str, str]  # metric -> why it has no value
-    dropped: dict[str, int]  # items left out before scoring, by reason
+    # items dropped, by reason: left out before scoring (e.g. pairs longer than the largest
+    # bucket: not in `items`), or evaluated but left out of a loss or a metric (a `dropped_*`
+    # column: in `items`)
+    dropped: dict[str, int]
     columns: dict[str, np.ndarray] | None  # per-item statistics (None: the task keeps none)
     formulas: dict[str, Formula] | None
+    # the items of the evaluation data: those evaluated and those left out before scoring
+    data_items: int | None = None
+    # the column that names each item (a label, a hash of the reference): two runs scored the
+    # same items only where their key columns are equal (None: the task has none)
+    key: str | None = None
 
     def record(self, step: int, items_file: str | None) -> dict[str, Any]:
         """run.json's `evaluation` block."""
@@ -149,11 +213,13 @@ class Evaluation:
             "step": step,
             "unit": self.unit,
             "items": self.items,
+            "data_items": self.data_items,
             "counts": self.counts,
             "units": self.units,
             "undefined": self.undefined,
             "dropped": self.dropped,
             "items_file": items_file,
+            "key": self.key,
             "formulas": {k: _spec(f) for k, f in (self.formulas or {}).items()},
         }
 
@@ -179,8 +245,12 @@ def from_columns(
     formulas: Mapping[str, Formula],
     unit: str,
     dropped: Mapping[str, int] | None = None,
+    key: str | None = None,
 ) -> Evaluation:
-    """An Evaluation from per-item columns (every column one value per item)."""
+    """An Evaluation from per-item columns (every column one value per item). `dropped`: the
+    items of the evaluation data left out before scoring, by reason; the sums of the
+    `dropped_<reason>` columns (items evaluated but left out of a loss or a metric) join them.
+    `key`: the column naming each item, if any."""
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
         raise ValueError(f"per-item columns of different lengths: {sorted(lengths)}")
@@ -188,14 +258,19 @@ def from_columns(
     sums = column_sums(columns) if items else {k: 0.0 for k in columns}
     metrics, counts, undefined = {}, {}, {}
     for name, formula in formulas.items():
-        count = sums[formula.denominator]
-        counts[name] = int(round(count))
-        value = float(formula.value(sums)) if count > 0 else math.nan
-        if count <= 0:
-            undefined[name] = f"no {formula.unit} to score ({items} {unit} evaluated)"
-            metrics[name] = None
+        counts[name] = int(round(formula.count(sums)))
+        why = formula.undefined(sums, items, unit)
+        value = float(formula.value(sums)) if why is None else math.nan
+        if why is not None:
+            undefined[name], metrics[name] = why, None
         else:
             metrics[name] = value
+    left_out = {k: int(v) for k, v in (dropped or {}).items() if v}
+    in_scoring = {
+        k[len(DROPPED_PREFIX) :]: int(round(v))
+        for k, v in sums.items()
+        if k.startswith(DROPPED_PREFIX) and v
+    }
     return Evaluation(
         metrics=metrics,
         counts=counts,
@@ -203,9 +278,44 @@ def from_columns(
         items=items,
         unit=unit,
         undefined=undefined,
-        dropped={k: int(v) for k, v in (dropped or {}).items() if v},
+        dropped={**left_out, **in_scoring},
         columns={k: np.asarray(v) for k, v in columns.items()},
         formulas=dict(formulas),
+        data_items=items + sum(left_out.values()),
+        key=key,
+    )
+
+
+def dropped_share(evaluation: Mapping[str, Any] | None) -> float:
+    """The share of the evaluation data's items that were dropped (left out before scoring, or
+    by a loss or a metric), from run.json's `evaluation` block: 0.0 when nothing was dropped or
+    there is no block. Above DROPPED_WARN_SHARE the closing block and the report say so. Counts
+    of different reasons add up (an item is left out for one reason before scoring, so only an
+    item dropped by two metrics could count twice: the share errs on the side of a warning)."""
+    if not evaluation:
+        return 0.0
+    dropped = sum(int(v) for v in (evaluation.get("dropped") or {}).values())
+    if not dropped:
+        return 0.0
+    held = evaluation.get("data_items")
+    if held is None:  # a block without it: the evaluated items and every drop
+        held = int(evaluation.get("items") or 0) + dropped
+    return dropped / held if held > 0 else 1.0
+
+
+def describe_dropped(evaluation: Mapping[str, Any] | None) -> str | None:
+    """One sentence for a drop share above DROPPED_WARN_SHARE (None at or below it), e.g.
+    "12 of 200 sentences (6.0 %) dropped: 12 longer_than_largest_bucket"."""
+    share = dropped_share(evaluation)
+    if share <= DROPPED_WARN_SHARE or not evaluation:
+        return None
+    dropped = {k: int(v) for k, v in (evaluation.get("dropped") or {}).items() if v}
+    held = evaluation.get("data_items")
+    of = f" of {held} {evaluation.get('unit') or 'items'}" if held is not None else ""
+    reasons = ", ".join(f"{n} {reason}" for reason, n in sorted(dropped.items()))
+    return (
+        f"{sum(dropped.values())}{of} ({100 * share:.1f} %) dropped: {reasons} (more than "
+        f"{100 * DROPPED_WARN_SHARE:g} %: the metrics may not describe the whole evaluation set)"
     )
 
 

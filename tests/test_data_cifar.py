@@ -12,7 +12,7 @@ import torch
 from conftest import option_config, read_run, run_cli
 
 from mpt_repro.data import build_image_data
-from mpt_repro.data.cifar import MEAN, STD, TRAIN_FILES
+from mpt_repro.data.cifar import LAYOUT, MEAN, STD, TRAIN_FILES
 from mpt_repro.errors import DataError
 
 PER_BATCH = 6
@@ -99,3 +99,21 @@ def test_experiment_cifar10_smoke_runs_under_mpt_run(tmp_path, data, precision) 
     assert (
         record["model"]["variant"] == "torchvision" and record["config"]["optim"]["name"] == "adam"
     )
+
+
+def test_mpt_run_refuses_an_empty_test_batch(tmp_path) -> None:
+    """An empty test_batch (it gave loss 0.0, top-1 0.0 and a `completed` run): refused while
+    the data loads, one line naming the file, exit 2, the run directory not created."""
+    folder = write_cifar(tmp_path / "cifar")
+    with open(folder / "test_batch", "wb") as f:
+        pickle.dump({b"data": np.zeros((0, 3072), np.uint8), b"labels": []}, f)
+    proc = run_cli("experiment=cifar10", "budget=smoke", "trainer.device=cpu",
+                   f"data.root={folder}", run_dir=tmp_path / "run", check=False,
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    assert errors == [
+        f"mpt-run: error: {folder / 'test_batch'} holds no image (0 rows of b'data'), so there "
+        f"is nothing to evaluate; unpack cifar-10-python.tar.gz again. Expected {LAYOUT}"
+    ]
+    assert not (tmp_path / "run").exists()

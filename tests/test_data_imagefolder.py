@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import build_task, compose
+from conftest import build_task, compose, run_cli
 from PIL import Image
 
 from mpt_repro.data import build_image_data
@@ -101,7 +101,7 @@ def test_a_classification_task_trains_on_an_imagefolder(tmp_path, one_thread):
     result = task.train_step([batch])
     assert torch.isfinite(result.loss) and bool(result.stepped)
     task.data.check_logits(task.model(batch[0]))
-    assert set(task.evaluate()) == {"loss", "top1", "top5"}
+    assert set(task.evaluate().metrics) == {"loss", "top1", "top5"}
     # code that indexes the data set itself (BN recalibration) gets normalised float samples
     task.recalibrate_bn(1)
 
@@ -130,3 +130,28 @@ def test_one_class_is_not_a_classification_data_set(tmp_path):
         write(root / "only" / f"{i}.jpg", (10, 20, 30))
     with pytest.raises(DataError, match="at least 2"):
         build_image_data(cfg(root))
+
+
+def test_mpt_run_refuses_an_empty_val_folder(tmp_path):
+    """val/ empty, and val/ holding empty class folders: nothing to evaluate, refused while the
+    data loads with one line naming the folder, exit 2, nothing written (one sweep)."""
+    empty = split_tree(tmp_path / "empty", "val")
+    hollow = split_tree(tmp_path / "hollow", "val")
+    for root in (empty, hollow):
+        for image in (root / "val").rglob("*.jpg"):
+            image.unlink()
+    for c in FLOWERS:
+        (empty / "val" / c).rmdir()
+    proc = run_cli("-m", "experiment=demo", "budget=smoke", "data=imagefolder",
+                   f"data.root={empty},{hollow}", "data.image_size=8", "data.resize_size=8",
+                   "trainer.device=cpu", f"paths.runs_dir={tmp_path / 'runs'}", check=False,
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    assert errors[0].startswith(
+        f"mpt-run: error: {empty / 'val'} holds no class folders (it is empty or flat); "
+        "data=imagefolder takes root/train/<class>/* with root/val/<class>/*"
+    )
+    assert errors[1].startswith(f"mpt-run: error: {hollow / 'val'}: Found no valid file")
+    assert "Every class folder needs at least one image" in errors[1]
+    assert not (tmp_path / "runs").exists()

@@ -111,8 +111,12 @@ def test_ssd_task_trains_and_evaluates_on_a_tiny_voc(tiny_voc: Path) -> None:
     assert result.samples == 1 and torch.isfinite(result.loss)
     assert set(result.logs) == {"loss_loc", "loss_conf"}
     assert float(result.loss) == pytest.approx(float(sum(result.logs.values())))
-    metrics = task.evaluate()
+    found = task.evaluate()
+    metrics = found.metrics
     assert set(metrics) == {"map", "map_area"} and 0 <= metrics["map"] <= 100
+    # mAP rests on the ground-truth objects: 2 dogs (the difficult person is not one)
+    assert found.counts == {"map": 2, "map_area": 2} and found.units["map"] == "objects"
+    assert (found.items, found.unit, found.columns) == (2, "images", None)
     detail = task.metrics_detail
     assert detail["eval_images"] == 2 and detail["num_positives"]["dog"] == 2
     assert detail["num_positives"]["person"] == 0  # difficult: not a positive
@@ -120,6 +124,23 @@ def test_ssd_task_trains_and_evaluates_on_a_tiny_voc(tiny_voc: Path) -> None:
     # biases: lr x2 and no weight decay (ssd_pascal.py), group 0 is what the trainer logs
     groups = task.optimizer.param_groups
     assert groups[1]["lr"] == 2 * groups[0]["lr"] and groups[1]["weight_decay"] == 0.0
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_map_without_a_ground_truth_object_is_undefined_never_zero(tmp_path: Path) -> None:
+    """Evaluation images whose only objects are difficult: nothing for an AP to recall, so mAP
+    is null with the reason (it was 0.0), resting on 0 objects."""
+    person = [("person", True, 150, 40, 240, 190)]
+    for year, split, objects in (("2007", "trainval", [("dog", False, 10, 12, 200, 180)]),
+                                 ("2012", "trainval", [("dog", False, 10, 12, 200, 180)]),
+                                 ("2007", "test", person)):  # fmt: skip
+        write_voc(tmp_path, year, split, {f"{year}{split}{i}": (250, 200, objects) for i in (0, 1)})
+    task, _ = build_task("experiment=ssd", "budget=smoke", f"data.root={tmp_path}")
+    found = task.evaluate()
+    assert found.metrics == {"map": None, "map_area": None}
+    assert found.counts == {"map": 0, "map_area": 0}
+    why = "no ground-truth object (not difficult) in the 2 evaluation images"
+    assert found.undefined == {"map": why, "map_area": why}
 
 
 @pytest.mark.usefixtures("one_thread")
@@ -135,7 +156,7 @@ def test_evaluation_maps_detections_back_to_the_original_image(tiny_voc: Path) -
             {"boxes": t["boxes"], "scores": torch.ones(len(t["boxes"])), "labels": t["labels"]}
         )
     task.model = PerfectDetector(answers)
-    metrics = task.evaluate()
+    metrics = task.evaluate().metrics
     assert metrics == {"map": pytest.approx(100.0), "map_area": pytest.approx(100.0)}
 
 
@@ -159,10 +180,10 @@ def test_evaluation_gathers_every_ranks_detections(tiny_voc: Path, monkeypatch) 
     scale = task.data.eval[1][1]["scale"].repeat(2)
     other = [(1, {**answers[1], "boxes": answers[1]["boxes"] / scale})]  # rank 1: original pixels
     monkeypatch.setattr(distributed, "all_gather_object", lambda mine: [mine, other])
-    assert task.evaluate()["map"] == pytest.approx(100.0)
+    assert task.evaluate().metrics["map"] == pytest.approx(100.0)
     task.model = PerfectDetector(answers[:1])
     monkeypatch.setattr(distributed, "all_gather_object", lambda mine: [mine])
-    assert task.evaluate()["map_area"] == pytest.approx(50.0)
+    assert task.evaluate().metrics["map_area"] == pytest.approx(50.0)
 
 
 def test_faster_rcnn_drops_difficult_training_targets(tiny_voc: Path) -> None:

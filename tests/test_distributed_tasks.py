@@ -221,7 +221,7 @@ def _gan_eval_worker(rank: int, port: int, overrides: list[str], out: dict) -> N
     cfg = compose(overrides)
     distributed.setup(cfg.distributed, CPU)
     try:
-        out[rank] = sensitive_gan(overrides).evaluate()
+        out[rank] = sensitive_gan(overrides).evaluate().metrics
     finally:
         distributed.teardown()
 
@@ -238,7 +238,7 @@ def test_dcgan_evaluation_over_two_ranks_is_the_one_process_evaluation():
         "trainer.device=cpu",
         "data.eval_batch_size=8",
     ]
-    expected = sensitive_gan(overrides).evaluate()
+    expected = sensitive_gan(overrides).evaluate().metrics
     with mp.Manager() as manager:
         out = manager.dict()
         mp.spawn(_gan_eval_worker, args=(free_port(), overrides, out), nprocs=2, join=True)

@@ -111,9 +111,13 @@ def test_training_steps_through_the_task_interface(precision, tmp_path):
         assert any(not torch.equal(a, b) for a, b in zip(before[name], model.parameters())), name
     per_opt = policy.summary()["diagnostics"]["per_optimizer"]
     assert per_opt["discriminator"]["steps"] == per_opt["generator"]["steps"] == 3
-    metrics = task.evaluate()
+    found = task.evaluate()
+    metrics = found.metrics
     assert set(metrics) == set(task.metric_names)
     assert 0 < metrics["d_real"] < 1 and 0 < metrics["d_fake"] < 1
+    # one item per held-out image, named by its index in the held-out set
+    assert found.items == len(task.data.eval) == found.counts["g_loss"]
+    assert sorted(found.columns["index"].tolist()) == list(range(len(task.data.eval)))
 
 
 def test_discriminator_step_sees_only_its_own_gradients():

@@ -108,6 +108,28 @@ def test_missing_folder_and_bad_splits_raise_data_error(tmp_path):
         Corpus(root)
 
 
+def test_mpt_run_refuses_an_empty_or_too_short_validation_text(tmp_path):
+    """An empty valid.txt, and one too short for the validation streams (data.eval_batch_size):
+    one line each naming the file and the setting, exit 2, nothing written (one sweep)."""
+    empty = write_corpus(tmp_path / "empty", "a b c d e f g\n" * 100, valid="")
+    short = write_corpus(tmp_path / "short", "a b c d e f g\n" * 100, valid="a\n")
+    proc = conftest.run_cli("-m", "experiment=lstm_lm", "budget=smoke", "trainer.device=cpu",
+                            f"data.root={empty},{short}", f"paths.runs_dir={tmp_path / 'runs'}",
+                            check=False, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    assert errors[0] == (
+        f"mpt-run: error: {empty / 'valid.txt'} is empty; data.root must be a folder with "
+        "train.txt, valid.txt and test.txt (whitespace tokens, one sentence per line)"
+    )
+    assert errors[1] == (
+        f"mpt-run: error: {short / 'valid.txt'}: 2 tokens are too few for 4 parallel streams "
+        "(need 2 per stream); 4 streams come from data.eval_batch_size (and the number of "
+        "processes): lower it, or use a longer valid.txt"
+    )
+    assert not (tmp_path / "runs").exists()  # refused while the data loads: nothing written
+
+
 def test_embedded_corpus_is_the_documented_one():
     c = Corpus(None, min_freq=2)
     assert c.embedded
@@ -197,7 +219,31 @@ def test_log_uniform_sampler_expected_counts_match_inclusion_frequencies():
 def test_evaluation_uses_the_full_softmax():
     full, _ = build("model.num_sampled=0")
     sampled, _ = build("model.num_sampled=8")
-    assert full.evaluate() == sampled.evaluate()  # same seed, same weights, same eval
+    # same seed, same weights, same eval
+    assert full.evaluate().metrics == sampled.evaluate().metrics
+
+
+def test_evaluation_scores_blocks_of_the_validation_text():
+    """Items: each BPTT window of each validation stream, its summed full-softmax loss and its
+    tokens; the perplexity is exp(summed loss / tokens), the same as the summed loss of the
+    windows computed at once (no per-block reduction changes it)."""
+    task, _ = build()
+    found = task.evaluate()
+    streams = task.eval_streams
+    windows = num_bptt_batches(streams, task.seq_len)
+    assert found.items == windows * streams.size(1) and found.unit == "text blocks"
+    assert found.counts["perplexity"] == (streams.size(0) - 1) * streams.size(1)  # tokens
+    assert found.metrics["perplexity"] == pytest.approx(math.exp(found.metrics["loss"]))
+    hidden, total = task.model.init_hidden(streams.size(1), CPU), 0.0
+    with torch.no_grad():
+        task.model.eval()
+        for x, y in bptt_batches(streams, task.seq_len):
+            features, hidden = task.model(x, hidden)
+            total += float(task.model.full_loss(features, y, reduction="sum"))
+    assert found.metrics["loss"] == pytest.approx(total / found.counts["loss"], rel=1e-5)
+    # the key names a block by its words: equal windows of equal text, equal keys
+    assert len(set(found.columns["key"].tolist())) == found.items
+    assert found.key == "key" and found.dropped == {}
 
 
 @pytest.mark.parametrize("precision", ["fp32", "mixed"])
@@ -212,7 +258,7 @@ def test_training_steps_through_the_task_interface(precision):
         if i == 5:
             break
     assert all(math.isfinite(v) for v in losses)
-    metrics = task.evaluate()
+    metrics = task.evaluate().metrics
     assert set(metrics) == set(task.metric_names)
     assert metrics["perplexity"] == pytest.approx(math.exp(metrics["loss"]))
     assert metrics["perplexity"] < 500  # a capped 500-word vocabulary: uniform guessing gives 500

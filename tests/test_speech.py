@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import build_task, compose, option_config, read_run, run_cli
@@ -16,12 +17,16 @@ from mpt_repro.data.speech import (
     Features,
     SortaGradSampler,
     build_speech_data,
+    ctc_infeasible,
     encode,
+    frames_needed,
     greedy_decode,
+    has_reference,
 )
 from mpt_repro.errors import DataError
+from mpt_repro.evidence import dropped_share, from_columns, read_items
 from mpt_repro.models import build_model
-from mpt_repro.tasks.speech import edit_counts, error_rates
+from mpt_repro.tasks.speech import Speech, edit_counts
 
 # the paper-size count docs/experiments_speech.md and conf/model/deepspeech2.yaml state
 PAPER_PARAMETERS = 115_527_997
@@ -83,12 +88,25 @@ def test_greedy_decoding_merges_repeats_and_drops_blanks() -> None:
 
 def test_cer_and_wer_count_edits_over_the_reference() -> None:
     counts = edit_counts(["hello world", "abc"], ["helo world", "abd e"])
-    # characters: one deletion; one substitution + two insertions ("d", " ", "e")
-    assert (counts["char_errors"], counts["chars"]) == (1 + 3, 11 + 3)
-    # words: "hello"->"helo"; "abc"->"abd" and "e" inserted
-    assert (counts["word_errors"], counts["words"]) == (1 + 2, 2 + 1)
-    rates = error_rates(counts)
-    assert rates["cer"] == pytest.approx(100 * 4 / 14) and rates["wer"] == pytest.approx(100.0)
+    # per utterance; characters: one deletion | one substitution + two insertions ("d", " ", "e")
+    assert (counts["char_errors"], counts["chars"]) == ([1, 3], [11, 3])
+    # words: "hello"->"helo" | "abc"->"abd" and "e" inserted
+    assert (counts["word_errors"], counts["words"]) == ([1, 2], [2, 1])
+    columns = {k: np.array(v) for k, v in counts.items()}
+    columns["loss"], columns["aligned"] = np.array([3.0, 5.0]), np.array([1, 1])
+    found = from_columns(columns, Speech.formulas, "utterances")
+    assert found.metrics["cer"] == pytest.approx(100 * 4 / 14)  # summed edits / summed chars
+    assert found.metrics["wer"] == pytest.approx(100.0) and found.metrics["loss"] == 4.0
+    assert found.counts == {"loss": 2, "cer": 14, "wer": 3}
+
+
+def test_error_rates_of_nothing_are_undefined_never_zero() -> None:
+    """No reference character (all utterances left out): CER and WER are null with a reason."""
+    columns = {k: np.zeros(0) for k in ("loss", "aligned", "char_errors", "chars", "word_errors",
+                                        "words")}  # fmt: skip
+    found = from_columns(columns, Speech.formulas, "utterances")
+    assert found.metrics == {"loss": None, "cer": None, "wer": None}
+    assert found.undefined["cer"] == "no characters to score (0 utterances evaluated)"
 
 
 # -- LibriSpeech as its tarballs unpack ------------------------------------------------------------
@@ -105,13 +123,13 @@ UTTERANCES = {  # split -> (speaker, chapter, utterance, seconds, transcript)
 }
 
 
-def write_librispeech(root: Path) -> Path:
+def write_librispeech(root: Path, layout: dict | None = None) -> Path:
     """root/LibriSpeech/<split>/<speaker>/<chapter>/ with 16 kHz FLAC files and the chapter's
-    .trans.txt, as the tarballs unpack."""
+    .trans.txt, as the tarballs unpack (`layout`: UTTERANCES unless given)."""
     import soundfile
 
     g = torch.Generator().manual_seed(0)
-    for split, utterances in UTTERANCES.items():
+    for split, utterances in (layout or UTTERANCES).items():
         for speaker, chapter, utt, seconds, text in utterances:
             folder = root / "LibriSpeech" / split / str(speaker) / str(chapter)
             folder.mkdir(parents=True, exist_ok=True)
@@ -174,6 +192,115 @@ def test_audio_at_another_rate_is_refused(tmp_path) -> None:
 
 
 # -- SortaGrad -------------------------------------------------------------------------------------
+# -- what an evaluation or a step cannot score ----------------------------------------------------
+LONG = "ABCDEFGHIJ" * 20  # 200 characters: more than any of these clips has output frames
+
+
+def relabelled(texts: dict[tuple[int, int, int], str], extra_dev: tuple = ()) -> dict:
+    """UTTERANCES with the transcripts of `texts` ((speaker, chapter, utterance) -> text), and
+    `extra_dev` utterances added to dev-clean."""
+    return {
+        split: [(*u[:4], texts.get(u[:3], u[4])) for u in utterances]
+        + (list(extra_dev) if split == "dev-clean" else [])
+        for split, utterances in UTTERANCES.items()
+    }
+
+
+def test_ctc_feasibility_is_what_ctc_loss_finds_infinite() -> None:
+    """An utterance needs a frame per character and one between doubled letters: exactly where
+    ctc_loss (without zero_infinity) is infinite."""
+    texts = ["abc", "aab", "hello", "", "a"]
+    targets = [encode(t) for t in texts]
+    flat = torch.tensor([c for t in targets for c in t], dtype=torch.long)
+    target_lengths = torch.tensor([len(t) for t in targets])
+    assert [frames_needed(t) for t in targets] == [3, 4, 6, 0, 1]
+    output_lengths = torch.tensor([3, 3, 6, 1, 0])
+    infeasible = ctc_infeasible(output_lengths, flat, target_lengths)
+    assert infeasible.tolist() == [False, True, False, False, True]
+    log_probs = torch.randn(6, len(texts), len(ALPHABET)).log_softmax(-1)
+    losses = torch.nn.functional.ctc_loss(log_probs, flat, output_lengths, target_lengths,
+                                          reduction="none")  # fmt: skip
+    assert torch.isinf(losses).tolist() == infeasible.tolist()
+    assert [has_reference(t) for t in ("YES", "123", " 4 5 ", "", "it's")] == [
+        True, False, False, False, True,
+    ]  # fmt: skip
+
+
+def test_mpt_run_refuses_what_it_cannot_score_and_fails_a_step_it_cannot_align(tmp_path) -> None:
+    """One sweep over four LibriSpeech folders the test writes: the dev transcripts empty, or
+    digits only (CER 0.00 was printed beside the paper's 2.20), every training clip too short
+    for its transcript (every loss was 0, `completed`): refused while the data loads, one line
+    each, nothing written; the four clips of the first (shortest-first) batch too short: the
+    run fails at that step with one line, `failed` in run.json, exit 2."""
+    dev = [(84, 121, 0), (84, 121, 1)]
+    train = [u[:3] for u in UTTERANCES["train-clean-100"]]
+    first_batch = [(26, 495, 2), (19, 198, 1), (26, 495, 0), (19, 198, 2)]  # 0.5-0.9 s
+    roots = {
+        name: write_librispeech(tmp_path / name, relabelled(texts))
+        for name, texts in (
+            ("empty", dict.fromkeys(dev, "")),
+            ("digits", dict.fromkeys(dev, "1 2 3")),
+            ("short", dict.fromkeys(train, LONG)),
+            ("step", dict.fromkeys(first_batch, LONG)),
+        )
+    }
+    proc = run_cli("-m", "experiment=speech", "budget=smoke", "trainer.device=cpu",
+                   f"data.root={','.join(str(r) for r in roots.values())}",
+                   f"paths.runs_dir={tmp_path / 'runs'}", check=False, env=ONE_THREAD)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    no_letter = (
+        "(data.eval_split): none of its 2 utterances has a transcript with a letter once encoded "
+        '(characters outside " \'abcdefghijklmnopqrstuvwxyz", such as digits, are dropped), so '
+        "there is nothing to score; check its *.trans.txt files (lines `<id> TRANSCRIPT`), or "
+        "choose another split"
+    )
+    assert errors[0] == f"mpt-run: error: {roots['empty'] / 'dev-clean'} {no_letter}"
+    assert errors[1] == f"mpt-run: error: {roots['digits'] / 'dev-clean'} {no_letter}"
+    assert errors[2] == (
+        f"mpt-run: error: {roots['short'] / 'train-clean-100'} (data.train_splits): every one "
+        "of its 6 utterances is too short for its transcript (CTC needs an output frame per "
+        "character, and one between doubled letters): every loss would be 0 and nothing "
+        "learned or scored; check that the transcripts belong to the audio files and that the "
+        "audio is at model.sample_rate"
+    )
+    step_failure = (
+        f"every utterance of a training step (4, from {roots['step'] / 'train-clean-100'} "
+        "(data.train_splits)) is too short for its transcript: CTC needs an output frame per "
+        "character (and one between doubled letters), so their loss was 0 and the step learned "
+        "nothing; 4 of the 6 training utterances are such clips: leave them out (or shorten "
+        "their transcripts), and check that the audio is at model.sample_rate=16000 Hz"
+    )
+    assert errors[3] == f"mpt-run: error: {step_failure}"
+    (record,) = [read_run(p.parent) for p in (tmp_path / "runs").rglob("run.json")]
+    assert record["status"] == "failed" and record["reason"] == f"DataError: {step_failure}"
+    assert record["data"]["root"] == str(roots["step"])
+
+
+def test_dropped_utterances_are_counted_in_run_json(tmp_path) -> None:
+    """Two of the first batch's clips too short for their transcripts (their loss zeroed), one
+    dev transcript of digits only (left out before scoring) and one dev clip too short (left out
+    of the loss, still scored by CER and WER): the run completes and run.json counts each."""
+    root = write_librispeech(tmp_path / "data", relabelled(
+        {(26, 495, 2): LONG, (19, 198, 1): LONG, (84, 121, 0): "1 2 3", (84, 121, 1): LONG},
+        extra_dev=[(84, 121, 2, 1.0, "GOOD MORNING"), (84, 121, 3, 0.9, "A CAT")],
+    ))  # fmt: skip
+    run_cli("experiment=speech", "budget=smoke", "trainer.device=cpu", f"data.root={root}",
+            "trainer.max_steps=1", run_dir=tmp_path / "run", env=ONE_THREAD)  # fmt: skip
+    record = read_run(tmp_path / "run")
+    assert record["status"] == "completed"
+    assert record["data"]["ctc_infeasible"] == {"train": 2, "eval": 1, "trained": 2}
+    block = record["evaluation"]
+    assert (block["items"], block["data_items"], block["unit"]) == (3, 4, "utterances")
+    assert block["dropped"] == {"empty_reference": 1, "ctc_infeasible": 1}
+    # the loss rests on the 2 clips CTC aligns; CER and WER on all 3 references
+    assert block["counts"]["loss"] == 2 and block["counts"]["cer"] == 200 + 12 + 5
+    assert dropped_share(block) == 0.5
+    _, items = read_items(tmp_path / "run" / block["items_file"])
+    assert items["dropped_ctc_infeasible"].tolist() == [1, 0, 0]  # in order of length
+    assert items["loss"][0] == 0.0 and (items["loss"][1:] > 0).all()
+
+
 def test_sortagrad_goes_shortest_first_then_shuffles_whole_batches() -> None:
     lengths = [50, 10, 40, 20, 70, 30, 60, 80, 5]
     sampler = SortaGradSampler(lengths, seed=3, batch_size=2, sorted_first_epoch=True)

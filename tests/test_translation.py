@@ -11,6 +11,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from conftest import ROOT, option_config, read_run, run_cli
@@ -28,11 +29,13 @@ from mpt_repro.data.parallel import (
     tokenize,
 )
 from mpt_repro.errors import DataError
+from mpt_repro.evidence import bleu_statistics, dropped_share, from_columns, read_items
 from mpt_repro.models.lstm_lm import LogUniformSampler
 from mpt_repro.models.seq2seq import AttentionSeq2Seq, tf_parameter_count
 from mpt_repro.tasks.translation import Translation
 
 BUCKETS = [(5, 10), (10, 15), (20, 25), (40, 50)]
+LONG_EN, LONG_FR = " ".join(["word"] * 60), " ".join(["mot"] * 60)  # past the largest bucket
 EN = ["The cat sat.", "I have 12 dogs!", "Hello, world", 'She said: "yes"', "Go (now)."] * 8
 FR = ["Le chat était assis.", "J'ai 12 chiens!", "Bonjour, monde", "Elle a dit: \"oui\"",
       "Va (maintenant)."] * 8  # fmt: skip
@@ -67,16 +70,19 @@ def test_pairs_go_to_the_first_bucket_they_fit_and_pad_as_the_tutorial() -> None
 
 
 # -- the parallel-corpus loader -------------------------------------------------------------------
-def write_wmt(root: Path, en=EN, fr=FR, dev_in_subfolder: bool = True) -> Path:
+def write_wmt(
+    root: Path, en=EN, fr=FR, dev_in_subfolder: bool = True, dev: tuple | None = None
+) -> Path:
     """giga-fren.release2.fixed.{en,fr}.gz (as training-giga-fren.tar holds them) and
-    dev/newstest2013.{en,fr} (as dev-v2.tgz unpacks)."""
+    dev/newstest2013.{en,fr} (as dev-v2.tgz unpacks): the first 6 lines, or `dev` (en, fr)."""
     root.mkdir(parents=True, exist_ok=True)
-    for lang, lines in (("en", en), ("fr", fr)):
+    dev_lines = dev or (en[:6], fr[:6])
+    for lang, lines, dev_text in (("en", en, dev_lines[0]), ("fr", fr, dev_lines[1])):
         with gzip.open(root / f"giga-fren.release2.fixed.{lang}.gz", "wt", encoding="utf-8") as f:
             f.write("\n".join(lines) + "\n")
-        dev = root / "dev" if dev_in_subfolder else root
-        dev.mkdir(exist_ok=True)
-        (dev / f"newstest2013.{lang}").write_text("\n".join(lines[:6]) + "\n", encoding="utf-8")
+        folder = root / "dev" if dev_in_subfolder else root
+        folder.mkdir(exist_ok=True)
+        (folder / f"newstest2013.{lang}").write_text("\n".join(dev_text) + "\n", encoding="utf-8")
     return root
 
 
@@ -110,6 +116,49 @@ def test_a_missing_or_malformed_corpus_names_the_layout(tmp_path) -> None:
         load_parallel(wmt_cfg(root), 10, 10, BUCKETS)
 
 
+def test_mpt_run_refuses_an_evaluation_or_a_corpus_with_nothing_to_score(tmp_path) -> None:
+    """Every dev pair longer than the largest bucket (it gave loss 0, perplexity 1, BLEU 0 and
+    `completed`), a corpus of blank lines (perplexity 1.008), and a dev set of blank targets:
+    refused while the data loads, one line each naming the file and the setting, exit 2,
+    nothing written (one sweep)."""
+    too_long = write_wmt(tmp_path / "long", dev=([LONG_EN] * 6, [LONG_FR] * 6))
+    blank = write_wmt(tmp_path / "blank", en=[""] * 40, fr=[""] * 40)
+    blank_dev = write_wmt(tmp_path / "blank_dev", dev=(EN[:6], [""] * 6))
+    proc = run_cli("-m", "experiment=translation", "budget=smoke", "trainer.device=cpu",
+                   f"data.root={too_long},{blank},{blank_dev}",
+                   f"paths.runs_dir={tmp_path / 'runs'}", check=False,
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    assert errors[0] == (
+        f"mpt-run: error: {too_long / 'dev' / 'newstest2013.en'}: none of its 6 sentence pairs "
+        "fits a bucket of model.buckets (the largest, [40, 50], takes fewer than 40 source "
+        "tokens and fewer than 50 target tokens with _EOS), so evaluation would score nothing; "
+        "add a larger bucket to model.buckets, or use a dev set of shorter sentences"
+    )
+    assert errors[1] == (
+        f"mpt-run: error: {blank / 'giga-fren.release2.fixed.en.gz'}: each of its 40 lines is "
+        "blank (no token after tokenisation): there is nothing to translate; point data.root "
+        "at a parallel corpus whose files hold sentences"
+    )
+    assert errors[2] == (
+        f"mpt-run: error: {blank_dev / 'dev' / 'newstest2013.fr'}: the target of every dev pair "
+        "that fits model.buckets (6 of 6 sentence pairs) is blank (no token after "
+        "tokenisation): BLEU would have no reference word and the perplexity would score only "
+        "_EOS; point data.root at a corpus whose newstest2013 files hold sentences"
+    )
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_limit_that_cuts_the_dev_set_is_named(tmp_path) -> None:
+    root = write_wmt(tmp_path, dev=([LONG_EN] * 3 + EN[:3], [LONG_FR] * 3 + FR[:3]))
+    with pytest.raises(DataError, match=r"none of its 2 sentence pairs \(its first, "
+                       r"data.eval_limit=2\) fits"):  # fmt: skip
+        load_parallel(wmt_cfg(root, eval_limit=2), 12, 30, BUCKETS)
+    data = load_parallel(wmt_cfg(root), 12, 30, BUCKETS)  # 3 fit, 3 too long: counted
+    assert (len(data.eval), data.eval.dropped) == (3, 3)
+
+
 # -- the model ------------------------------------------------------------------------------------
 def test_attention_model_shapes_decoding_and_sampled_loss() -> None:
     torch.manual_seed(0)
@@ -141,19 +190,55 @@ def test_paper_size_parameter_count(layers) -> None:
     assert tf_parameter_count(40000, 40000, 1024, layers) == expected
 
 
+def evaluated(hypotheses: list[str], references: list[str], losses=None, tokens=None):
+    """The task's evaluation of these decodes (per-pair columns as eval_step gives them)."""
+    n = len(references)
+    columns = {
+        "loss": np.array(losses if losses is not None else [1.0] * n),
+        "tokens": np.array(tokens if tokens is not None else [1] * n),
+        "items": np.ones(n),
+        **{k: np.array(v) for k, v in bleu_statistics(hypotheses, references).items()},
+    }
+    return from_columns(columns, Translation.formulas, Translation.item_unit)
+
+
 def test_bleu_on_known_strings() -> None:
-    totals = {"loss": 2.0, "tokens": 2, "hypotheses": ["le chat est là"], "references": []}
-    totals["references"] = ["le chat est là"]
-    metrics = Translation.eval_metrics(None, totals)
-    assert metrics["bleu"] == pytest.approx(100.0) and metrics["perplexity"] == pytest.approx(
-        math.e
+    found = evaluated(["le chat est là"], ["le chat est là"], losses=[2.0], tokens=[2])
+    assert found.metrics["bleu"] == pytest.approx(100.0)
+    assert found.metrics["perplexity"] == pytest.approx(math.e)  # exp(2 / 2)
+    assert evaluated(["un chien"], ["le chat est là"]).metrics["bleu"] == pytest.approx(0.0)
+    # 3 of 4 words, 2 of 3 bigrams, 1 of 2 trigrams
+    assert evaluated(["le chat est ici"], ["le chat est là"]).metrics["bleu"] == pytest.approx(
+        59.46, abs=0.01
     )
-    totals["hypotheses"] = ["un chien"]
-    assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(0.0)
-    totals["hypotheses"] = ["le chat est ici"]  # 3 of 4 words, 2 of 3 bigrams, 1 of 2 trigrams
-    assert Translation.eval_metrics(None, totals)["bleu"] == pytest.approx(59.46, abs=0.01)
-    empty = {"loss": 0.0, "tokens": 0, "hypotheses": [], "references": []}
-    assert Translation.eval_metrics(None, empty)["bleu"] == 0.0
+    assert found.counts == {"loss": 2, "perplexity": 2, "bleu": 1}
+    assert found.units == {"loss": "tokens", "perplexity": "tokens", "bleu": "sentence pairs"}
+
+
+def test_summed_sentence_statistics_give_sacrebleus_corpus_bleu() -> None:
+    """evidence.Bleu over the per-sentence statistics summed = sacrebleu.corpus_bleu, also with
+    a sentence without any 4-gram match and one shorter than its reference."""
+    import sacrebleu
+
+    hyps = ["le chat est ici", "un chien", "a b c d e", "x y", "il fait beau aujourd'hui"]
+    refs = ["le chat est là", "le chat", "a b c d e f", "x y z w", "il fait beau"]
+    assert evaluated(hyps, refs).metrics["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score, abs=1e-9
+    )
+    # a subset (as a bootstrap resample draws one): the same identity
+    assert evaluated(hyps[1:3], refs[1:3]).metrics["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps[1:3], [refs[1:3]], tokenize="none").score, abs=1e-9
+    )
+
+
+def test_an_evaluation_of_no_pair_has_no_bleu_nor_perplexity() -> None:
+    """Nothing scored is undefined (null, with the reason), never BLEU 0 or perplexity 1."""
+    found = evaluated([], [])
+    assert found.metrics == {"loss": None, "perplexity": None, "bleu": None}
+    assert found.undefined["bleu"] == "no sentence pairs to score (0 sentence pairs evaluated)"
+    assert found.undefined["perplexity"] == "no tokens to score (0 sentence pairs evaluated)"
+    blank = evaluated([""], [""])  # pairs without a reference word: BLEU has nothing to match
+    assert blank.metrics["bleu"] is None and "no words" in blank.undefined["bleu"]
 
 
 # -- mpt-run and mpt-report -----------------------------------------------------------------------
@@ -166,7 +251,8 @@ def runs(tmp_path_factory) -> Path:
     data set (start-up is most of a smoke run's time); one thread, as a tiny model's steps are
     all per-op overhead."""
     base = tmp_path_factory.mktemp("translation")
-    wmt = write_wmt(base / "wmt")
+    # the dev set's 6 first lines, and one longer than the largest bucket (left out, counted)
+    wmt = write_wmt(base / "wmt", dev=(EN[:6] + [LONG_EN], FR[:6] + [LONG_FR]))
     for data in ("data=synthetic", f"data.root={wmt}"):
         args = ["-m", "experiment=translation", "budget=smoke", f"precision={','.join(PRESETS)}"]
         args += ["trainer.device=cpu", f"paths.runs_dir={base / 'runs'}", data]
@@ -187,6 +273,15 @@ def test_smoke_runs_record_perplexity_and_bleu(runs) -> None:
         assert r["model"]["num_layers"] == 2 and r["model"]["softmax"] == "sampled (16 candidates)"
     real = next(r for r in records if r["data"]["name"] == "wmt15_enfr")
     assert real["data"]["train_pairs"] == 40 and real["data"]["eval_pairs"] == 6
+    # the evidence under the metrics: 6 dev pairs scored, the 7th too long (dropped, counted)
+    block = real["evaluation"]
+    assert (block["items"], block["data_items"], block["unit"]) == (6, 7, "sentence pairs")
+    assert block["dropped"] == {"longer_than_largest_bucket": 1}
+    assert block["counts"]["bleu"] == 6 and block["units"]["perplexity"] == "tokens"
+    step, items = read_items(Path(real["run_dir"]) / block["items_file"])
+    assert step == block["step"] and len(items["key"]) == 6
+    assert items["tokens"].sum() == block["counts"]["perplexity"]
+    assert dropped_share(block) == pytest.approx(1 / 7)  # above DROPPED_WARN_SHARE
 
 
 def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None:

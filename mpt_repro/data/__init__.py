@@ -137,6 +137,12 @@ def build_image_data(data_cfg: Any) -> ImageData:
             f"data.name={data_cfg.name!r} is not a known image data set; known: {sorted(DATASETS)}"
         )
     data = DATASETS[data_cfg.name](data_cfg)
+    for split in ("train", "eval"):  # each data set names its own files; this catches the rest
+        if len(getattr(data, split)) == 0:
+            raise DataError(
+                f"data.name={data_cfg.name} (data.root={data_cfg.get('root')}) has no "
+                f"{'training' if split == 'train' else 'evaluation'} example: {data.description}"
+            )
     # Budgets trim the data: the first N examples of a split (a fixed subset, the same every run).
     if data_cfg.train_limit is not None and data_cfg.train_limit < len(data.train):
         data.train = Subset(data.train, range(data_cfg.train_limit))

@@ -118,6 +118,17 @@ def cifar10(cfg: Any) -> ImageData:
     train_images = torch.cat([p[0] for p in parts])
     train_labels = torch.cat([p[1] for p in parts])
     test_images, test_labels = read_batch(folder / TEST_FILE)
+    # an empty split would train or evaluate nothing (an empty test_batch gave top-1 0.0 and a
+    # `completed` run): refused while the data loads
+    for where, labels, to in (
+        (f"{folder}/data_batch_1 ... data_batch_5 hold", train_labels, "train on"),
+        (f"{folder / TEST_FILE} holds", test_labels, "evaluate"),
+    ):
+        if len(labels) == 0:
+            raise DataError(
+                f"{where} no image (0 rows of b'data'), so there is nothing to {to}; unpack "
+                f"cifar-10-python.tar.gz again. Expected {LAYOUT}"
+            )
     augment = cfg.augmentation == "cifar"
     return ImageData(
         train=CIFARSplit(train_images, train_labels, augment=augment),

@@ -155,7 +155,7 @@ class Corpus:
         self.root = EMBEDDED_ROOT if root is None else Path(root).expanduser()
         if not self.root.is_dir():
             raise DataError(f"data.root={str(self.root)!r} is not a folder; expected {LAYOUT}")
-        paths = {split: self.root / f"{split}.txt" for split in SPLITS}
+        self.paths = paths = {split: self.root / f"{split}.txt" for split in SPLITS}
         for path in paths.values():
             if not path.is_file():
                 raise DataError(f"{path} is missing; data.root must be {LAYOUT}")
@@ -173,17 +173,21 @@ class Corpus:
         return float((ids == self.vocab.unk).float().mean())
 
 
-def batchify(ids: torch.Tensor, batch_size: int) -> torch.Tensor:
+def batchify(
+    ids: torch.Tensor, batch_size: int, source: str = "", advice: str = ""
+) -> torch.Tensor:
     """Cut the stream into `batch_size` contiguous streams: a (steps, batch_size) tensor.
 
     Column j continues from one BPTT window to the next, which is what lets the hidden state be
-    carried across batches. The tail that does not fill a whole row is dropped.
+    carried across batches. The tail that does not fill a whole row is dropped. Too few tokens
+    (fewer than 2 per stream: no window to train or score) is a DataError naming `source` (the
+    file and the settings that cut it) and `advice` (what to do).
     """
     steps = ids.numel() // batch_size
     if steps < 2:
         raise DataError(
-            f"{ids.numel()} tokens are too few for {batch_size} parallel streams (need 2 per "
-            "stream)"
+            f"{source + ': ' if source else ''}{ids.numel()} tokens are too few for "
+            f"{batch_size} parallel streams (need 2 per stream){'; ' + advice if advice else ''}"
         )
     return ids[: steps * batch_size].view(batch_size, steps).t().contiguous()
 

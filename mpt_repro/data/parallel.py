@@ -298,6 +298,7 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     for source, target in train_tokens():
         src_counts.update(source)
         tgt_counts.update(target)
+    _check_not_blank(d, d.train_prefix, d.train_limit, src_counts, tgt_counts)
     src_vocab = vocab_from_counts(src_counts, source_size)
     tgt_vocab = vocab_from_counts(tgt_counts, target_size)
     train = bucketize(
@@ -312,12 +313,56 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     )
     # the references in the dev set's bucket order, as the words they are (not _UNK)
     references = _bucket_order(dev_tgt_tok, [len(s) for s in dev_src_tok], dev.buckets)
+    _check_dev(d, len(dev_pairs), dev, references)
     about = (
         f"parallel corpus at {root}: {d.train_prefix}.{d.source_lang}-{d.target_lang} "
         f"({len(train)} pairs in buckets, {train.dropped} too long), {d.dev_prefix} "
         f"({len(dev)} pairs, {dev.dropped} too long)"
     )
     return ParallelData(train, dev, src_vocab, tgt_vocab, references, about)
+
+
+def _limited(n: int, limit: int | None, key: str, what: str = "sentence pairs") -> str:
+    """How many were read, and the setting that cut them where it did."""
+    return f"{n} {what}{f' (its first, {key}={limit})' if limit is not None and n >= limit else ''}"
+
+
+def _check_not_blank(
+    d: Any, prefix: str, limit: int | None, source: Counter, target: Counter
+) -> None:
+    """Refuse training text without a token in one language: the model would learn to say
+    _EOS, and its perplexity would look near perfect (a corpus of blank lines gave 1.008)."""
+    for path, counts in zip(split_files(d, prefix), (source, target)):
+        if not counts:
+            lines = sum(1 for _ in read_lines(path, limit))
+            raise DataError(
+                f"{path}: each of its {_limited(lines, limit, 'data.train_limit', 'lines')} is "
+                "blank (no token after tokenisation): there is nothing to translate; point "
+                "data.root at a parallel corpus whose files hold sentences"
+            )
+
+
+def _check_dev(d: Any, read: int, dev: Bucketed, references: list[list[str]]) -> None:
+    """Refuse an evaluation with nothing to score while the data loads: no dev pair fits the
+    largest bucket (evaluation would score 0 pairs), or every one that fits has a blank target
+    (BLEU has no reference word, the perplexity scores only _EOS)."""
+    source, target = split_files(d, d.dev_prefix)
+    pairs = _limited(read, d.eval_limit, "data.eval_limit")
+    if len(dev) == 0:
+        s, t = dev.buckets[-1]
+        raise DataError(
+            f"{source}: none of its {pairs} fits a bucket of model.buckets (the largest, "
+            f"[{s}, {t}], takes fewer than {s} source tokens and fewer than {t} target tokens "
+            f"with _EOS), so evaluation would score nothing; add a larger bucket to "
+            f"model.buckets, or use a dev set of shorter sentences"
+        )
+    if not any(references):
+        raise DataError(
+            f"{target}: the target of every dev pair that fits model.buckets ({len(dev)} of "
+            f"{pairs}) is blank (no token after tokenisation): BLEU would have no reference "
+            f"word and the perplexity would score only _EOS; point data.root at a corpus whose "
+            f"{d.dev_prefix} files hold sentences"
+        )
 
 
 def _bucket_order(

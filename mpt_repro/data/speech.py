@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +55,31 @@ def encode(text: str) -> list[int]:
 
 def decode(indices: list[int]) -> str:
     return "".join(ALPHABET[i] for i in indices)
+
+
+def has_reference(text: str) -> bool:
+    """Whether a transcript keeps a letter once encoded: CER and WER compare a decode against
+    that reference, and one of spaces alone (or nothing) has no character or word to score."""
+    return bool(decode(encode(text)).strip())
+
+
+def frames_needed(indices: list[int]) -> int:
+    """The fewest output frames CTC can align a transcript to: one per character, plus one blank
+    between each pair of equal neighbours ("ll" needs l, blank, l)."""
+    return len(indices) + sum(a == b for a, b in zip(indices, indices[1:]))
+
+
+def ctc_infeasible(
+    output_lengths: torch.Tensor, targets: torch.Tensor, target_lengths: torch.Tensor
+) -> torch.Tensor:
+    """Per utterance of a batch (CTC's 1-D targets, host tensors): True where its output frames
+    are fewer than frames_needed, so that ctc_loss is infinite (zero_infinity makes it 0: the
+    utterance teaches, or scores, nothing)."""
+    owner = torch.repeat_interleave(torch.arange(len(target_lengths)), target_lengths)
+    doubled = (targets[1:] == targets[:-1]) & (owner[1:] == owner[:-1])
+    repeats = torch.zeros(len(target_lengths), dtype=torch.long)
+    repeats.index_add_(0, owner[1:], doubled.long())
+    return output_lengths.cpu() < target_lengths + repeats
 
 
 def greedy_decode(logits: torch.Tensor, lengths: torch.Tensor) -> list[str]:
@@ -223,28 +248,68 @@ class SpeechData:
     train: SpeechSet
     eval: SpeechSet
     description: str
+    # where each split comes from and the settings that choose it, for messages
+    sources: dict[str, str] = field(default_factory=dict)
+    # evaluation utterances left out before scoring, by reason (run.json evaluation.dropped)
+    eval_dropped: dict[str, int] = field(default_factory=dict)
 
 
 def build_speech_data(d: Any, features: Features, seed: int) -> SpeechData:
-    """data.name librispeech (the folder) or synthetic (random audio and transcripts)."""
+    """data.name librispeech (the folder) or synthetic (random audio and transcripts).
+    Evaluation utterances whose transcript has no letter once encoded are left out and counted;
+    an evaluation (or a training set) with none that has one is refused here."""
     if d.name == "synthetic":
         train = synthetic_utterances(d.synthetic_train_size, features, seed=1)
         evaluated = synthetic_utterances(d.synthetic_eval_size, features, seed=2)
         description = "synthetic: random noise audio (1-2 s) with random transcripts"
+        sources = {"train": "the synthetic training utterances", "eval": "the synthetic ones"}
     elif d.name == "librispeech":
         folder = find_folder(d.root)
         train = [u for s in d.train_splits for u in read_split(folder, s, features.sample_rate)]
         evaluated = read_split(folder, d.eval_split, features.sample_rate)
         if d.max_seconds is not None:  # DS2 and deepspeech.pytorch leave out the longest
+            read = len(train)
             train = [u for u in train if u.samples <= d.max_seconds * features.sample_rate]
+            if not train:
+                raise DataError(
+                    f"{folder}: all {read} utterances of data.train_splits are longer than "
+                    f"data.max_seconds={d.max_seconds}; raise it (or set it to null)"
+                )
         description = f"LibriSpeech at {folder}: {'+'.join(d.train_splits)} / {d.eval_split}"
+        sources = {
+            "train": f"{folder}/{'+'.join(d.train_splits)} (data.train_splits)",
+            "eval": f"{folder / d.eval_split} (data.eval_split)",
+        }
     else:
         raise DataError(f"the speech task reads data=librispeech or data=synthetic, not {d.name!r}")
     train, evaluated = train[: d.train_limit], evaluated[: d.eval_limit]
+    _refuse_without_references(train, sources["train"], d.train_limit, "data.train_limit", "learn")
+    _refuse_without_references(evaluated, sources["eval"], d.eval_limit, "data.eval_limit", "score")
+    scored = [u for u in evaluated if has_reference(u.text)]
     # evaluation in order of length: batches of similar lengths, little padding
-    evaluated = sorted(evaluated, key=lambda u: u.samples)
+    scored = sorted(scored, key=lambda u: u.samples)
     return SpeechData(
-        SpeechSet(train, features, seed=1), SpeechSet(evaluated, features, seed=2), description
+        SpeechSet(train, features, seed=1),
+        SpeechSet(scored, features, seed=2),
+        description,
+        sources,
+        {"empty_reference": len(evaluated) - len(scored)},
+    )
+
+
+def _refuse_without_references(
+    utterances: list[Utterance], source: str, limit: int | None, key: str, to: str
+) -> None:
+    """No transcript with a letter once encoded: nothing to learn from, or nothing for CER and
+    WER to score (they gave 0.00, a perfect score, on such a set)."""
+    if any(has_reference(u.text) for u in utterances):
+        return
+    cut = f" (its first, {key}={limit})" if limit is not None and len(utterances) >= limit else ""
+    raise DataError(
+        f"{source}: none of its {len(utterances)} utterances{cut} has a transcript with a "
+        f"letter once encoded (characters outside {ALPHABET[1:]!r}, such as digits, are "
+        f"dropped), so there is nothing to {to}; check its *.trans.txt files (lines `<id> "
+        "TRANSCRIPT`), or choose another split"
     )
 
 

@@ -197,15 +197,20 @@ class LSTMLanguageModel(nn.Module):
         reduction: str = "mean",
         chunk_rows: int | None = None,
     ) -> torch.Tensor:
-        """Cross-entropy over the whole vocabulary. chunk_rows bounds the logits held at once
-        (793K-word vocabularies).
+        """Cross-entropy over the whole vocabulary: the mean or the sum over the tokens, or with
+        reduction="none" each token's (in the shape of `targets`: evaluation sums them per
+        block). chunk_rows bounds the logits held at once (793K-word vocabularies).
         """
         h, t = features.reshape(-1, self.out_dim), targets.reshape(-1)
         rows = chunk_rows or h.size(0)
-        total = sum(
-            F.cross_entropy(self.decoder(h[i : i + rows]).float(), t[i : i + rows], reduction="sum")
+        each = "none" if reduction == "none" else "sum"
+        parts = [
+            F.cross_entropy(self.decoder(h[i : i + rows]).float(), t[i : i + rows], reduction=each)
             for i in range(0, h.size(0), rows)
-        )
+        ]
+        if reduction == "none":
+            return torch.cat(parts).view(targets.shape)
+        total = sum(parts)
         return total / t.numel() if reduction == "mean" else total
 
     def sampled_loss(

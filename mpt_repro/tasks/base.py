@@ -18,8 +18,10 @@ one evaluation loop (mpt_repro/tasks/loops.py) run its code. A task writes what 
             return Loss(ctc, samples=len(batch))
 
         item_unit = "utterances"
+        item_key = "key"  # a column naming each utterance (a hash of its reference)
         formulas = {"cer": Ratio("char_errors", "chars", "characters", scale=100.0)}
-        def eval_step(self, batch) -> dict: ...  # per utterance: char_errors, chars
+        def eval_step(self, batch) -> dict: ...  # per utterance: char_errors, chars, key
+        def eval_dropped(self) -> dict: ...      # utterances left out before scoring, by reason
 
 Precision enters only through the PrecisionPolicy: `add_model` prepares the model and builds its
 optimizer, `self.policy.cast_inputs` casts inputs; autocast, backward and the optimizer step
@@ -84,6 +86,9 @@ class Task:
     # None: the task sums its own totals (eval_totals, evaluation_of).
     item_unit: str = "items"  # what one item is: images, utterances, sentences, text blocks
     formulas: dict[str, Formula] | None = None
+    # the column of eval_step that names each item (classification's label, a hash of a
+    # reference): paired runs evaluated the same items only where their keys agree
+    item_key: str | None = None
 
     models: dict[str, nn.Module]
     optimizers: dict[str, Any]  # PrecisionOptimizers, by the names add_model gave them
@@ -166,13 +171,15 @@ class Task:
 
     def eval_step(self, batch: Any) -> dict[str, Any]:
         """Computed under autocast and no_grad: with `formulas`, each column's values for the
-        batch's items (a 1-D tensor or list each, one value per item); without, what the batch
-        adds to eval_totals (same keys)."""
+        batch's items (a 1-D tensor or list each, one value per item; a `dropped_<reason>`
+        column marks items a loss or a metric left out); without, what the batch adds to
+        eval_totals (same keys)."""
         raise NotImplementedError
 
     def item_columns(self) -> list[str]:
         """The columns eval_step gives, so a rank with nothing to evaluate still has them."""
-        return sorted({c for f in (self.formulas or {}).values() for c in f.columns()})
+        columns = {c for f in (self.formulas or {}).values() for c in f.columns()}
+        return sorted(columns | ({self.item_key} if self.item_key else set()))
 
     def eval_dropped(self) -> dict[str, int]:
         """Items of the evaluation data left out before scoring, by reason (e.g. pairs longer
@@ -186,12 +193,8 @@ class Task:
 
     def evaluation_of(self, totals: dict[str, Any]) -> Evaluation:
         """Without `formulas`: the Evaluation from the totals of every rank (numbers summed,
-        lists joined), with the count each metric rests on."""
-        # TRANSITIONAL (issue 31): the tasks not yet converted to items report no counts
-        metrics = self.eval_metrics(totals)
-        return Evaluation(metrics, {}, {}, None, self.item_unit, {}, {}, None, None)
-
-    def eval_metrics(self, totals: dict[str, Any]) -> dict[str, float]:
+        lists joined), with the count each metric rests on and null for a metric with nothing
+        under it (detection: mAP over the ground-truth objects)."""
         raise NotImplementedError
 
     def recalibrate_bn(self, batches: int) -> None:

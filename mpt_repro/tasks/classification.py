@@ -43,6 +43,7 @@ class Classification(SampledTask):
     higher_is_better = True
     metric_names = ["loss", "top1", "top5"]
     item_unit = "images"
+    item_key = "label"
     formulas = {
         "loss": Ratio("loss", "items", "images"),
         "top1": Ratio("top1", "items", "images", scale=100.0),

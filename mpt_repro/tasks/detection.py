@@ -9,7 +9,9 @@ original annotations (difficult boxes ignored) by mpt_repro/metrics/voc_eval.py.
 
 Metrics: ``map`` (VOC2007 11-point AP at IoU 0.5, percent: the paper's numbers), ``map_area``
 (the VOC2010+ area under the curve); per-class APs in ``self.metrics_detail`` after each
-evaluation, for run.json ``metrics_detail``.
+evaluation, for run.json ``metrics_detail``. Both rest on the evaluation images' ground-truth
+objects (not difficult), the count run.json's ``evaluation`` block states; with none they are
+null, not 0.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mpt_repro.data.detection import build_detection_data
 from mpt_repro.data.detection_transforms import detection_collate
 from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.errors import ConfigError
+from mpt_repro.evidence import Evaluation
 from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import Loss, SampledTask, register_task
@@ -140,8 +143,12 @@ class Detection(SampledTask):
             )
         return {"detections": found}
 
-    def eval_metrics(self, totals: dict[str, Any]) -> dict[str, float]:
-        """VOC07 AP over every rank's detections (the AP needs all of them together)."""
+    def evaluation_of(self, totals: dict[str, Any]) -> Evaluation:
+        """VOC07 AP over every rank's detections (the AP needs all of them together), resting
+        on the ground-truth objects (not difficult) of the evaluation images: none, and mAP is
+        undefined (null), not 0. No per-item columns: an AP is no sum over images, so the
+        report cannot resample it by image yet (a bootstrap would recompute the AP per
+        resample from kept detections)."""
         by_index = dict(totals["detections"])
         n = len(self.data.eval)
         empty = {"boxes": torch.zeros(0, 4), "scores": torch.zeros(0), "labels": torch.zeros(0)}
@@ -157,7 +164,23 @@ class Detection(SampledTask):
             "iou_threshold": IOU_THRESHOLD,
             "map_method": "VOC2007 11-point interpolated AP (map); VOC2010+ area (map_area)",
         }
-        return {"map": result.map, "map_area": result.map_area}
+        # what an AP recalls: the ground-truth objects (difficult ones are ignored)
+        objects = sum(result.num_positives.values())
+        names = ("map", "map_area")
+        why = f"no ground-truth object (not difficult) in the {n} evaluation images"
+        found = {"map": result.map, "map_area": result.map_area}
+        return Evaluation(
+            metrics=found if objects else dict.fromkeys(names),
+            counts=dict.fromkeys(names, objects),
+            units=dict.fromkeys(names, "objects"),
+            items=n,
+            unit="images",
+            undefined={} if objects else dict.fromkeys(names, why),
+            dropped={},
+            columns=None,
+            formulas=None,
+            data_items=n,
+        )
 
     def describe_data(self) -> dict:
         return super().describe_data(classes=list(self.data.class_names))

@@ -10,9 +10,9 @@ a fixed-noise sample grid is written at every evaluation. The numbers evaluate()
 the state of the game, not sample quality; see docs/experiments_lm_gan.md.
 
 Data-parallel (DDP): both networks train through DDP wrappers (gradient averaging) and each rank
-takes its shard of every global batch and draws its own noise; evaluation sums over the ranks'
-shards of the held-out images. The replicas stay identical; the run is not the one-process run
-with the global batch (other noise, per-process BatchNorm batch statistics).
+takes its shard of every global batch and draws its own noise; evaluation joins the per-image
+values of the ranks' shards of the held-out images. The replicas stay identical; the run is not
+the one-process run with the global batch (other noise, per-process BatchNorm batch statistics).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from torch import nn
 from mpt_repro import distributed
 from mpt_repro.data import build_image_data
 from mpt_repro.data.sampling import build_epoch_loaders
+from mpt_repro.evidence import Ratio
 from mpt_repro.models.dcgan import sample_noise
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import Loss, Phase, SampledTask, register_task
@@ -58,6 +59,16 @@ class GAN(SampledTask):
     primary_metric = "g_loss"
     higher_is_better = False
     metric_names = ["d_loss", "g_loss", "d_real", "d_fake"]
+    # evaluation by items (mpt_repro/evidence.py): each held-out image with its own noise; every
+    # metric is a mean over the images
+    item_unit = "images"
+    item_key = "index"
+    formulas = {
+        "d_loss": Ratio("d_loss", "items", "images"),
+        "g_loss": Ratio("g_loss", "items", "images"),
+        "d_real": Ratio("d_real", "items", "images"),
+        "d_fake": Ratio("d_fake", "items", "images"),
+    }
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
@@ -153,34 +164,35 @@ class GAN(SampledTask):
             value = sum(self._bce(self.discriminator(f), True) for f in fakes) / len(fakes)
         return Loss(value)
 
-    def eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """This rank's held-out images in loader order, each with its own noise vector."""
+    def eval_batches(self) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+        """This rank's held-out images in loader order, each with its own noise vector and its
+        index in the held-out set."""
         seen = 0
         for batch in self.eval_loader:
             real = self._real(batch)
-            n = real.shape[0]
-            yield real, self.policy.cast_inputs(self.eval_noise[self.eval_indices[seen : seen + n]])
-            seen += n
+            index = self.eval_indices[seen : seen + real.shape[0]]
+            yield real, self.policy.cast_inputs(self.eval_noise[index]), index
+            seen += real.shape[0]
 
-    def eval_totals(self) -> dict[str, Any]:
-        return {"d_loss": 0.0, "g_loss": 0.0, "d_real": 0.0, "d_fake": 0.0, "n": 0}
-
-    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor]) -> dict[str, Any]:
-        """Both losses and the mean D outputs against the noise (eval-mode BN), summed."""
-        real, z = batch
-        n = real.shape[0]
-        d_real_logits = self.discriminator(real)
-        d_fake_logits = self.discriminator(self.generator(z))
+    def eval_step(self, batch: tuple[torch.Tensor, torch.Tensor, torch.Tensor]) -> dict[str, Any]:
+        """Per held-out image, against its own noise (eval-mode BN): both losses, D's outputs on
+        it and on the fake, and its index in the held-out set (the key)."""
+        real, z, index = batch
+        d_real_logits = self.discriminator(real).float().reshape(len(real), -1)
+        d_fake_logits = self.discriminator(self.generator(z)).float().reshape(len(real), -1)
+        bce = F.binary_cross_entropy_with_logits
+        # each image's BCE, its mean over D's outputs (one per image for the DCGAN's D)
+        real_term = bce(d_real_logits, torch.ones_like(d_real_logits), reduction="none")
+        fake_term = bce(d_fake_logits, torch.zeros_like(d_fake_logits), reduction="none")
+        fooled = bce(d_fake_logits, torch.ones_like(d_fake_logits), reduction="none")
         return {
-            "d_loss": n * (self._bce(d_real_logits, True) + self._bce(d_fake_logits, False)),
-            "g_loss": n * self._bce(d_fake_logits, True),
-            "d_real": n * torch.sigmoid(d_real_logits.float()).mean(),
-            "d_fake": n * torch.sigmoid(d_fake_logits.float()).mean(),
-            "n": n,
+            "d_loss": real_term.mean(1) + fake_term.mean(1),
+            "g_loss": fooled.mean(1),
+            "d_real": torch.sigmoid(d_real_logits).mean(1),
+            "d_fake": torch.sigmoid(d_fake_logits).mean(1),
+            "items": torch.ones(len(real), device=real.device),
+            "index": index,
         }
-
-    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
-        return {k: s[k] / max(s["n"], 1) for k in ("d_loss", "g_loss", "d_real", "d_fake")}
 
     def sample_grid(self) -> torch.Tensor:
         """The fixed-noise samples as one image grid in [0, 1] (C, H, W), FP32 on the CPU."""

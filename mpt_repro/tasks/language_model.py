@@ -15,7 +15,6 @@ masks differ).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +24,7 @@ from torch import nn
 from mpt_repro import distributed
 from mpt_repro.data.corpus import Corpus, batchify, bptt_batches, num_bptt_batches, shard_streams
 from mpt_repro.errors import ConfigError
+from mpt_repro.evidence import Ratio
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import Loss, StepResult, Task, register_task
@@ -32,6 +32,7 @@ from mpt_repro.tasks.base import Loss, StepResult, Task, register_task
 # Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
 # vocabulary does not need (seq_len x batch) x 793K logits at once.
 EVAL_LOGIT_ELEMENTS = 1 << 26
+KEY_PRIME = 2_147_483_647  # 2^31 - 1: a block's key fits the items file's int32
 
 
 class _LossForward(nn.Module):
@@ -56,11 +57,32 @@ class _LossForward(nn.Module):
         return self.model.sampled_loss(features, y, self.sampler, generator), hidden
 
 
+def key_weights(length: int, device: torch.device) -> torch.Tensor:
+    """Fixed pseudo-random weights per window position for block_key (the same in every run)."""
+    g = torch.Generator().manual_seed(0)
+    return torch.randint(1, KEY_PRIME, (length,), generator=g).to(device)
+
+
+def block_key(targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """A hash of each column's target ids ((seq, streams) -> (streams,), below 2^31): their
+    weighted sum modulo a prime. Names a block by its words, on the device (int64: ids < 2^24
+    times weights < 2^31, summed over fewer than 2^8 positions, stay below 2^63)."""
+    return ((targets + 1) * weights[: targets.shape[0], None]).sum(0) % KEY_PRIME
+
+
 @register_task("language_model")
 class LanguageModel(Task):
     primary_metric = "perplexity"
     higher_is_better = False
     metric_names = ["loss", "perplexity"]
+    # evaluation by items (mpt_repro/evidence.py): a block is one BPTT window of one validation
+    # stream; the perplexity is exp(summed token loss / tokens) over the blocks
+    item_unit = "text blocks"
+    item_key = "key"
+    formulas = {
+        "loss": Ratio("loss", "tokens", "tokens"),
+        "perplexity": Ratio("loss", "tokens", "tokens", exp=True),
+    }
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
@@ -87,8 +109,10 @@ class LanguageModel(Task):
         if cfg.distributed.batch_size_is == "per_process":
             eval_global *= world
         self.global_streams = global_batch
-        self.train_streams = shard_streams(batchify(train, global_batch), rank, world).to(device)
-        self.eval_streams = shard_streams(batchify(valid, eval_global), rank, world).to(device)
+        train_streams = batchify(train, global_batch, *self._cut("train", global_batch))
+        valid_streams = batchify(valid, eval_global, *self._cut("valid", eval_global))
+        self.train_streams = shard_streams(train_streams, rank, world).to(device)
+        self.eval_streams = shard_streams(valid_streams, rank, world).to(device)
         self.train_tokens, self.valid_tokens = (
             self.train_streams.size(0) * global_batch,
             self.eval_streams.size(0) * eval_global,
@@ -109,6 +133,20 @@ class LanguageModel(Task):
         self.generator = torch.Generator().manual_seed(cfg.seed)
         self.hidden: Hidden | None = None  # this rank's streams' carried state
         self._carried: list[Hidden] = []  # each micro-batch's new state, this iteration
+
+    def _cut(self, split: str, streams: int) -> tuple[str, str]:
+        """For a text too short for its streams: the file and the settings that cut it, and what
+        to do (a validation text cut to nothing would leave the perplexity without a token)."""
+        d = self.cfg.data
+        limit = d.train_limit if split == "train" else d.eval_limit
+        key = "data.train_limit" if split == "train" else "data.eval_limit"
+        batch = "data.batch_size" if split == "train" else "data.eval_batch_size"
+        cut = limit is not None and len(getattr(self.corpus, split)) > limit
+        advice = (
+            f"{streams} streams come from {batch} (and the number of processes): lower it"
+            f"{f', raise {key}' if cut else ''}, or use a longer {split}.txt"
+        )
+        return f"{self.corpus.paths[split]}{f' (its first, {key}={limit})' if cut else ''}", advice
 
     def steps_per_epoch(self) -> int:
         return num_bptt_batches(self.train_streams, self.seq_len)
@@ -161,25 +199,24 @@ class LanguageModel(Task):
         if self.eval_streams.size(1) == 0:
             return iter(())
         self._eval_hidden = self.model.init_hidden(self.eval_streams.size(1), self.device)
+        self._key_weights = key_weights(self.seq_len, self.device)
         return bptt_batches(self.eval_streams, self.seq_len)
 
-    def eval_totals(self) -> dict[str, Any]:
-        return {"loss": 0.0, "tokens": 0}
-
     def eval_step(self, batch: Any) -> dict[str, Any]:
-        """Full-softmax cross-entropy summed over the window's tokens, computed this many rows
-        at a time (a 793K-word vocabulary needs no (seq_len x batch) x 793K logits at once).
-        Summed over the ranks' blocks of the validation streams, it is the one-process sum."""
+        """Per block (this window of one validation stream): the full-softmax cross-entropy
+        summed over its tokens, computed this many rows at a time (a 793K-word vocabulary needs
+        no (seq_len x batch) x 793K logits at once), its tokens, and a key hashing its target
+        words (two runs scored the same text only where the keys agree). The ranks' blocks of
+        streams joined are the one-process blocks."""
         x, y = batch
         features, self._eval_hidden = self.model(x, self._eval_hidden)
         chunk_rows = max(1, EVAL_LOGIT_ELEMENTS // len(self.corpus.vocab))
-        loss = self.model.full_loss(features, y, reduction="sum", chunk_rows=chunk_rows)
-        return {"loss": loss, "tokens": y.numel()}
-
-    def eval_metrics(self, s: dict[str, float]) -> dict[str, float]:
-        """Cross-entropy per token on the validation text, and its exponential."""
-        loss = s["loss"] / max(s["tokens"], 1)
-        return {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}  # exp overflows past ~709
+        losses = self.model.full_loss(features, y, reduction="none", chunk_rows=chunk_rows)
+        return {
+            "loss": losses.sum(0),  # (streams,): each block's summed token loss
+            "tokens": [y.shape[0]] * y.shape[1],
+            "key": block_key(y, self._key_weights),
+        }
 
     def state_dict(self) -> dict:
         hidden = None if self.hidden is None else [h.cpu() for h in self.hidden]

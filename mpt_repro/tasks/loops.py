@@ -200,7 +200,8 @@ def evaluate(task: Any) -> Evaluation:
         key: (torch.cat(p).cpu().double().numpy() if p else np.zeros(0)) for key, p in parts.items()
     }
     joined = _join_over_ranks(columns)
-    return from_columns(joined, task.formulas, task.item_unit, task.eval_dropped())
+    dropped = task.eval_dropped()
+    return from_columns(joined, task.formulas, task.item_unit, dropped, key=task.item_key)
 
 
 def _join_over_ranks(columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

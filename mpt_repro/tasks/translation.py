@@ -12,15 +12,18 @@ perplexity is exp(summed token cross-entropy / target tokens) with the full soft
 tutorial prints the exp of one random batch's sampled loss per bucket), and BLEU is sacrebleu's
 corpus BLEU of the greedy decodes (the tutorial's decoder: argmax fed back, cut at _EOS) against
 the dev targets, both as basic_tokenizer tokens (tokenize="none": tokenised BLEU, not comparable
-with published detokenised scores). The decoded _UNK never matches a reference word.
+with published detokenised scores). The decoded _UNK never matches a reference word. Both are
+formulas over per-pair statistics (mpt_repro/evidence.py): each dev pair's summed token loss,
+tokens and BLEU n-gram counts, kept in the items file; dev pairs too long for every bucket are
+left out and counted (run.json `evaluation.dropped`); a dev set with none that fits, or only
+blank targets, is refused while the data loads (mpt_repro/data/parallel.py).
 
 Data-parallel (DDP): each rank trains on every world_size-th batch of the epoch's order and
-evaluates every world_size-th dev batch; token sums and decodes are joined over ranks.
+evaluates every world_size-th dev batch; the pairs' statistics are joined over ranks.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -40,6 +43,7 @@ from mpt_repro.data.parallel import (
     synthetic_parallel,
 )
 from mpt_repro.errors import DataError
+from mpt_repro.evidence import Bleu, Ratio, bleu_statistics, text_key
 from mpt_repro.models.lstm_lm import LogUniformSampler
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.tasks.base import Loss, Task, chunked, register_task
@@ -82,6 +86,15 @@ class Translation(Task):
     primary_metric = "perplexity"
     higher_is_better = False
     metric_names = ["loss", "perplexity", "bleu"]
+    # evaluation by items (mpt_repro/evidence.py): the dev pairs; the perplexity over their
+    # target tokens, BLEU from their summed n-gram statistics (sacrebleu's corpus BLEU)
+    item_unit = "sentence pairs"
+    item_key = "key"
+    formulas = {
+        "loss": Ratio("loss", "tokens", "tokens"),
+        "perplexity": Ratio("loss", "tokens", "tokens", exp=True),
+        "bleu": Bleu(unit="sentence pairs"),
+    }
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
@@ -121,7 +134,9 @@ class Translation(Task):
     def _tensors(self, data, bucket: int, indices: list[int]) -> tuple:
         pairs = [data.pairs[bucket][i] for i in indices]
         source, decoder_input, targets = pad_batch(pairs, data.buckets[bucket])
-        tokens = int((targets != PAD_ID).sum())  # counted on the host, before the copy
+        # counted on the host, before the copy ("host:": mpt-bench counts no device read in it)
+        with torch.profiler.record_function("host:target_tokens"):
+            tokens = int((targets != PAD_ID).sum())
         move = lambda x: x.to(self.device, non_blocking=True)  # noqa: E731
         return move(source), move(decoder_input), move(targets), tokens
 
@@ -152,40 +167,31 @@ class Translation(Task):
                 refs = [" ".join(self.data.references[starts[b] + i]) for i in idx]
                 yield (*self._tensors(self.data.eval, b, idx), refs)
 
-    def eval_totals(self) -> dict[str, Any]:
-        return {"loss": 0.0, "tokens": 0, "hypotheses": [], "references": []}
-
     def eval_step(self, batch: tuple) -> dict[str, Any]:
-        source, decoder_input, targets, tokens, refs = batch
+        """Per dev pair: the full-softmax cross-entropy summed over its target tokens, the
+        tokens, the BLEU statistics of its greedy decode against its reference, and a key
+        hashing the reference."""
+        source, decoder_input, targets, _, refs = batch
         features = self.model(source, decoder_input)
+        mask = targets != PAD_ID
         losses = self.model.token_losses(features, targets)
-        loss = (losses * (targets != PAD_ID)).sum()
         decoded = self.model.greedy_decode(source, GO_ID, targets.shape[1]).tolist()
         return {
-            "loss": loss,
-            "tokens": tokens,
-            "hypotheses": [self._detok(ids) for ids in decoded],
-            "references": refs,
+            "loss": (losses * mask).sum(1),
+            "tokens": mask.sum(1),
+            "items": [1] * len(refs),
+            **bleu_statistics([self._detok(ids) for ids in decoded], refs),
+            "key": [text_key(r) for r in refs],
         }
+
+    def eval_dropped(self) -> dict[str, int]:
+        """Dev pairs that fit no bucket (left out of the evaluation, as the tutorial does)."""
+        return {"longer_than_largest_bucket": self.data.eval.dropped}
 
     def _detok(self, ids: list[int]) -> str:
         if EOS_ID in ids:
             ids = ids[: ids.index(EOS_ID)]
         return " ".join(self.data.target_vocab.decode(ids))
-
-    def eval_metrics(self, s: dict[str, Any]) -> dict[str, float]:
-        import sacrebleu
-
-        loss = s["loss"] / max(s["tokens"], 1)
-        bleu = 0.0  # no dev pair fits the buckets: nothing was decoded
-        if s["hypotheses"]:
-            found = sacrebleu.corpus_bleu(s["hypotheses"], [s["references"]], tokenize="none")
-            bleu = float(found.score)
-        return {
-            "loss": loss,
-            "perplexity": math.exp(min(loss, 700.0)),  # exp overflows past ~709
-            "bleu": bleu,
-        }
 
     # -- the rest -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -203,6 +209,7 @@ class Translation(Task):
             "description": data.description,
             "train_pairs": len(data.train),
             "eval_pairs": len(data.eval),
+            "eval_dropped_too_long": data.eval.dropped,
             "train_dropped_too_long": data.train.dropped,
             "pairs_per_bucket": [len(p) for p in data.train.pairs],
             "source_vocab_size": len(data.source_vocab),
