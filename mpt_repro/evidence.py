@@ -48,7 +48,7 @@ DROPPED_WARN_SHARE = 0.05
 MAX_LOG = 700.0
 # columns that depend on the data alone, not on the model: two runs whose values differ did not
 # evaluate the same items (the reporter checks them before it resamples items across runs)
-KEY_COLUMNS = ("label", "tokens", "bleu_ref_len", "chars", "words")
+KEY_COLUMNS = ("key", "index", "label", "tokens", "bleu_ref_len", "chars", "words")
 BLEU_ORDER = 4
 # the columns a Bleu metric sums: hypothesis and reference lengths, then matching and total
 # n-grams per order (sacrebleu's sufficient statistics)

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mpt_repro.advise import advice_section
+from mpt_repro.evidence import DROPPED_WARN_SHARE
 from mpt_repro.record import current_umask
 from mpt_repro.report.aggregate import aggregate
 from mpt_repro.report.bench import bench_tables
@@ -96,7 +97,8 @@ HEADINGS = {
     ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": (
-        "Completed with non-finite metrics, or without one applied step (in the tables: check "
+        "Completed with non-finite metrics, without one applied step, or with more than "
+        f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped (in the tables: check "
         "them)",
         True,
     ),

@@ -31,6 +31,7 @@ from typing import Any
 
 import pandas as pd
 
+from mpt_repro.evidence import describe_dropped, dropped_share
 from mpt_repro.identity import (
     comparison_config,
     difference_labels,
@@ -340,6 +341,7 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "evaluation": (evaluation or None) if status == "completed" else None,
         "eval_items": evaluation.get("items") if status == "completed" else None,
         "eval_unit": evaluation.get("unit") if status == "completed" else None,
+        "eval_dropped_share": dropped_share(evaluation) if status == "completed" else None,
         "schema_version": record["schema_version"],
         "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
         "untrained": no_step_applied(record),
@@ -434,6 +436,9 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
         )
         reason = f"completed with non-finite final metrics ({values}); {kept}"
         found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
+    dropped = describe_dropped(record.get("evaluation")) if row["status"] == "completed" else None
+    if dropped:
+        found.append(Problem(str(path.parent), "suspect", dropped, run_name(record)))
     if row["untrained"]:
         reason = (
             f"completed, but all {record['steps']} optimizer steps were skipped for an overflow: "

@@ -10,6 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from mpt_repro.evidence import describe_dropped
 from mpt_repro.record import (
     NO_STEP_ADVICE,
     SLOW_FP16_NOTE,
@@ -72,12 +73,15 @@ def _metrics_lines(record: Mapping[str, Any]) -> tuple[list[str], bool]:
     lines = [f"  final metrics  {shown}"]
     if evaluation.get("items") is not None:
         lines.append(f"  evaluated on   {_evidence(evaluation)}")
+    dropped = describe_dropped(evaluation)
+    if dropped:
+        lines.append(f"  DROPPED        {dropped}")
     bad = [k for k in order if metrics[k] is not None and not _finite(metrics[k])]
     if bad:
         lines.append(f"  NOT FINITE     {', '.join(bad)}: check the curves before using them")
     for name, why in undefined.items():
         lines.append(f"  UNDEFINED      {name}: {why}")
-    return lines, bool(bad or undefined)
+    return lines, bool(bad or undefined or dropped)
 
 
 def _value(x: Any) -> str:
