@@ -9,7 +9,9 @@ the two calls trainer.py makes.
 
 from __future__ import annotations
 
+import json
 import math
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -28,8 +30,9 @@ TOP1 = {
 }
 
 
-def write_run(root, precision: str, seed: int, correct: np.ndarray):
-    """A completed demo run whose final evaluation scored `correct` (1/0 per image)."""
+def write_run(root, precision: str, seed: int, correct: np.ndarray, **changes):
+    """A completed demo run whose final evaluation scored `correct` (1/0 per image); `changes`:
+    record fields to set, each a value or a function of the record."""
     labels = np.arange(len(correct)) % 10
     columns = {
         "loss": 1.0 - correct * 0.5,
@@ -40,6 +43,9 @@ def write_run(root, precision: str, seed: int, correct: np.ndarray):
     }
     evaluation = from_columns(columns, TOP1, "images")
     record = derive(real_record("completed"), precision=precision, seed=seed)
+    for key, value in changes.items():
+        record[key] = value(record) if callable(value) else value
+    record["config"]["budget"]["name"] = record["budget"]
     step = record["steps"]
     record.update(metrics=evaluation.metrics, evaluation=evaluation.record(step, ITEMS_FILE))
     run_dir = write_record(root, record)
@@ -196,3 +202,101 @@ def test_items_of_another_evaluation_set_are_not_paired(tmp_path):
             write_items(run_dir / ITEMS_FILE, columns, step)
     d = mixed_delta(tmp_path)
     assert "the paired runs evaluated different items (label differs)" in d.verdict
+
+
+# ---------------------------------------------------------------- comparable means every setting
+
+
+def three_seeds(root, **changes) -> None:
+    """fp32 and mixed over seeds 0-2 of the real demo record, with per-image results."""
+    rng = np.random.default_rng(3)
+    for seed in range(3):
+        fp32 = (rng.random(100) < 0.9).astype(float)
+        for precision, correct in (("fp32", fp32), ("mixed", flips(100, [seed, 60], fp32))):
+            write_run(root, precision, seed, correct, **changes)
+
+
+def with_cap(record: dict) -> dict:
+    """What mpt-run records for `trainer.max_steps=300` on the command line."""
+    record["config"]["trainer"]["max_steps"] = 300
+    return [*(record.get("overrides") or []), "trainer.max_steps=300"]
+
+
+def test_a_capped_run_names_its_cap_and_is_never_captioned_as_the_full_recipe(tmp_path):
+    runs = tmp_path / "runs"
+    three_seeds(runs, overrides=with_cap, budget="paper")
+    assert cli.main([str(runs), "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 0
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "demo [trainer.max_steps=300]" in report
+    assert "except the rows labelled with a change (trainer.max_steps=300)" in report
+    labels = set(pd.read_csv(tmp_path / "r" / "runs.csv")["group_label"])
+    assert labels == {"trainer.max_steps=300"}
+
+
+def test_a_group_whose_runs_ran_other_code_names_it(tmp_path):
+    def torch_of(record: dict) -> dict:
+        old = record["seed"] == 2
+        return {**record["versions"], "torch": "2.11.0" if old else record["versions"]["torch"]}
+
+    three_seeds(tmp_path, versions=torch_of)
+    runs, _ = load_runs(tmp_path)
+    (label,) = set(runs["group_label"])
+    assert label.startswith("code differs: torch 2.11.0/") and label.count("torch") == 1
+
+
+def test_two_records_of_one_run_that_disagree_are_both_listed_and_give_no_verdict(tmp_path):
+    runs = tmp_path / "runs"
+    three_seeds(runs)
+    original = next(runs.rglob("mixed-*/seed1/run.json")).parent
+    copy = tmp_path / "runs" / "elsewhere" / "seed1"
+    shutil.copytree(original, copy)
+    record = json.loads((copy / "run.json").read_text())
+    record["metrics"]["top1"] = 99.0
+    (copy / "run.json").write_text(json.dumps(record))
+    frame, problems = load_runs(runs)
+    conflicts = [p for p in problems if p.status == "conflict"]
+    assert {p.path for p in conflicts} == {str(original), str(copy)}
+    assert all("top1=99" in p.reason for p in conflicts)
+    d = mixed_delta(runs)
+    assert d.verdict == (
+        "no verdict: 1 of 3 paired seeds have two records that disagree (listed under the runs "
+        "to check)"
+    )
+
+
+# ---------------------------------------------------------------- the device, the report itself
+
+
+def test_a_cpu_cost_table_says_its_speed_ratios_say_nothing_about_a_gpu(tmp_path):
+    three_seeds(tmp_path / "runs")
+    assert cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "r"), "--quiet"]) == 0
+    report = (tmp_path / "r" / "report.md").read_text()
+    cost = report[report.index("Cost: time, throughput and memory") :]
+    assert "no fast FP16/BF16 arithmetic (a CPU): its speed ratios" in cost[:600]
+
+
+def test_a_report_killed_while_it_is_built_leaves_the_previous_one(tmp_path, monkeypatch):
+    runs, out = tmp_path / "runs", tmp_path / "report"
+    three_seeds(runs)
+    assert cli.main([str(runs), "--out", str(out), "--quiet", "--no-plots"]) == 0
+    before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    real = cli.build_report
+
+    def killed(results_dir, folder, **kwargs):
+        real(results_dir, folder, **kwargs)  # every file written, then the kill
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "build_report", killed)
+    assert cli.main([str(runs), "--out", str(out), "--quiet"]) == 130
+    after = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    assert after == before  # no plots/ from the killed report, the old report.md untouched
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_an_out_folder_with_other_files_is_refused(tmp_path, capsys):
+    three_seeds(tmp_path / "runs")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep me")
+    assert cli.main([str(tmp_path / "runs"), "--out", str(tmp_path / "mine")]) == 2
+    assert "holds files a report does not write (notes.txt)" in capsys.readouterr().err
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep me"
