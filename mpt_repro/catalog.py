@@ -157,6 +157,7 @@ class Experiment:
     data: str  # the data config its recipe trains on (conf/data/<data>.yaml)
     file: str  # conf/experiment/<file>.yaml: what `experiment=` selects
     data_name: str = ""  # that config's `name`, as run.json records it (data.name)
+    data_choice: str = ""  # the experiment file's choice as written: may depend on ${budget}
 
 
 @lru_cache(maxsize=1)
@@ -165,13 +166,39 @@ def experiments() -> dict[str, Experiment]:
     out = {}
     for stem, path in _group("experiment").items():
         body = _load(path)
-        data = _data_override(path)
+        choice = _data_override(path)
+        data = data_option(choice, "paper")
         name = str(body.get("experiment_name") or stem)
         data_file = conf_dir() / "data" / f"{data}.yaml"
         data_name = str(_load(data_file).get("name") or data) if data_file.exists() else data
         task = str(body.get("task") or "classification")
-        out[name] = Experiment(name, task, data, stem, data_name)
+        out[name] = Experiment(name, task, data, stem, data_name, choice)
     return out
+
+
+def data_option(choice: str, budget: str) -> str:
+    """The conf/data/ option a data choice trains on at a budget: `${budget}` filled in, then a
+    hidden alias (conf/data/_<name>.yaml, whose defaults list names one option) followed. An
+    experiment picks its data by budget so (translation: `_translation_${budget}`) because Hydra
+    refuses a group override in a file chosen by interpolation, such as experiment_budget/."""
+    name = choice.replace("${budget}", budget)
+    path = conf_dir() / "data" / f"{name}.yaml"
+    if name.startswith("_") and path.exists():
+        for entry in _load(path).get("defaults") or []:
+            if isinstance(entry, str) and entry != "_self_":
+                return entry
+    return name
+
+
+def budget_data(experiment: str, budget: str) -> str | None:
+    """The data option an experiment trains on at a budget: its recipe's, unless the budget
+    switches (translation at smoke and short: the embedded bible_enes); None if unknown."""
+    found = experiments().get(experiment)
+    if found is None or not found.data:
+        return None
+    option = data_option(found.data_choice, budget)
+    # a budget without an alias file (one Hydra would refuse): the recipe's, not a missing name
+    return option if (conf_dir() / "data" / f"{option}.yaml").exists() else found.data
 
 
 def _data_override(path: Path) -> str:
@@ -243,7 +270,8 @@ def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
     data set takes no folder (conf/data/<data>.yaml has no `root`). The variable is <DATA>_ROOT
     (LM_ROOT for the corpus, the name the docs have always used). A budget has a stand-in when
     its delta file (conf/experiment_budget/<experiment>_<budget>.yaml) sets the data's root or
-    switches the data set (the embedded corpus, the digits)."""
+    switches the data set (the embedded corpus, the digits), or when the experiment trains on
+    another data set at that budget (budget_data: translation's embedded bible_enes)."""
     found = experiments().get(experiment)
     if found is None or not found.data:
         return None
@@ -254,7 +282,7 @@ def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
     delta = conf_dir() / "experiment_budget" / f"{found.file}_{budget}.yaml"
     data = _load(delta).get("data") if delta.exists() else None
     embedded = isinstance(data, dict) and ("root" in data or "name" in data)
-    return var, embedded
+    return var, embedded or budget_data(experiment, budget) != found.data
 
 
 # ---------------------------------------------------------------- command line
@@ -276,8 +304,10 @@ def main(argv: list[str] | None = None) -> int:
         "what",
         choices=["presets", "experiments", "budgets", "table1", "others", "data", "data-root"],
         help="others: the experiments that are not rows of the paper's Table 1; data: the data "
-        "set an experiment's recipe uses; data-root: the variable naming its folder and whether "
-        "the budget has an embedded stand-in (`LM_ROOT embedded`; nothing: no folder needed)",
+        "set an experiment's recipe uses; data-root: the variable naming its folder, whether "
+        "the budget has an embedded stand-in (`LM_ROOT embedded`; nothing: no folder needed) "
+        "and, when the budget trains on another data set, the option that reads the folder "
+        "(`WMT15_ENFR_ROOT embedded wmt15_enfr`: data=wmt15_enfr data.root=$WMT15_ENFR_ROOT)",
     )
     parser.add_argument("experiment", nargs="?", help="for data, data-root: the experiment")
     parser.add_argument("budget", nargs="?", help="for data-root: the budget")
@@ -300,6 +330,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             root = data_root(found.name, args.budget or "")
             names = [] if root is None else [root[0], "embedded" if root[1] else "folder"]
+            if root is not None and budget_data(found.name, args.budget or "") != found.data:
+                names.append(found.data)
     else:
         table1 = set(table1_experiments())
         names = [e for e in sorted(experiments()) if e not in table1]

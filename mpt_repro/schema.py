@@ -323,6 +323,7 @@ LOADED = (
     "voc",
 )
 ROOTED = (
+    "bible_enes",
     "cifar10",
     "corpus",
     "imagefolder",
@@ -479,7 +480,7 @@ class Corpus(DataSchema):
 
 @dataclass
 class ParallelCorpus(DataSchema):
-    """A parallel corpus as WMT releases it: <prefix>.<lang> plain-text files."""
+    """A parallel corpus as WMT releases it: <prefix>.<lang> plain-text files (or .gz)."""
 
     train_prefix: str = "giga-fren.release2.fixed"
     dev_prefix: str = "newstest2013"
@@ -536,6 +537,7 @@ OPTION_SCHEMAS: dict[str, dict[str, type]] = {
         "cifar10": CIFAR10,
         "corpus": Corpus,
         "wmt15_enfr": ParallelCorpus,
+        "bible_enes": ParallelCorpus,  # the same loader; root: null is the embedded corpus
         "librispeech": LibriSpeech,
     },
 }

@@ -32,7 +32,7 @@ common=(budget=smoke "precision=fp32,amp,mixed" trainer.device=cuda trainer.prog
 # the others have an embedded stand-in at the smoke budget (digits, a text corpus)
 folder=() embedded=()
 for e in $(names experiments); do
-    read -r _ kind < <(names data-root "$e" smoke) || true
+    read -r _ kind _ < <(names data-root "$e" smoke) || true
     if [[ "${kind:-}" == folder ]]; then folder+=("$e"); else embedded+=("$e"); fi
 done
 join() { local IFS=,; echo "$*"; }

@@ -21,9 +21,11 @@
 #                takes a root: LM_ROOT for the corpus (One Billion Word as train.txt/valid.txt/
 #                test.txt, docs/experiments_lm_gan.md), CELEBA_ROOT for CelebA (an ImageFolder),
 #                VOC_ROOT for PASCAL VOC (a VOCdevkit), LIBRISPEECH_ROOT for LibriSpeech (the
-#                folder holding LibriSpeech/, docs/experiments_speech.md). Unset: at BUDGET=paper that row is skipped,
-#                with a note; at smoke and short the embedded stand-ins run (corpus, digits), and a
-#                data set without one (VOC) runs on random data with DATA=synthetic
+#                folder holding LibriSpeech/, docs/experiments_speech.md), WMT15_ENFR_ROOT for
+#                WMT15 English-French (docs/experiments_translation.md). Unset: at BUDGET=paper that row is skipped,
+#                with a note; at smoke and short the embedded stand-ins run (corpus, digits, the
+#                English-Spanish Bible), and a data set without one (VOC) runs on random data with
+#                DATA=synthetic
 #   RUNS_DIR     [results/runs]    OUT [results/report]    VENV [.venv]
 #   DRY_RUN      [0]       1: print the commands, run nothing
 #   LAUNCHER     []        a Hydra launcher for the sweeps: slurm (submit every run to SLURM; fill in
@@ -132,14 +134,18 @@ fi
 # An other experiment whose data set takes a folder (conf/data/<data>.yaml has a `root:`) reads it
 # from <DATA>_ROOT (LM_ROOT for the corpus; `names data-root` says which). Without it: at
 # BUDGET=paper the row is skipped, not failed; at smoke and short the budget's embedded stand-in
-# runs (the corpus, the digits), or, for a data set without one (VOC), DATA=synthetic runs it on
-# random data and anything else skips it with a note.
+# runs (the corpus, the digits, translation's Bible), or, for a data set without one (VOC),
+# DATA=synthetic runs it on random data and anything else skips it with a note. A budget that
+# trains on another data set (translation: bible_enes) gets the folder's own back with it.
 other_data() {  # experiment -> extra overrides in $extra, or return 1 to skip it
-    local var kind root
-    read -r var kind < <(names data-root "$1" "$BUDGET") || true
+    local var kind option root
+    read -r var kind option < <(names data-root "$1" "$BUDGET") || true
     [[ -n "${var:-}" ]] || return 0
     root=${!var:-}
-    if [[ -n "$root" ]]; then extra=("data.root=$root"); return 0; fi
+    if [[ -n "$root" ]]; then
+        extra=(${option:+"data=$option"} "data.root=$root")
+        return 0
+    fi
     if [[ "$BUDGET" == paper ]]; then
         echo "reproduce-table: skipping $1 at budget=paper: set $var to its data set's folder (conf/data/, docs/)" >&2
         return 1

@@ -1,4 +1,5 @@
-"""Compose every experiment x budget (and the ImageNet experiments with data=synthetic) and write
+"""Compose every experiment x budget (and the ImageNet experiments with data=synthetic, and a
+budget that trains on another data set with its recipe's: translation's smoke and short) and write
 the resolved configs as flat {dotted key: value} maps: a golden file that shows, in review, every
 value a config change moved.
 
@@ -51,6 +52,7 @@ def compose_all() -> dict[str, dict]:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from mpt_repro import catalog
     from mpt_repro.config import recipes, register_configs
 
     register_configs()
@@ -62,6 +64,9 @@ def compose_all() -> dict[str, dict]:
         variants = [overrides]
         if cfg.data.name == "imagenet":  # the shape keys must survive data=synthetic
             variants.append([*overrides, "data=synthetic"])
+        own = catalog.experiments().get(cfg.experiment_name)
+        if own and catalog.budget_data(own.name, cfg.budget.name) != own.data:
+            variants.append([*overrides, f"data={own.data}"])  # translation: WMT when asked
         others = [r for r in recipes(cfg.experiment_name) if r != cfg.recipe]
         variants += [[*overrides, f"recipe={r}"] for r in others]
         for ov in variants:

@@ -48,7 +48,8 @@ def test_the_options_are_those_of_the_registries() -> None:
 
     names = {compose([f"data={d}"]).data.name for d in catalog.options("data")}
     # the corpora, VOC and LibriSpeech have loaders of their own tasks, outside the image registry
-    assert names == set(DATASETS) | {"corpus", "voc", "librispeech", "wmt15_enfr"}
+    text = {"corpus", "voc", "librispeech", "wmt15_enfr", "bible_enes"}
+    assert names == set(DATASETS) | text
     assert list(config.TASKS) == config.known_tasks()
 
 

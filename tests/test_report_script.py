@@ -181,3 +181,19 @@ def test_smoke_without_a_folder_uses_the_stand_in_or_synthetic_data(tmp_path):
     )
     assert "skipping ssd: set VOC_ROOT to its data set's folder, or DATA=synthetic" in real.stderr
     assert "experiment=ssd" not in real.stdout and "experiment=lstm_lm" in real.stdout
+
+
+def test_translation_runs_on_the_embedded_bible_or_on_its_wmt_folder(tmp_path):
+    """At smoke size translation trains on the embedded Bible (no folder, no DATA=synthetic);
+    WMT15_ENFR_ROOT brings its own data set back with the folder (data=wmt15_enfr)."""
+    common = dict(DRY_RUN="1", BUDGET="smoke", EXPERIMENTS="", OTHERS="translation:fp32")
+    bible = run_script(tmp_path, DATA="imagenet", WMT15_ENFR_ROOT="", **common)
+    assert bible.returncode == 0, bible.stderr
+    line = next(x for x in bible.stdout.splitlines() if "experiment=translation" in x).split()
+    assert not [w for w in line if w.startswith("data")]
+    wmt = run_script(tmp_path, DATA="imagenet", WMT15_ENFR_ROOT="/wmt", **common)
+    line = next(x for x in wmt.stdout.splitlines() if "experiment=translation" in x).split()
+    assert line[-2:] == ["data=wmt15_enfr", "data.root=/wmt"]
+    paper = run_script(tmp_path, **{**common, "BUDGET": "paper", "WMT15_ENFR_ROOT": "/wmt"})
+    line = next(x for x in paper.stdout.splitlines() if "experiment=translation" in x).split()
+    assert line[-1] == "data.root=/wmt" and "data=wmt15_enfr" not in line

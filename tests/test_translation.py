@@ -1,7 +1,7 @@
 """experiment=translation (the paper's §4.4): the tutorial's tokenizer, vocabulary and buckets,
-the parallel-corpus loader on files the test writes, the attention model's shapes and sizes,
-BLEU, and mpt-run + mpt-report under fp32, mixed and no_scaling on synthetic and real-layout
-data."""
+the parallel-corpus loader on files the test writes and on the embedded English-Spanish Bible,
+the attention model's shapes and sizes, BLEU, and mpt-run + mpt-report under fp32, mixed and
+no_scaling on the embedded corpus, synthetic pairs and a written WMT layout."""
 
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT, option_config, read_run, run_cli
+from conftest import ROOT, compose, option_config, read_run, run_cli
 
 from mpt_repro.data.parallel import (
+    EMBEDDED,
     EOS_ID,
     GO_ID,
     PAD_ID,
@@ -159,6 +160,38 @@ def test_a_limit_that_cuts_the_dev_set_is_named(tmp_path) -> None:
     assert (len(data.eval), data.eval.dropped) == (3, 3)
 
 
+def embedded_refs(split: str) -> list[str]:
+    with gzip.open(EMBEDDED["bible_enes"] / f"{split}.ref.gz", "rt", encoding="utf-8") as f:
+        return f.read().splitlines()
+
+
+def test_the_embedded_bible_loads_with_its_sizes_and_no_verse_in_two_splits() -> None:
+    """The numbers of mpt_repro/data/embedded/README.md; every pair fits the tutorial's buckets
+    (the build left longer ones out); a verse reference in one split only."""
+    d = compose(["data=bible_enes"]).data  # conf/data/bible_enes.yaml as mpt-run composes it
+    assert d.root is None and (d.source_lang, d.target_lang) == ("en", "es")
+    data = load_parallel(d, 8000, 8000, BUCKETS)
+    assert (len(data.train), len(data.eval)) == (21717, 1055)
+    assert data.train.dropped == 0 and data.eval.dropped == 0
+    assert (len(data.source_vocab), len(data.target_vocab)) == (8000, 8000)
+    assert data.source_vocab.words[4:7] == [",", "the", "and"]
+    assert data.target_vocab.words[4:7] == [",", "y", "de"]
+    assert "embedded bible_enes" in data.description
+    refs = {split: embedded_refs(split) for split in ("train", "dev", "test")}
+    assert [len(r) for r in refs.values()] == [21717, 1055, 1219]
+    for split, lines in refs.items():
+        assert len(set(lines)) == len(lines), f"a verse twice in {split}"
+    assert not set(refs["train"]) & set(refs["dev"])
+    assert not set(refs["train"]) & set(refs["test"]) and not set(refs["dev"]) & set(refs["test"])
+    assert refs["dev"][0] == "Genesis 19:3"  # chapter 19 is the KJV's 19th: index 18 -> dev
+
+
+def test_the_embedded_corpus_stays_small() -> None:
+    """Under 2 MiB in all, each file far below git's large-file warnings."""
+    sizes = [p.stat().st_size for p in EMBEDDED["bible_enes"].glob("*.gz")]
+    assert len(sizes) == 9 and sum(sizes) < 2 * 2**20
+
+
 # -- the model ------------------------------------------------------------------------------------
 def test_attention_model_shapes_decoding_and_sampled_loss() -> None:
     torch.manual_seed(0)
@@ -245,25 +278,33 @@ def test_an_evaluation_of_no_pair_has_no_bleu_nor_perplexity() -> None:
 PRESETS = ["fp32", "mixed", "no_scaling"]
 
 
+# README.md's sweep (its table of costs): the embedded corpus, budget=smoke's default data
+README_SWEEP = "mpt-run -m experiment=translation budget=smoke precision=fp32,mixed,no_scaling"
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory) -> Path:
-    """budget=smoke under each preset on synthetic pairs and on the real layout: one sweep per
-    data set (start-up is most of a smoke run's time); one thread, as a tiny model's steps are
-    all per-op overhead."""
+    """budget=smoke under each preset on the embedded Bible (README's sweep as written), on
+    synthetic pairs and on a written WMT layout: one sweep per data set (start-up is most of a
+    smoke run's time); one thread, as a tiny model's steps are all per-op overhead."""
     base = tmp_path_factory.mktemp("translation")
     # the dev set's 6 first lines, and one longer than the largest bucket (left out, counted)
     wmt = write_wmt(base / "wmt", dev=(EN[:6] + [LONG_EN], FR[:6] + [LONG_FR]))
-    for data in ("data=synthetic", f"data.root={wmt}"):
-        args = ["-m", "experiment=translation", "budget=smoke", f"precision={','.join(PRESETS)}"]
-        args += ["trainer.device=cpu", f"paths.runs_dir={base / 'runs'}", data]
+    for data in ([], ["data=synthetic"], ["data=wmt15_enfr", f"data.root={wmt}"]):
+        args = [*README_SWEEP.split()[1:], *data]
+        args += ["trainer.device=cpu", f"paths.runs_dir={base / 'runs'}"]
         run_cli(*args, env={"OMP_NUM_THREADS": "1"})
     return base / "runs"
+
+
+def test_the_readme_lists_the_sweep_run_here() -> None:
+    assert f"`{README_SWEEP}`" in (ROOT / "README.md").read_text()
 
 
 def test_smoke_runs_record_perplexity_and_bleu(runs) -> None:
     records = [read_run(p.parent) for p in sorted(runs.rglob("run.json"))]
     assert sorted((r["data"]["name"], r["precision"]) for r in records) == sorted(
-        (d, p) for d in ("synthetic", "wmt15_enfr") for p in PRESETS
+        (d, p) for d in ("bible_enes", "synthetic", "wmt15_enfr") for p in PRESETS
     )
     for r in records:
         assert r["status"] == "completed", r.get("reason")
@@ -282,6 +323,9 @@ def test_smoke_runs_record_perplexity_and_bleu(runs) -> None:
     assert step == block["step"] and len(items["key"]) == 6
     assert items["tokens"].sum() == block["counts"]["perplexity"]
     assert dropped_share(block) == pytest.approx(1 / 7)  # above DROPPED_WARN_SHARE
+    bible = next(r for r in records if r["data"]["name"] == "bible_enes")
+    assert bible["data"]["train_pairs"] == 96 and bible["data"]["eval_pairs"] == 24
+    assert bible["data"]["root"] is None
 
 
 def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None:
@@ -295,7 +339,7 @@ def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None
     tables = sorted(p.name for p in (out / "tables").glob("mt_*.csv"))
     assert tables and "bleu" in (out / "tables" / tables[0]).read_text()
     figures = sorted(p.name for p in (out / "plots").glob("translation_*_train_perplexity.png"))
-    assert len(figures) == 2  # one per data set: synthetic and the real layout
+    assert len(figures) == 3  # one per data set: the embedded Bible, synthetic, the WMT layout
 
 
 def test_the_translation_docs_exist_and_cite_the_tutorial() -> None:

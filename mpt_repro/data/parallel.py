@@ -9,7 +9,9 @@ of the target file, named <prefix>.<lang>:
     DIR/newstest2013.en               DIR/newstest2013.fr               development (WMT15 dev-v2)
 
 Each file may also be gzipped (<name>.gz, as training-giga-fren.tar holds them) and the dev files
-may sit in DIR/dev/ (as dev-v2.tgz unpacks). data.root names DIR.
+may sit in DIR/dev/ (as dev-v2.tgz unpacks). data.root names DIR; with data.root null, an embedded
+corpus of that name (data=bible_enes: mpt_repro/data/embedded/bible_enes/, train.{en,es}.gz and
+dev.{en,es}.gz, English -> Spanish verse pairs; mpt_repro/data/embedded/README.md).
 
 Tokenisation is the tutorial's basic_tokenizer reimplemented: split on whitespace, then split
 each fragment on the punctuation characters . , ! ? " ' : ; ) ( keeping them as tokens; with
@@ -43,6 +45,8 @@ from mpt_repro.errors import DataError
 PAD, GO, EOS, UNK = "_PAD", "_GO", "_EOS", "_UNK"
 SPECIALS = [PAD, GO, EOS, UNK]
 PAD_ID, GO_ID, EOS_ID, UNK_ID = range(4)
+# data.name -> the folder of the corpus shipped with the package, read when data.root is null
+EMBEDDED = {"bible_enes": Path(__file__).parent / "embedded" / "bible_enes"}
 
 _WORD_SPLIT = re.compile(r"""([.,!?"':;)(])""")  # the tutorial's _WORD_SPLIT
 _DIGIT = re.compile(r"\d")
@@ -132,10 +136,17 @@ def read_lines(path: Path, limit: int | None = None) -> Iterator[str]:
         raise DataError(f"{path}: not readable UTF-8 text ({type(e).__name__}: {e})") from None
 
 
-def read_pairs(d: Any, prefix: str, limit: int | None) -> Iterator[tuple[str, str]]:
+def corpus_root(d: Any) -> Path:
+    """data.root as a folder, or the embedded corpus of data.name when data.root is null."""
+    if d.root is None and d.name in EMBEDDED:
+        return EMBEDDED[d.name]
+    return data_root(d.root, d.name, layout(d))
+
+
+def read_pairs(d: Any, root: Path, prefix: str, limit: int | None) -> Iterator[tuple[str, str]]:
     """(source, target) sentences of one split (the first `limit` lines), streamed; DataError
     when a file is missing, empty, or the two differ in line count."""
-    paths = split_files(d, prefix)
+    paths = split_files(d, root, prefix)
     count = 0
     for source, target in zip_longest(*(read_lines(p, limit) for p in paths)):
         if source is None or target is None:  # one file ended first: count both, to say so
@@ -151,9 +162,8 @@ def read_pairs(d: Any, prefix: str, limit: int | None) -> Iterator[tuple[str, st
         raise DataError(f"{paths[0]} is empty; expected {layout(d)}")
 
 
-def split_files(d: Any, prefix: str) -> list[Path]:
+def split_files(d: Any, root: Path, prefix: str) -> list[Path]:
     """The source and target files of one split; DataError naming the layout if one is missing."""
-    root = Path(d.root).expanduser()
     paths = []
     for lang in (d.source_lang, d.target_lang):
         path = find_file(root, f"{prefix}.{lang}")
@@ -285,11 +295,11 @@ class ParallelData:
 def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence) -> ParallelData:
     """A parallel corpus in the layout above: vocabularies from the training sentences (the first
     data.train_limit lines), the dev set's first data.eval_limit lines."""
-    root = data_root(d.root, d.name, layout(d))
+    root = corpus_root(d)
     norm = d.normalize_digits
 
     def train_tokens() -> Iterator[tuple[list[str], list[str]]]:
-        for source, target in read_pairs(d, d.train_prefix, d.train_limit):
+        for source, target in read_pairs(d, root, d.train_prefix, d.train_limit):
             yield tokenize(source, norm), tokenize(target, norm)
 
     # two passes over the training files, as the tutorial's create_vocabulary and
@@ -304,7 +314,7 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     train = bucketize(
         ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in train_tokens()), buckets
     )
-    dev_pairs = list(read_pairs(d, d.dev_prefix, d.eval_limit))  # small: kept, for BLEU
+    dev_pairs = list(read_pairs(d, root, d.dev_prefix, d.eval_limit))  # small: kept, for BLEU
     dev_src_tok = [tokenize(s, norm) for s, _ in dev_pairs]
     dev_tgt_tok = [tokenize(t, norm) for _, t in dev_pairs]
     dev = bucketize(
@@ -314,8 +324,9 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     # the references in the dev set's bucket order, as the words they are (not _UNK)
     references = _bucket_order(dev_tgt_tok, [len(s) for s in dev_src_tok], dev.buckets)
     _check_dev(d, len(dev_pairs), dev, references)
+    where = f"embedded {d.name} (mpt_repro/data/embedded/README.md)" if d.root is None else root
     about = (
-        f"parallel corpus at {root}: {d.train_prefix}.{d.source_lang}-{d.target_lang} "
+        f"parallel corpus at {where}: {d.train_prefix}.{d.source_lang}-{d.target_lang} "
         f"({len(train)} pairs in buckets, {train.dropped} too long), {d.dev_prefix} "
         f"({len(dev)} pairs, {dev.dropped} too long)"
     )
