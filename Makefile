@@ -61,6 +61,10 @@ ddp: $(STAMP) ## one run over NPROC processes (default: every GPU): make ddp NPR
 reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
 	scripts/reproduce_table.sh
 
+# ARGS: more options of scripts/reproduce_claims.py (--docs docs/claims.md, --claims a,b, --tiny)
+reproduce-claims: $(STAMP) ## the paper's claims on this CPU: the runs of conf/claims/, then their verdicts (results/claims; ~1 h)
+	$(BIN)/python scripts/reproduce_claims.py $(ARGS)
+
 # OUT BATCH DRY_RUN: set on the make command line; defaults and meanings in scripts/gpu_check.sh
 gpu-check: $(STAMP) ## on a GPU machine: mpt-bench ResNet-50, every smoke run, DDP over NCCL (docs/performance.md)
 	VENV=$(VENV) scripts/gpu_check.sh
@@ -74,4 +78,4 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table report tensorboard ddp gpu-check
+.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table reproduce-claims report tensorboard ddp gpu-check

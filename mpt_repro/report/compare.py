@@ -499,70 +499,78 @@ def _first(values: Any, default: Any = None) -> Any:
     return default
 
 
+# deltas.csv's columns (after the comparison group's PAIR_KEYS)
+DELTA_COLUMNS = (
+    "group_label",
+    "row_label",
+    "preset",
+    "reference",
+    "metric",
+    "higher_is_better",
+    "seeds_paired",
+    "delta_mean",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "tolerance",
+    "seeds_diverged",
+    "seeds_nonfinite",
+    "seeds_untrained",
+    "seeds_conflicting",
+    "seed_sd",
+    "eval_items",
+    "eval_unit",
+    "eval_se",
+    "eval_problem",
+    "verdict",
+)
+
+
 def deltas_frame(
     runs: pd.DataFrame, settings: Settings, deltas: dict[tuple, dict[str, Delta]] | None = None
 ) -> pd.DataFrame:
     """deltas.csv: one row per comparison group and preset, numbers unformatted (`deltas`: the
     report's group_deltas, computed once)."""
-    columns = [
-        *PAIR_KEYS,
-        "group_label",
-        "row_label",
-        "preset",
-        "reference",
-        "metric",
-        "higher_is_better",
-        "seeds_paired",
-        "delta_mean",
-        "ci_low",
-        "ci_high",
-        "confidence",
-        "tolerance",
-        "seeds_diverged",
-        "seeds_nonfinite",
-        "seeds_untrained",
-        "seeds_conflicting",
-        "seed_sd",
-        "eval_items",
-        "eval_unit",
-        "eval_se",
-        "eval_problem",
-        "verdict",
-    ]
     labels = {}  # {comparison group: (group_label, row_label)}
     if not runs.empty:
         for _, r in runs.iterrows():
             key = tuple(r[k] for k in PAIR_KEYS)
             labels.setdefault(key, (r.get("group_label", ""), r.get("row_label", "")))
-    rows = []
     deltas = group_deltas(runs, settings) if deltas is None else deltas
-    for key, found in deltas.items():
-        for preset, d in found.items():
-            rows.append(
-                {
-                    **dict(zip(PAIR_KEYS, key)),
-                    "group_label": labels.get(key, ("", ""))[0],
-                    "row_label": labels.get(key, ("", ""))[1],
-                    "preset": preset,
-                    "reference": settings.reference,
-                    "metric": d.metric,
-                    "higher_is_better": d.higher_is_better,
-                    "seeds_paired": d.n,
-                    "delta_mean": d.mean,
-                    "ci_low": d.low,
-                    "ci_high": d.high,
-                    "confidence": settings.confidence,
-                    "tolerance": d.tolerance,
-                    "seeds_diverged": d.n_diverged,
-                    "seeds_nonfinite": d.n_nonfinite,
-                    "seeds_untrained": d.n_untrained,
-                    "seeds_conflicting": d.n_conflicting,
-                    "seed_sd": d.sd,
-                    "eval_items": d.evidence.items,
-                    "eval_unit": d.evidence.unit if d.evidence.items else None,
-                    "eval_se": d.evidence.se,
-                    "eval_problem": d.evidence.problem,
-                    "verdict": d.verdict,
-                }
-            )
-    return pd.DataFrame(rows, columns=columns)
+    rows = [
+        {
+            **dict(zip(PAIR_KEYS, key)),
+            "group_label": labels.get(key, ("", ""))[0],
+            "row_label": labels.get(key, ("", ""))[1],
+            "reference": settings.reference,
+            "confidence": settings.confidence,
+            **_delta_fields(preset, d),
+        }
+        for key, found in deltas.items()
+        for preset, d in found.items()
+    ]
+    return pd.DataFrame(rows, columns=[*PAIR_KEYS, *DELTA_COLUMNS])
+
+
+def _delta_fields(preset: str, d: Delta) -> dict[str, Any]:
+    ev = d.evidence
+    return {
+        "preset": preset,
+        "metric": d.metric,
+        "higher_is_better": d.higher_is_better,
+        "seeds_paired": d.n,
+        "delta_mean": d.mean,
+        "ci_low": d.low,
+        "ci_high": d.high,
+        "tolerance": d.tolerance,
+        "seeds_diverged": d.n_diverged,
+        "seeds_nonfinite": d.n_nonfinite,
+        "seeds_untrained": d.n_untrained,
+        "seeds_conflicting": d.n_conflicting,
+        "seed_sd": d.sd,
+        "eval_items": ev.items,
+        "eval_unit": ev.unit if ev.items else None,
+        "eval_se": ev.se,
+        "eval_problem": ev.problem,
+        "verdict": d.verdict,
+    }
