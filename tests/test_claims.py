@@ -4,6 +4,7 @@ makes the runs a claim names, and mpt-report shows the claims whose runs it find
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -141,3 +142,19 @@ def test_every_claim_runs_at_a_tiny_budget(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     table = pd.read_csv(out / "claims.csv")
     assert len(table) == len(load_claims()) and table["Why"].notna().all()
+
+
+def test_the_readme_s_make_reproduce_claims_runs_the_script(tmp_path):
+    """README's `make reproduce-claims`, as make expands it, and its sweeps (a full run is about
+    an hour: docs/claims.md is one)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    made = subprocess.run(["make", "--no-print-directory", "-n", "reproduce-claims"], cwd=ROOT,
+                          capture_output=True, text=True, check=True, env=env)  # fmt: skip
+    assert made.stdout.splitlines()[-1].rstrip() == ".venv/bin/python scripts/reproduce_claims.py"
+    assert "`make reproduce-claims`" in (ROOT / "README.md").read_text()
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--dry-run", "--out", str(tmp_path)],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    sweeps = [line for line in plan.splitlines() if line.startswith("+ mpt-run -m")]
+    experiments = {c.runs.experiment for c in load_claims() if c.runs is not None}
+    assert {s.split()[3].removeprefix("experiment=") for s in sweeps} == experiments
+    assert not (tmp_path / "runs").exists()  # a dry run runs nothing
