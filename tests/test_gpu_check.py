@@ -198,6 +198,14 @@ def test_missing_packages_are_named_in_one_line_and_the_summary_still_comes(
     assert sorted(p.name for p in out.iterdir()) == ["gpu-check-logs.tar.gz", "summary.txt"]
 
 
+def test_without_a_gpu_nothing_runs_and_the_summary_says_why(tmp_path, monkeypatch):
+    monkeypatch.setattr(cli, "run_probe", lambda python, log: {"missing": [], "gpus": []})
+    out = tmp_path / "out"
+    assert cli.main(["--out", str(out), "--work", str(tmp_path / "work")]) == 2
+    assert cli.NO_GPU in (out / "summary.txt").read_text()
+    assert not (tmp_path / "work" / "runs").exists()
+
+
 def test_what_goes_back_is_at_most_8_files_without_checkpoints(tmp_path):
     work, out = tmp_path / "work", tmp_path / "out"
     run = work / "runs" / "demo" / "mixed-smoke" / "seed0"

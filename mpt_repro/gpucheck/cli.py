@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mpt_repro.gpucheck import pack, plan, steps, summary
 
+NO_GPU = "no CUDA device is visible: nothing was run (REHEARSAL=1 runs this plan on the CPU)"
 PROBE_LIMIT_S = 120  # importing torch and starting CUDA, once
 # seconds for the probe and the steps: their own limits and ~20 s for the probe (the wheels'
 # install before and the summary after take seconds): 8 minutes in all on a GPU, 5 on the CPU
@@ -88,6 +89,9 @@ def check(s: plan.Settings, out: Path, budget: int, notes: list[str]) -> int:
         if missing:
             say(missing)
             problem = "the packages above do not import: nothing was run"
+        elif not (s.rehearsal or probe.get("gpus")):
+            problem = NO_GPU
+            say(problem)
         else:
             outcomes = steps.run_steps(plan.plan(s, len(probe.get("gpus") or [])), clock, logs, say)
     except BaseException as e:  # a stop, or a fault of the check itself: still the summary
@@ -99,7 +103,7 @@ def check(s: plan.Settings, out: Path, budget: int, notes: list[str]) -> int:
         )
         print(text, flush=True)
     failed = problem or any(o.status in ("failed", "timed out") for o in outcomes)
-    return 2 if summary.missing_line(probe) else int(bool(failed))
+    return 2 if summary.missing_line(probe) or problem == NO_GPU else int(bool(failed))
 
 
 def say(line: str) -> None:
