@@ -64,7 +64,7 @@ reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path
 # OUT WORK BUDGET STEPS BATCH DRY_RUN: set on the make command line (make exports them); defaults
 # and meanings in scripts/gpu_check.sh. On the GPU machine itself, without make: docs/performance.md
 gpu-check: $(STAMP) ## on a GPU machine with .venv: bench, a smoke run of every experiment, report (docs/performance.md)
-	PYTHON=$(BIN)/python scripts/gpu_check.sh
+	PYTHON=$(BIN)/python WHEELS= scripts/gpu_check.sh
 
 GPU_WHEELS := .gpu-wheels
 gpu-wheels: $(STAMP) ## fetch here the wheels the GPU machine lacks (Python 3.12) into .gpu-wheels/, to carry there

@@ -12,7 +12,8 @@
 #
 # Settings (environment or make variables; defaults in brackets):
 #   OUT        [results/gpu-check/<date-time>]     WORK [${TMPDIR:-/tmp}/mpt-gpu-check-<date-time>]
-#   PYTHON     [python3]     WHEELS [.gpu-wheels]  (no such folder: nothing is installed)
+#   PYTHON     [python3]     WHEELS [.gpu-wheels]  (no such folder: nothing is installed, and said;
+#              WHEELS= set empty: nothing is installed, PYTHON has every package)
 #   BUDGET     [470; 280 with REHEARSAL=1] seconds for all the steps
 #   STEPS      [bench,smoke-folder,smoke-embedded,ddp-nccl,report] the steps to run
 #   BATCH      [256]  the bench's batch (lower it if fp32 runs out of memory)
@@ -24,7 +25,7 @@ stamp=$(date +%Y%m%d-%H%M%S)
 OUT=${OUT:-results/gpu-check/$stamp}
 WORK=${WORK:-${TMPDIR:-/tmp}/mpt-gpu-check-$stamp}
 PYTHON=${PYTHON:-python3}
-WHEELS=${WHEELS:-.gpu-wheels}
+WHEELS=${WHEELS-.gpu-wheels}  # set and empty: PYTHON has every package (make gpu-check's .venv)
 args=(--out "$OUT" --work "$WORK" --batch "${BATCH:-256}")
 [[ -n "${BUDGET:-}" ]] && args+=(--budget "$BUDGET")
 [[ -n "${STEPS:-}" ]] && args+=(--steps "$STEPS")
@@ -33,7 +34,9 @@ args=(--out "$OUT" --work "$WORK" --batch "${BATCH:-256}")
 
 path="$PWD"
 wheels=("$WHEELS"/*.whl)
-if [[ -e "${wheels[0]}" ]]; then
+if [[ -z "$WHEELS" ]]; then
+    :
+elif [[ -e "${wheels[0]}" ]]; then
     install=("$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir
         --disable-pip-version-check --target "$WORK/site" "${wheels[@]}")
     path="$PWD:$WORK/site"

@@ -89,6 +89,23 @@ def test_the_wheels_are_installed_with_pip_no_index_target_into_the_work_folder(
     assert run[0].startswith(f"PYTHONPATH={ROOT}:{site}") and "--note" not in run
 
 
+def test_make_gpu_check_runs_the_plan_with_the_venv_and_no_wheels(tmp_path):
+    """`make gpu-check` on a GPU workstation with make install: .venv's python, nothing to
+    install, nothing to say about wheels."""
+    done = subprocess.run(
+        ["make", "-s", "-o", f"{VENV}/.installed", "gpu-check", f"VENV={VENV}", "DRY_RUN=1"]
+        + ["BATCH=128", f"OUT={tmp_path}/out", f"WORK={tmp_path}/w"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    run, _, bench = commands(done.stdout)[:3]
+    assert run[1] == f"{VENV}/bin/python" and "--note" not in run
+    assert bench[0] == f"{VENV}/bin/python" and "data.batch_size=128" in bench
+
+
 def test_make_gpu_check_rehearsal_dry_run_is_the_same_plan_on_the_cpu(tmp_path):
     """`make gpu-check-rehearsal DRY_RUN=1`: the rehearsal venv's python3 runs every step, with
     trainer.device=cpu at tiny sizes, into the same files."""
