@@ -299,6 +299,9 @@ def _figure_text(test: Test, values: list[float], against: list[float]) -> str:
             text += f" [{(mean - half) * test.scale:.3g}, {(mean + half) * test.scale:.3g}]"
         return text
 
+    if test.figure.startswith("spread:"):  # one number for the seeds together
+        value = f"{values[0] * test.scale:.3g}{test.unit}"
+        return f"{test.label} ({test.preset}): {value} over {len(values)} seeds"
     text = f"{test.label or test.figure} ({test.preset}): {stat(values)} (n={len(values)} seeds)"
     if isinstance(test.threshold, str):
         text += f"; against {stat(against)}"
