@@ -19,7 +19,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.errors import CheckpointError
+from mpt_repro.errors import CheckpointError, file_size_limit, too_large
 
 LAST = Path("checkpoints/last.pt")
 PREVIOUS = Path("checkpoints/previous.pt")
@@ -55,9 +55,14 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
+        written = _size(tmp)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise CheckpointError(_write_failure(last, e)) from e
+        raise CheckpointError(_write_failure(last, e, written)) from e
+    except BaseException:  # a signal that stops the run mid-save: no half file is left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     # Two renames, each atomic: between them previous.pt holds the older checkpoint and last.pt
     # is missing, which the load handles (it falls back to previous.pt).
     if last.exists():
@@ -122,7 +127,26 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def _write_failure(path: Path, e: BaseException) -> str:
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _write_failure(path: Path, e: BaseException, written: int | None = None) -> str:
+    limit = file_size_limit()
+    if too_large(e) or (limit is not None and written is not None and written >= limit - 4096):
+        return (
+            f"could not write the checkpoint {path}: it would be larger than the largest file "
+            f"this process may write (ulimit -f: {limit} bytes). Raise the limit (ulimit -f "
+            "unlimited), then run the same command"
+            + (
+                " with resume=true (the checkpoint before it is kept)."
+                if path.exists()
+                else " again."
+            )
+        )
     free = _free_bytes(path.parent)
     full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
         free is not None and free < 64 * 2**20

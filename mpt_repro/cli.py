@@ -134,6 +134,14 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(e, Interrupted):
+        from mpt_repro.checkpoint import has_checkpoint
+
+        if run_dir is not None and run_dir.is_dir() and not has_checkpoint(run_dir):
+            return (
+                f"interrupted: stopped by {e.signal_name} before the run saved a checkpoint (its "
+                "record says failed); run the same command again to start it afresh",
+                e.exit_code,
+            )
         return f"interrupted: {e}. Continue with: {_resume(run_dir)}", e.exit_code
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)", 130
@@ -147,6 +155,18 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
         return (
             f"error: no space left on the device holding {e.filename or run_dir}: free space, "
             "then run the same command again (with resume=true if the run had a checkpoint)",
+            2,
+        )
+    if isinstance(e, OSError) and e.errno == errno.EFBIG:
+        from mpt_repro.errors import file_size_limit
+
+        limit = file_size_limit()
+        shown = f"ulimit -f: {limit} bytes" if limit is not None else "the file system's limit"
+        return (
+            f"error: could not write {e.filename or 'a file in ' + str(run_dir)}: it would be "
+            f"larger than the largest file this process may write ({shown}); raise the limit "
+            "(ulimit -f unlimited), then run the same command again (with resume=true if the "
+            "run had a checkpoint)",
             2,
         )
     if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):

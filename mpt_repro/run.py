@@ -39,6 +39,7 @@ from mpt_repro.rundir import (
     write_hydra_files,
 )
 from mpt_repro.runlog.hparams import write_run_summary
+from mpt_repro.stopping import signals_raise
 
 log = logging.getLogger("mpt_repro")
 
@@ -95,8 +96,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(distributed.broadcast_object(str(run_dir)))
     lock = RunLock(run_dir) if main else None
     try:
-        plan = _decide(cfg, run_dir, lock)
-        return _run_planned(cfg, run_dir, device, plan, main)
+        with signals_raise():  # a SIGTERM before training starts still ends with the record
+            plan = _decide(cfg, run_dir, lock)
+            return _run_planned(cfg, run_dir, device, plan, main)
     finally:
         if lock is not None:
             lock.release()
@@ -325,8 +327,10 @@ def _as_interrupted(e: BaseException, trainer: Any) -> Interrupted | None:
 
 
 def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, **extra) -> None:
-    if isinstance(e, KeyboardInterrupt):
-        reason = "stopped by Ctrl-C before a checkpoint was saved"
+    if isinstance(e, (KeyboardInterrupt, Interrupted)):
+        name = e.signal_name if isinstance(e, Interrupted) else "Ctrl-C"
+        reason = f"stopped by {name} before a checkpoint was saved"
+        hint = "run the same command again to start it afresh"
     else:
         reason = f"{type(e).__name__}: {e}" if isinstance(e, UserError) else describe(e)
         if not isinstance(e, UserError):
@@ -335,8 +339,10 @@ def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, *
 
 
 def _hint_for(e: BaseException, run_dir: Path) -> str:
-    if isinstance(e, UserError):
+    if isinstance(e, UserError) and not has_checkpoint(run_dir):
         return "the reason says what to fix; then run the same command again"
+    if isinstance(e, UserError):
+        return f"the reason says what to fix; then continue with: {resume_command(run_dir)}"
     if has_checkpoint(run_dir):
         return f"after fixing the cause, continue with: {resume_command(run_dir)}"
     return "the traceback is in this record and in the run's log file; fix the cause and rerun"

@@ -33,7 +33,7 @@ except ImportError:  # not POSIX: the pid-file lock below
     fcntl = None  # type: ignore[assignment]
 
 from mpt_repro.checkpoint import has_checkpoint
-from mpt_repro.errors import FinishedRun, RunDirError
+from mpt_repro.errors import FinishedRun, RunDirError, naming
 from mpt_repro.record import RecordError, now_iso, read_record
 
 LOCK_NAME = ".lock"
@@ -246,6 +246,11 @@ def inspect_run_dir(run_dir: Path) -> RunDirState:
     try:
         record = read_record(run_dir)
     except RecordError as e:
+        if e.special:  # nothing reads it, and moving it aside would hide what put it there
+            raise RunDirError(
+                f"{e.path} {e.problem}: mpt-run never opens it. Remove it (or give this run "
+                "another directory with paths.runs_dir=DIR), then run the same command again."
+            ) from None
         problem = e.problem
     return RunDirState(run_dir, record, problem, has_checkpoint(run_dir), run_artefacts(run_dir))
 
@@ -379,9 +384,16 @@ def write_hydra_files(run_dir: Path, cfg: Any) -> None:
     hc = HydraConfig.get()
     out = Path(run_dir) / ".hydra"
     out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": hc}), out / "hydra.yaml")
-    OmegaConf.save(hc.overrides.task, out / "overrides.yaml")
+    files = {
+        "config.yaml": cfg,
+        "hydra.yaml": OmegaConf.create({"hydra": hc}),
+        "overrides.yaml": hc.overrides.task,
+    }
+    for name, content in files.items():
+        try:
+            OmegaConf.save(content, out / name)
+        except OSError as e:  # a full disk, a file past `ulimit -f`: say which file
+            raise naming(e, out / name) from e
 
 
 def resume_command(run_dir: Path) -> str:

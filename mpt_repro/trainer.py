@@ -11,7 +11,6 @@ import contextlib
 import logging
 import random
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from mpt_repro.optim import lr_multiplier
 from mpt_repro.runlog.console import RunProgress
 from mpt_repro.runlog.metrics import MetricsLogger, Resume, comparison_group
 from mpt_repro.schedule import LRSchedule
+from mpt_repro.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -75,6 +75,7 @@ class Trainer:
         self.window = LogWindow()  # what the next train row of the log averages over
         self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
         self._stop_signal: int | None = None  # the signal that asked for a stop
+        self._finishing = False  # in the final evaluation: a signal stops it at once
         spe = task.steps_per_epoch()
         if spe < 1:
             raise DataError(
@@ -158,8 +159,23 @@ class Trainer:
                 self.clock.stop()  # the loader's epoch tail counts as training time
                 if self.batch_in_epoch >= self.steps_per_epoch:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                elif self.step < self.total_steps:  # asked again, it would yield nothing
+                    raise DataError(self._ran_dry())
+            self._finishing = True  # a signal now stops the evaluation (mpt_repro/stopping.py)
             self._evaluate()
         return self.final_summary()
+
+    def _ran_dry(self) -> str:
+        d = self.cfg.data
+        root = f" ({d.root})" if d.get("root") else ""
+        return (
+            f"the training data ran dry: epoch {self.epoch} of data.name={d.name}{root} ended "
+            f"after its batch {self.batch_in_epoch}, but the run counted {self.steps_per_epoch} "
+            f"per epoch (steps_per_epoch, from the data's size at the start, data.batch_size="
+            f"{d.batch_size} and trainer.accumulate={self.cfg.trainer.accumulate}); the loader "
+            "and its sampler disagree on the epoch's length (files removed while the run read "
+            "them, or a sampler or data set whose __len__ is wrong); fix that, then run again"
+        )
 
     def _count(self, result: StepResult) -> None:
         """Book one iteration: counters, LR schedules, divergence streak, the log window."""
@@ -377,27 +393,10 @@ class Trainer:
             if fn is not None:
                 fn(self, *args)
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
+    def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM (a cluster pre-emption) and Ctrl-C both end the run at the next step boundary
-        with a checkpoint; a second Ctrl-C stops at once."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request(signum: int, frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if self._stop_signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # the second Ctrl-C: the user means it
-            self._stop_signal = signum
-            self.log.warning("%s: saving a checkpoint at the end of this step, then stopping", name)
-
-        previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        with a checkpoint, within a bounded time (mpt_repro/stopping.py)."""
+        return stop_on_signals(self)
 
     def _progress_bar(self) -> RunProgress:
         """A bar on a terminal with the log going through it; plain periodic lines elsewhere."""

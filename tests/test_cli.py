@@ -88,6 +88,7 @@ RUN = Path("/results/runs/demo/fp32-smoke/seed0")
         (OSError(errno.ENOSPC, "No space left", "/r/run.json"), 2, ["no space", "/r/run.json"]),
         (OSError(errno.EROFS, "Read-only file system", "/r"), 2, ["paths.runs_dir=DIR"]),
         (PermissionError(errno.EACCES, "Permission denied", "/r"), 2, ["writable"]),
+        (OSError(errno.EFBIG, "File too large", "/r/m.csv"), 2, ["/r/m.csv", "ulimit -f"]),
         (RuntimeError("Caught ValueError in DataLoader worker 0.\nOriginal Traceback ..."), 1, []),
     ],
 )

@@ -229,6 +229,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         return _refuse(str(e))
     records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
+    special = _special_files(records)
+    if special:
+        return _refuse(special)
     benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
     if not records and not benches:
         where = "no such folder" if not args.results_dir.is_dir() else "no run.json in it"
@@ -304,6 +307,21 @@ def write_atomically(out: Path, build) -> str:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def _special_files(records: list[Path]) -> str | None:
+    """A run.json that is not a regular file (a FIFO would keep the report waiting for a writer
+    forever; a device may never end): the refusal naming it, or None. Nothing is opened."""
+    from mpt_repro.record import not_a_regular_file
+
+    for path in sorted(records):
+        what = not_a_regular_file(path)
+        if what:
+            return (
+                f"{path} is {what}, not a run record mpt-run wrote: the report never opens it. "
+                "Remove it (or report on a folder without it), then run mpt-report again"
+            )
+    return None
 
 
 def _refuse(message: str) -> int:

@@ -43,6 +43,7 @@ from mpt_repro.record import (
     NO_STEP_ADVICE,
     no_step_applied,
     normalised_status,
+    not_a_regular_file,
     slow_low_precision,
 )
 
@@ -373,6 +374,9 @@ def _provenance(record: dict, status: str) -> dict[str, Any]:
 
 def read_record(path: Path) -> tuple[dict | None, Problem | None]:
     """(record, None) for a tabulable run.json, else (None, the problem)."""
+    what = not_a_regular_file(path)
+    if what:  # never opened: a FIFO would wait for a writer forever
+        return None, Problem(str(path.parent), "malformed", f"run.json is {what}, not a file")
     try:
         record = json.loads(path.read_text())
     except UnicodeDecodeError as err:
