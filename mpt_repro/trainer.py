@@ -568,10 +568,19 @@ class LogWindow:
 
 
 def rng_state() -> dict[str, Any]:
+    # numpy's state as a tensor and plain values, not its array: checkpoints are read with
+    # weights_only=True (mpt_repro/checkpoint.py), which admits tensors and plain values
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
     }
 
@@ -580,7 +589,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    np.random.set_state(state["numpy"])
+    saved = state["numpy"]
+    if isinstance(saved, dict):
+        keys = saved["keys"].cpu().numpy().astype(np.uint32)
+        saved = (saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+    np.random.set_state(saved)  # a tuple: a checkpoint written before (numpy's own form)
     random.setstate(state["python"])
 
 

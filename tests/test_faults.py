@@ -223,6 +223,32 @@ def test_no_readable_checkpoint_is_one_message_with_the_way_out(copy_of) -> None
     assert rec["status"] == "failed" and "CheckpointError" in rec["reason"]
 
 
+class _Planted:
+    """What a crafted checkpoint holds: a full unpickle calls os.system (issue 34)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_a_crafted_checkpoint_runs_no_code_on_resume(copy_of, tmp_path) -> None:
+    import torch
+
+    last = copy_of / "checkpoints" / "last.pt"
+    planted = tmp_path / "planted"
+    state = torch.load(last, weights_only=True)  # the run's own checkpoint reads safely
+    torch.save({**state, "extra": _Planted(planted)}, last)
+    rewrite_record(copy_of, status="interrupted", reason="stopped by SIGTERM", metrics=None)
+    line = one_line_error(run_cli(*SMOKE, "resume=true", run_dir=copy_of, check=False))
+    assert f"{last}: refused: it names posix.system, which a checkpoint of mpt-run" in line
+    assert "nothing in it ran" in line and "overwrite=true" in line
+    assert not planted.exists()
+    rec = read_run(copy_of)
+    assert rec["status"] == "failed" and "CheckpointError" in rec["reason"]
+
+
 # -- the machine: read-only folders, a full disk -------------------------------------------------
 def _in_mount(
     mount: Path, options: str, *args: str, after: str = ""
