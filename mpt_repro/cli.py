@@ -26,6 +26,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from mpt_repro.cmdline import expand_home, syntax_problem
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
 from mpt_repro.errors import FinishedRun, Interrupted, UserError, describe
 
@@ -252,7 +253,9 @@ def main() -> None:
     if "--version" in argv:  # Hydra's own --version would print Hydra's version
         print(f"{PROG} (mpt-repro) {version()}")
         return
-    problem = check_command_line(argv)
+    # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
+    argv = sys.argv[1:] = expand_home(argv)
+    problem = syntax_problem(argv) or check_command_line(argv)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         sys.exit(2)

@@ -87,6 +87,9 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     from mpt_repro.config import check_overrides_are_read, validate
     from mpt_repro.errors import UserError
 
+    problem = name_problem(cfg)
+    if problem:
+        return f"error: {problem}"
     task_overrides = list(cfg.hydra.overrides.task)
     run_dir = Path(
         str(OmegaConf.select(cfg, "hydra.run.dir"))
@@ -106,6 +109,31 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     note_if_new(run_dir)
     if single:
         return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite))
+    return None
+
+
+# values that become a folder or file name as they are (the variant folder is escaped instead):
+# the key, what it names, an example
+PLAIN_NAMES = (
+    ("hydra.job.name", "the run's log file (<run dir>/<name>.log)", "mpt-run"),
+    ("experiment_name", "the run's first folder under paths.runs_dir", "demo"),
+    ("precision.name", "a folder of the run (<precision>-<budget>)", "amp"),
+)
+
+
+def name_problem(cfg: Any) -> str | None:
+    """A name that would put a folder or file elsewhere than the run's own folder
+    (`hydra.job.name=../../X` wrote the log outside the runs folder)."""
+    from omegaconf import OmegaConf
+
+    for key, role, example in PLAIN_NAMES:
+        text = str(OmegaConf.select(cfg, key, default=""))
+        if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+            return (
+                f"{key}={text!r} names {role}, so it must be a plain name: not empty, no '/' or "
+                f"'\\', not '.' or '..' (it would write outside the run's folder). Use e.g. "
+                f"{key}={example}"
+            )
     return None
 
 
@@ -224,8 +252,36 @@ def composition_message(e: BaseException, overrides: list[str] | None = None) ->
                 f"error: {shown}: {key} needs {needs}, got {got}. Fix it on the command line, "
                 f"e.g. {key}={_example(needs)}"
             )
+    missing = _missing_option(str(e))
+    if missing:
+        return "error: " + missing
     lines = [line for line in str(e).strip().splitlines() if line.strip()]
     return "error: " + "\n".join(lines[:12])[:2000]
+
+
+def _missing_option(message: str) -> str | None:
+    """Hydra's "Could not find 'budget/quick'" with its options and its search path, as one line
+    naming the group's options (an option of no group: the groups)."""
+    import re
+
+    found = re.search(r"Could not find '([^']+)'", message)
+    if not found:
+        return None
+    group, _, option = found.group(1).rpartition("/")
+    listed = message.split("Available options in", 1)
+    known = []
+    if len(listed) == 2:
+        for line in listed[1].splitlines()[1:]:
+            if not line.startswith(("\t", "  ")) or "=" in line:
+                break
+            known.append(line.strip())
+    if not group:
+        return f"there is no config {option!r}; see mpt-run --help"
+    choices = ", ".join(known) if known else "see mpt-run --help"
+    return (
+        f"{group}={option}: there is no such {group}; {group} is one of: {choices} "
+        f"(e.g. {group}={known[0] if known else '...'})"
+    )
 
 
 def _offending_value(message: str, key: str) -> str | None:
