@@ -61,6 +61,9 @@ def test_wrong_type_is_refused() -> None:
         ("optim.name=adamax", "optim.name"),
         ("optim.schedule=wavy", "optim.schedule"),
         ("trainer.device=tpu", "trainer.device"),
+        ("trainer.device=cuda:abc", "trainer.device"),
+        ("seed=4294967296", "seed"),
+        ("seed=-1", "seed"),
     ],
 )
 def test_invalid_values_name_the_key(override: str, key: str) -> None:

@@ -179,7 +179,8 @@ def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
     if bad.any():  # a data fault, not a numerics divergence of the run (float WAV can hold NaN)
         raise DataError(
             f"{path}: {int(bad.sum())} of its {len(audio)} samples are NaN or infinite (the first "
-            f"at sample {int(bad.argmax())}); replace the file (a run would record it as a numerics divergence)"
+            f"at sample {int(bad.argmax())}); replace the file (a run would record it as a "
+            "numerics divergence)"
         )
     return torch.from_numpy(audio.mean(axis=1))  # mono
 
