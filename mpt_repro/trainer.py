@@ -78,10 +78,7 @@ class Trainer:
         self._finishing = False  # in the final evaluation: a signal stops it at once
         spe = task.steps_per_epoch()
         if spe < 1:
-            raise DataError(
-                f"the training split yields no full batch (data.batch_size={cfg.data.batch_size}); "
-                "use a smaller batch or more data (data.train_limit)"
-            )
+            raise DataError(no_full_step(cfg, task))
         t = cfg.trainer
         self.steps_per_epoch = spe
         self.total_steps = (
@@ -565,6 +562,31 @@ class LogWindow:
             "time": self.time,
             "log_sums": {k: float(v) for k, v in self.log_sums.items()},
         }
+
+
+def no_full_step(cfg: Any, task: Any) -> str:
+    """Why an epoch holds no optimizer step, naming the setting that decides it: trainer.accumulate
+    and data.max_seconds were blamed on data.batch_size."""
+    d, accumulate = cfg.data, cfg.trainer.accumulate
+    step = distributed.batch_sizes(cfg)[1]
+    try:
+        n: int | None = len(task.data.train)
+    except (AttributeError, TypeError):
+        n = None
+    kept = f" (those data.max_seconds={d.max_seconds} keeps)" if d.get("max_seconds") else ""
+    have = f"the training split's {n} items{kept}" if n is not None else "the training split"
+    made_of = f"data.batch_size={d.batch_size}"
+    if accumulate > 1:
+        made_of += f" x trainer.accumulate={accumulate} micro-batches"
+    if distributed.world_size() > 1:
+        made_of += f" over {distributed.world_size()} processes"
+    if accumulate > 1 and n is not None and n >= step // accumulate:
+        fix = f"lower trainer.accumulate (at most {n // (step // accumulate)} here)"
+    elif kept:
+        fix = "raise data.max_seconds (or set it to null), or lower data.batch_size"
+    else:
+        fix = "lower data.batch_size, or use more data (data.train_limit)"
+    return f"one optimizer step takes {step} training items ({made_of}), more than {have}: {fix}"
 
 
 def rng_state() -> dict[str, Any]:
