@@ -108,7 +108,7 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
         return f"error: {problem}"
     note_if_new(run_dir)
     if single:
-        return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite))
+        return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite), cfg.data)
     return None
 
 
@@ -210,7 +210,7 @@ def unwritable(run_dir: Path) -> str | None:
     return None
 
 
-def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | None:
+def directory_refusal(run_dir: Path, resume: bool, overwrite: bool, data: Any = None) -> str | None:
     """The refusal the run would give for its directory (rundir.plan_run, the lock), or None."""
     from mpt_repro.errors import RunDirError
     from mpt_repro.rundir import busy_message, inspect_run_dir, lock_holder, plan_run
@@ -221,7 +221,7 @@ def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | Non
     if holder is not None:
         return f"error: {busy_message(run_dir, holder)}"
     try:
-        plan_run(inspect_run_dir(run_dir), resume, overwrite)
+        plan_run(inspect_run_dir(run_dir), resume, overwrite, data)
     except RunDirError as e:
         return f"error: {e}"
     return None

@@ -112,7 +112,8 @@ def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
     if lock is not None:
         try:
             lock.acquire()
-            answer = (plan_run(inspect_run_dir(run_dir), cfg.resume, cfg.overwrite), None)
+            state = inspect_run_dir(run_dir)
+            answer = (plan_run(state, cfg.resume, cfg.overwrite, cfg.data), None)
         except Exception as e:  # noqa: BLE001 - handed to every rank, raised below
             error, answer = e, (None, str(e))
     plan, refusal = distributed.broadcast_object(answer)
@@ -130,9 +131,7 @@ def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
 def _run_planned(
     cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool
 ) -> dict[str, Any]:
-    previous = plan.previous
-    if previous and plan.action in ("done", "resume"):
-        _refuse_other_data(previous, cfg, run_dir)
+    previous = plan.previous  # on other data: refused by plan_run
     if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
         return previous
@@ -388,19 +387,6 @@ class _UnwrittenRecord(RunRecord):
 
     def write(self) -> None:
         pass
-
-
-def _refuse_other_data(previous: dict, cfg: DictConfig, run_dir: Path) -> None:
-    """data.root is not part of the run directory's name: a resume must not continue (or accept as
-    done) a run that trained on other data."""
-    old = (previous.get("config") or {}).get("data") or {}
-    for key in ("name", "root", "num_classes"):
-        if key in old and old[key] != cfg.data[key]:
-            raise UserError(
-                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; "
-                "resume=true would mix the two. Use another paths.runs_dir, or overwrite=true to "
-                "start this run afresh there (the earlier files are moved aside)."
-            )
 
 
 def build_callbacks(cfg: DictConfig) -> list:
