@@ -56,12 +56,14 @@ def preflight(argv: list[str]) -> str | None:
         with initialize_config_dir(
             config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
         ):
+            seen: dict[Path, list[str]] = {}
             for job in jobs:
                 try:
                     cfg = compose("config", overrides=job, return_hydra_config=True)
                 except Exception as e:  # noqa: BLE001 - every composition error gets its line
                     return composition_message(e, job)
-                problem = check_job(cfg, job, single=not args.multirun)
+                problem = duplicate(seen, job_dir(cfg, not args.multirun), job)
+                problem = problem or check_job(cfg, job, single=not args.multirun)
                 if problem:
                     return problem
     finally:
@@ -82,7 +84,7 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     """The refusal of one composed job, or None."""
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
 
     from mpt_repro.config import check_overrides_are_read, validate
     from mpt_repro.errors import UserError
@@ -91,11 +93,7 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     if problem:
         return f"error: {problem}"
     task_overrides = list(cfg.hydra.overrides.task)
-    run_dir = Path(
-        str(OmegaConf.select(cfg, "hydra.run.dir"))
-        if single
-        else Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-    )
+    run_dir = job_dir(cfg, single)
     with open_dict(cfg):
         del cfg["hydra"]  # what the job sees: the run's own configuration
     try:
@@ -110,6 +108,27 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     if single:
         return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite), cfg.data)
     return None
+
+
+def job_dir(cfg: Any, single: bool) -> Path:
+    from omegaconf import OmegaConf
+
+    if single:
+        return Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+
+
+def duplicate(seen: dict[Path, list[str]], run_dir: Path, job: list[str]) -> str | None:
+    """A sweep that lists one run twice (seed=0,0): one line, instead of the second job's "did
+    not complete" (it found the first one's directory busy or finished)."""
+    first = seen.setdefault(run_dir.resolve(), job)
+    if first is job:
+        return None
+    shown = " ".join(job) or "(no overrides)"
+    return (
+        f"error: the sweep lists the same run twice ({shown}): both jobs would write "
+        f"{run_dir}. Give each value once (e.g. seed=0,1, not seed=0,0)"
+    )
 
 
 # values that become a folder or file name as they are (the variant folder is escaped instead):

@@ -100,3 +100,14 @@ def test_a_runs_dir_under_home_lands_in_home_not_in_a_folder_named_tilde(tmp_pat
     assert list(cwd.iterdir()) == []
     (record,) = (home / "runs").rglob("run.json")
     assert record.parent.is_relative_to(home / "runs" / "demo")
+
+
+def test_a_sweep_that_lists_one_run_twice_is_refused_as_a_duplicate(tmp_path) -> None:
+    """seed=0,0 said one job "did not complete" (it found the other's directory busy)."""
+    line = _refused("-m", "experiment=demo", "seed=0,0", f"paths.runs_dir={tmp_path}")
+    assert line == (
+        f"the sweep lists the same run twice (experiment=demo seed=0 paths.runs_dir={tmp_path}): "
+        f"both jobs would write {tmp_path}/demo/fp32-paper/seed0. Give each value once (e.g. "
+        "seed=0,1, not seed=0,0)"
+    )
+    assert list(tmp_path.iterdir()) == []
