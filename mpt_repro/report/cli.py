@@ -8,6 +8,7 @@ mpt-report /data/sweep --out /tmp/r --no-plots --tolerance top1=0.3
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -229,7 +230,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         return _refuse(str(e))
     records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
-    special = _special_files(records)
+    special = _special_files(records) or _unknown_tolerances(args.tolerance, records)
     if special:
         return _refuse(special)
     benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
@@ -322,6 +323,29 @@ def _special_files(records: list[Path]) -> str | None:
                 "Remove it (or report on a folder without it), then run mpt-report again"
             )
     return None
+
+
+def _unknown_tolerances(items: list[str], records: list[Path]) -> str | None:
+    """A --tolerance for a metric no run recorded would be ignored in silence (a misspelt
+    `--tolerance top_1=0.3` left top1 at its default)."""
+    asked = [i.partition("=")[0] for i in items if i.partition("=")[0] != "default"]
+    if not asked or not records:
+        return None
+    known: set[str] = set()
+    for path in records:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            known.update(record.get("metrics") or {})
+            known.update(record.get("metrics_detail") or {})
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue  # an unreadable record is reported as such by the report itself
+    unknown = [m for m in asked if m not in known]
+    if not unknown or not known:
+        return None
+    return (
+        f"--tolerance {unknown[0]}=...: no run here recorded a metric {unknown[0]!r} (they "
+        f"recorded: {', '.join(sorted(known))}); give one of those, or default=VALUE for all"
+    )
 
 
 def _refuse(message: str) -> int:
