@@ -223,6 +223,16 @@ def _json_default(obj: Any) -> Any:
     return str(obj)  # paths, enums
 
 
+def missing_files(run_dir: Path, record: Mapping[str, Any]) -> list[str]:
+    """The files a finished run's record goes with that are not in run_dir (a metrics.csv
+    deleted after the run): its result stands in run.json, its curves or items do not."""
+    if record.get("status") not in ("completed", "diverged"):
+        return []
+    # eval_items.npz is not listed: the report already says when a run's items cannot be read
+    names = ["metrics.csv"]
+    return [n for n in names if not (Path(run_dir) / n).is_file()]
+
+
 def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The run record in run_dir (upgraded to this schema), or None when there is none.
 

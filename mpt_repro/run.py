@@ -28,7 +28,7 @@ from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
 from mpt_repro.identity import study_name
-from mpt_repro.record import RunRecord, nonfinite_metrics
+from mpt_repro.record import RunRecord, missing_files, nonfinite_metrics
 from mpt_repro.rundir import (
     Plan,
     RunLock,
@@ -134,6 +134,14 @@ def _run_planned(
     previous = plan.previous  # on other data: refused by plan_run
     if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
+        gone = missing_files(run_dir, previous)
+        if gone:  # "nothing to do" alone hid a record whose curves were deleted
+            log.warning(
+                "%s: the record's files are incomplete: %s missing (its result stands in "
+                "run.json; overwrite=true trains it again to have them)",
+                run_dir,
+                ", ".join(gone),
+            )
         return previous
     fields = _record_fields(cfg, run_dir, device, resuming=plan.action == "resume")
     policy, task = _build(cfg, run_dir, device, plan, main, fields)

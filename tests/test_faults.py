@@ -223,6 +223,26 @@ def test_no_readable_checkpoint_is_one_message_with_the_way_out(copy_of) -> None
     assert rec["status"] == "failed" and "CheckpointError" in rec["reason"]
 
 
+def test_a_completed_run_without_its_metrics_csv_says_which_files_are_missing(
+    copy_of, tmp_path, capsys
+) -> None:
+    """resume=true said only "nothing to do" and the report was silent (issue 34)."""
+    from mpt_repro.report import cli as report
+
+    (copy_of / "metrics.csv").unlink()
+    before = read_run(copy_of)
+    proc = run_cli(*SMOKE, "resume=true", run_dir=copy_of)
+    assert (
+        f"{copy_of}: the record's files are incomplete: metrics.csv missing (its result stands "
+        "in run.json; overwrite=true trains it again to have them)"
+    ) in proc.stdout + proc.stderr
+    assert read_run(copy_of) == before
+    out = tmp_path / "report"
+    assert report.main([str(copy_of), "--out", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert "its record's files are incomplete: metrics.csv missing" in text
+
+
 class _Planted:
     """What a crafted checkpoint holds: a full unpickle calls os.system (issue 34)."""
 

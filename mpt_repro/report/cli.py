@@ -99,9 +99,9 @@ HEADINGS = {
     ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": (
-        "Completed with non-finite metrics, without one applied step, or with more than "
-        f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped (in the tables: check "
-        "them)",
+        "Completed with non-finite metrics, without one applied step, with more than "
+        f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped, or with files of its "
+        "record missing (in the tables: check them)",
         True,
     ),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
