@@ -100,8 +100,11 @@ def _umask() -> int:
     [
         ((), ["already holds a completed run", "resume=true", "overwrite=true"]),
         # the issue's case: a mistyped data.root used to delete the finished run before the data
-        # was even opened
-        (("data=imagenet", "data.root=/no/such/imagenet"), ["already holds a completed run"]),
+        # was even opened; other data in a folder that holds a run: another folder (issue 34)
+        (
+            ("data=imagenet", "data.root=/no/such/imagenet"),
+            ["holds a run with data.name='digits', not 'imagenet'", "paths.runs_dir=DIR"],
+        ),
         (("optim.lr=-1",), ["optim.lr must be > 0"]),
         (("model.hidden_size=999",), ["model.hidden_size", "digits_cnn"]),
         (("+optim.lrr=0.1",), ["unknown key 'optim.lrr'", "did you mean optim.lr?"]),
