@@ -24,6 +24,7 @@ the question) the verdict is "no verdict: <why>; <what would give one>".
 
 from __future__ import annotations
 
+import inspect
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -143,54 +144,48 @@ def evaluation_evidence(
     table = np.stack([run.columns[c] for run in loaded for c in columns], axis=1).astype(float)
     width = len(columns)
 
-    def statistic(sums: np.ndarray) -> np.ndarray:
+    def statistic(index: np.ndarray, axis: int = -1) -> np.ndarray:
+        sums = _item_counts(np.atleast_2d(index), items) @ table
         values = [
             formula.value({c: sums[:, r * width + j] for j, c in enumerate(columns)})
             for r in range(len(loaded))
         ]
-        return np.mean([values[i] - values[i + 1] for i in range(0, len(values), 2)], axis=0)
+        diff = np.mean([values[i] - values[i + 1] for i in range(0, len(values), 2)], axis=0)
+        return diff if index.ndim > 1 else diff[0]  # scipy also asks for the sample's own
 
-    se = bootstrap_se(items, table, statistic, settings)
+    se = bootstrap_se(np.arange(items), statistic, settings)
     if not math.isfinite(se):
         return EvalEvidence(items, unit, problem="the resampled metric was undefined")
     return EvalEvidence(items, unit, se, None)
 
 
-# Resampling draws with every batch held as item counts: up to this many counts are kept
-# between comparisons (all of a report's comparisons over one evaluation set share the draw)
-_KEPT_COUNTS = 8_000_000
+def _item_counts(drawn: np.ndarray, items: int) -> np.ndarray:
+    """Resamples of item indices (one per row) as how often each drew each item: a resample's
+    column sums are then one matrix product, whatever the number of runs and columns."""
+    offsets = np.arange(len(drawn))[:, None] * items
+    counts = np.bincount((drawn + offsets).ravel(), minlength=drawn.size)
+    return counts.reshape(drawn.shape).astype(np.float64)  # float: the product runs in BLAS
 
 
-def bootstrap_se(items: int, table: np.ndarray, statistic: Any, settings: Settings) -> float:
-    """The standard error (SD, ddof 1, as scipy.stats.bootstrap reports it) of
-    statistic(resampled column sums) over settings.resamples resamples of the `items` rows of
-    `table`, drawn with replacement from a fixed seed. A resample is held as how often it drew
-    each item, so its sums are a matrix product, whatever the number of runs and columns."""
-    values = [statistic(counts @ table) for counts in _resample_counts(items, settings)]
-    return float(np.std(np.concatenate(values), ddof=1))
+def bootstrap_se(index: np.ndarray, statistic: Any, settings: Settings) -> float:
+    """The standard error of statistic(resampled index) over settings.resamples resamples
+    (scipy.stats.bootstrap; percentile method, whose standard error is that of the bootstrap
+    distribution), from a fixed seed."""
+    from scipy.stats import bootstrap
 
-
-def _resample_counts(items: int, settings: Settings) -> Any:
-    key = (items, settings.resamples, settings.bootstrap_seed)
-    if items * settings.resamples <= _KEPT_COUNTS:
-        return _kept_counts(*key)
-    return _draw_counts(*key)
-
-
-@lru_cache(maxsize=4)
-def _kept_counts(items: int, resamples: int, seed: int) -> tuple[np.ndarray, ...]:
-    return tuple(_draw_counts(items, resamples, seed))
-
-
-def _draw_counts(items: int, resamples: int, seed: int) -> Any:
-    """Batches of resamples (rows) as counts per item, ~2M draws a batch."""
-    rng = np.random.default_rng(seed)
-    rows = max(1, 2_000_000 // items)
-    for start in range(0, resamples, rows):
-        drawn = rng.integers(0, items, (min(rows, resamples - start), items))
-        offsets = np.arange(len(drawn))[:, None] * items
-        counts = np.bincount((drawn + offsets).ravel(), minlength=drawn.size)
-        yield counts.reshape(drawn.shape).astype(np.float64)  # for BLAS
+    seeded = np.random.default_rng(settings.bootstrap_seed)
+    # scipy 1.15 renamed random_state to rng
+    rng = {"rng": seeded} if "rng" in inspect.signature(bootstrap).parameters else {}
+    found = bootstrap(
+        (index,),
+        statistic,
+        n_resamples=settings.resamples,
+        vectorized=True,
+        method="percentile",
+        batch=max(1, 2_000_000 // max(len(index), 1)),  # at most ~2M indices in memory at once
+        **(rng or {"random_state": seeded}),
+    )
+    return float(found.standard_error)
 
 
 @dataclass(frozen=True)
