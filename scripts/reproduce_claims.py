@@ -29,6 +29,8 @@ from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
+import pandas as pd
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -96,7 +98,7 @@ def run_sweeps(plan: dict[tuple, set[int]], runs_dir: Path, dry_run: bool) -> li
     return done
 
 
-def page(table: Table, done: list[tuple], total: float, argv: list[str]) -> str:
+def page(table: Table, done: list[tuple], total: float, trained: float, argv: list[str]) -> str:
     """docs/claims.md: the table, and when, where and how it was made."""
     when = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     machine = f"{platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
@@ -115,7 +117,10 @@ def page(table: Table, done: list[tuple], total: float, argv: list[str]) -> str:
         f"- made: {when}, on {machine}, torch {torch.__version__}",
         f"- commit: {git_commit() or 'unknown'}",
         f"- command: `{shlex.join(['scripts/reproduce_claims.py', *argv])}`",
-        f"- wall time: {total / 60:.1f} min in all (each run with one thread); per sweep below",
+        f"- training: {trained / 60:.1f} min, the sum of every run's own wall time (each run "
+        "with one thread)",
+        f"- this invocation: {total / 60:.1f} min (runs already in the runs folder are reused, "
+        "resume=true: their time is in the line above only); per sweep below",
         "",
         markdown(table),
         "## The sweeps",
@@ -169,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
     (args.out / "claims.md").write_text(markdown(table))
     total = time.perf_counter() - start
     if args.docs:
-        args.docs.write_text(page(table, done, total, argv))
+        walls = runs["wall_time_s"] if "wall_time_s" in runs else pd.Series(dtype=float)
+        trained = float(pd.to_numeric(walls, errors="coerce").sum())
+        args.docs.write_text(page(table, done, total, trained, argv))
     counts = frame["Verdict"].value_counts().to_dict()
     print(f"reproduce-claims: {len(frame)} claims, {counts}; {args.out / 'claims.md'}")
     return 0

@@ -16,7 +16,6 @@ import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 
-from mpt_repro.advise import advice_section
 from mpt_repro.claims import claims_table
 from mpt_repro.evidence import DROPPED_WARN_SHARE
 from mpt_repro.record import current_umask
@@ -181,8 +180,11 @@ def build_report(
         # tables (telemetry changes nothing trained), but it is the one that holds histograms
         duplicates = [p.path for p in problems if p.status == "duplicate"]
         figures = out / "advice" if plots else None
-        paths = [*runs["path"], *duplicates]
-        text.append(advice_section(paths, figures_dir=figures, relative_to=out))
+        paths = [p for p in (*runs["path"], *duplicates) if any(Path(p).glob("*.jsonl"))]
+        if paths:  # mpt-advise imports torch: only once a run has telemetry records to read
+            from mpt_repro.advise import advice_section
+
+            text.append(advice_section(paths, figures_dir=figures, relative_to=out))
     if images:
         text += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     report = "\n".join(text)
