@@ -584,14 +584,30 @@ def loss_scaling_text(cfg: DictConfig) -> str:
     return kind
 
 
+def skip_ending(cfg: DictConfig) -> str:
+    """What ends a run whose steps are all skipped (precision.floor_patience): a loss scaler at
+    its floor, or, without one, the FP16-state guard (FP16 weights updated without a master)."""
+    if resolved_loss_scaling(cfg) in ("adaptive", "dynamic", "static"):
+        return "a loss scaler"
+    p = cfg.precision
+    guarded = (
+        option_name(p.weights) == "low_precision"
+        and not p.master_weights
+        and option_name(p.compute_dtype) == "float16"
+    )
+    return "an FP16 state guard" if guarded else "neither"
+
+
 # kinds that are not a config key of their own (schema.read_when selectors)
 SELECTORS: dict[str, Any] = {
     "loss_scaling": resolved_loss_scaling,
+    "skip_ending": skip_ending,
     "telemetry.enabled": lambda cfg: str(bool(cfg.telemetry.enabled)).lower(),
 }
 # what a message calls a selector, when its key alone would not say it
 SELECTOR_WORDS = {
     "loss_scaling": "the loss scaling (precision.loss_scaling, with paper resolved)",
+    "skip_ending": "what ends a run whose every step is skipped",
     "task": "the task",
     "data.name": "the data set",
 }

@@ -341,3 +341,14 @@ def test_preset_fp16_that_can_apply_no_step_ends_as_diverged_with_the_reason(tmp
         "without a loss scaler, nothing changes from one to the next; last non-finite update in "
         "layer '0.0.weight'"
     )
+
+
+def test_floor_patience_is_read_by_the_guard_of_preset_fp16_and_refused_without_one() -> None:
+    from mpt_repro.preflight import preflight
+
+    assert preflight(["experiment=demo", "precision=fp16", "precision.floor_patience=5"]) is None
+    refused = preflight(["experiment=demo", "precision=bf16", "precision.floor_patience=5"])
+    assert refused.startswith("error: precision.floor_patience would change nothing in this run")
+    assert "a loss scaler or an FP16 state guard, and this run (experiment=demo) has neither" in (
+        refused
+    )
