@@ -56,7 +56,7 @@ def preflight(argv: list[str]) -> str | None:
         with initialize_config_dir(
             config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
         ):
-            seen: dict[Path, list[str]] = {}
+            seen: dict[tuple, list[str]] = {}
             for job in jobs:
                 try:
                     cfg = compose("config", overrides=job, return_hydra_config=True)
@@ -118,10 +118,17 @@ def job_dir(cfg: Any, single: bool) -> Path:
     return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
 
 
-def duplicate(seen: dict[Path, list[str]], run_dir: Path, job: list[str]) -> str | None:
-    """A sweep that lists one run twice (seed=0,0): one line, instead of the second job's "did
-    not complete" (it found the first one's directory busy or finished)."""
-    first = seen.setdefault(run_dir.resolve(), job)
+def duplicate(seen: dict[tuple, list[str]], run_dir: Path, job: list[str]) -> str | None:
+    """A sweep that lists one run twice (seed=0,0, or optim.lr=0.1,1e-1): one line, instead of
+    the second job's "did not complete" (it found the first one's directory busy or finished).
+    Jobs that differ but share a folder (data.root is not part of its name) are left to the
+    run's own refusal, which names the differing data."""
+    from mpt_repro.identity import parse_overrides, render_value
+
+    same = tuple(
+        sorted(f"{o.key_or_group}={render_value(o.value())}" for o in parse_overrides(job))
+    )
+    first = seen.setdefault((run_dir.resolve(), same), job)
     if first is job:
         return None
     shown = " ".join(job) or "(no overrides)"

@@ -111,3 +111,11 @@ def test_a_sweep_that_lists_one_run_twice_is_refused_as_a_duplicate(tmp_path) ->
         "seed=0,1, not seed=0,0)"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_one_value_spelled_twice_is_a_duplicate_other_data_is_not(tmp_path) -> None:
+    runs = f"paths.runs_dir={tmp_path}"
+    twice = preflight(["-m", "experiment=demo", "optim.lr=0.1,1e-1", runs])
+    assert twice.startswith("error: the sweep lists the same run twice (experiment=demo ")
+    # data.root is not part of a folder's name: the run itself names the other data
+    assert preflight(["-m", "experiment=speech", "data.root=/a,/b", runs]) is None
