@@ -253,6 +253,13 @@ def main() -> None:
     if "--version" in argv:  # Hydra's own --version would print Hydra's version
         print(f"{PROG} (mpt-repro) {version()}")
         return
+    if "--help" in argv or "-h" in argv:  # ours: the groups a user picks, in a second
+        from mpt_repro.usage import short_help
+
+        print(short_help(), end="")
+        return
+    if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
+        argv = ["--help" if a == "--help-all" else a for a in argv]
     # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
     argv = sys.argv[1:] = expand_home(argv)
     problem = syntax_problem(argv) or check_command_line(argv)

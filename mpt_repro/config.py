@@ -78,7 +78,7 @@ class OptimConfig:
     another is refused."""
 
     name: str = "sgd"  # sgd | adam | adamw | adagrad | rmsprop | rmsprop_tf
-    lr: float = 0.1
+    lr: float = 0.1  # the base learning rate, before lr_scaling, warm-up and the schedule
     momentum: float = field(default=0.9, metadata=read_when("optim.name", *_MOMENTUM))
     nesterov: bool = field(default=False, metadata=read_when("optim.name", "sgd"))
     weight_decay: float = 0.0
@@ -143,7 +143,7 @@ class OptimConfig:
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
-    epochs: int = 1
+    epochs: int = 1  # passes over the training data (the experiment and budget set it)
     max_steps: int | None = None  # stop after this many iterations (budgets)
     log_every: int = 10
     eval_every: int | None = None  # iterations; null: at the end of each epoch
@@ -187,7 +187,7 @@ class DistributedConfig:
 
 @dataclass
 class PathsConfig:
-    runs_dir: str = "results/runs"
+    runs_dir: str = "results/runs"  # runs land in <runs_dir>/<experiment>/<precision>-<budget>/...
 
 
 @dataclass
@@ -196,7 +196,7 @@ class Config:
     task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
     # the recipe behind the run (conf/recipe: public | nvcaffe), recorded in run.json's config
     recipe: str = "public"
-    seed: int = 0
+    seed: int = 0  # the replicate: initial weights, data order, augmentation (runs pair by it)
     resume: bool = False  # continue the run in its directory from its last checkpoint
     overwrite: bool = False  # train again over a finished run (its files are moved aside first)
     # the paper's static loss scale for this experiment (null: none stated); read only by the

@@ -339,8 +339,10 @@ AUGMENTATIONS = ("none", "caffe", "torchvision", "inception", "ssd", "flip", "ci
 @dataclass
 class DataSchema:
     name: str = MISSING
+    # the data set's folder, in its standard layout (README.md, "Data"); null for data that
+    # ships with the project (digits, the embedded corpora) or is made up (synthetic)
     root: str | None = field(default=None, metadata=read_when("data.name", *ROOTED))
-    batch_size: int = 64
+    batch_size: int = 64  # one micro-batch of one process (trainer.accumulate, distributed.*)
     eval_batch_size: int | None = None  # null: same as batch_size
     train_limit: int | None = None  # use only the first N training examples (budgets)
     eval_limit: int | None = None

@@ -61,7 +61,7 @@ def main() -> int:
             return 1
         rows.append(json.loads(max(found, key=lambda p: p.stat().st_mtime).read_text()))
     print()
-    print(format_table(rows))
+    print(format_table(rows, args))
     print(
         f"\nrun records: {args.runs_dir}/demo/<precision>-{args.budget}/seed<N>/.../run.json"
         f"   curves: tensorboard --logdir {args.runs_dir}/demo"
@@ -69,7 +69,7 @@ def main() -> int:
     return 0
 
 
-def format_table(records: list[dict]) -> str:
+def format_table(records: list[dict], args: argparse.Namespace) -> str:
     fp32 = next((r for r in records if r["precision"] == "fp32"), None)
     header = [
         "precision",
@@ -110,11 +110,16 @@ def format_table(records: list[dict]) -> str:
         "validation images), "
         f"device={first['device']['type']}"
     )
+    # resume=true: the seed-0 runs this demo just made are left alone ("nothing to do"), so the
+    # sweep runs as printed and adds seeds 1 and 2 beside them
+    where = "" if args.runs_dir == "results/runs" else f" paths.runs_dir={args.runs_dir}"
+    where += "".join(f" {o}" for o in args.overrides)
     lines.append(
         "One seed per preset: a difference this small can be noise. For the difference with its "
         "95% confidence interval and a verdict, run seeds and report them:\n"
-        "  mpt-run -m experiment=demo precision=fp32,amp,mixed budget=short seed=0,1,2\n"
-        "  mpt-report results/runs"
+        f"  mpt-run -m experiment=demo precision={args.precisions} budget={args.budget} "
+        f"seed=0,1,2 resume=true{where}\n"
+        f"  mpt-report {args.runs_dir}"
     )
     return "\n".join(lines)
 

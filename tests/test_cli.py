@@ -43,12 +43,29 @@ def test_version_is_mpt_repros() -> None:
     assert "torch imported: False" in proc.stdout
 
 
-def test_help_is_mpt_runs_and_needs_no_torch() -> None:
+def test_help_is_short_names_what_a_user_picks_and_needs_no_torch() -> None:
+    """The groups a user chooses, each option with its file's first sentence and the default
+    marked; the common keys with their defaults and their schema comments; no internal group."""
     proc = _cli("--help")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.startswith("mpt-run (mpt-repro):")
-    assert "precision: adaptive, amp" in proc.stdout and "overwrite=true" in proc.stdout
-    assert "powered by Hydra" not in proc.stdout
+    text = proc.stdout
+    assert text.startswith("mpt-run (mpt-repro):") and "overwrite=true" in text
+    lines = text.splitlines()
+    assert len(lines) < 120 and max(len(line) for line in lines) <= 100
+    assert "experiment_budget" not in text and "schema/" not in text and "_base" not in text
+    # an option: its name, then the first sentence of conf/precision/mixed.yaml's comment
+    assert "\n  mixed                  The paper's recipe, literally (paper §3, apex O2)" in text
+    assert " *fp32 " in text and " *demo " in text and " *paper " in text  # config.yaml defaults
+    assert "  optim.lr [0.1]         the base learning rate" in text  # config.py's comment
+    assert "  data.root [null]       the data set's folder" in text  # schema.py's comment
+    assert "mpt-run --help-all" in text and "powered by Hydra" not in text
+    assert "torch imported: False" in proc.stdout
+
+
+def test_help_all_is_hydras_whole_list() -> None:
+    proc = _cli("--help-all")
+    assert proc.returncode == 0, proc.stderr
+    assert "precision: adaptive, amp" in proc.stdout and "experiment_budget:" in proc.stdout
     assert "torch imported: False" in proc.stdout
 
 

@@ -64,7 +64,8 @@ def test_the_wheel_runs_the_demo_from_outside_the_repository(tmp_path: Path) -> 
     assert where.stdout.startswith(str(venv))
     mpt_run = str(venv / "bin" / "mpt-run")
     assert "mpt-repro" in _run(mpt_run, "--version", cwd=cwd, env=env).stdout
-    assert "precision: adaptive, amp" in _run(mpt_run, "--help", cwd=cwd, env=env).stdout
+    assert " *fp32 " in _run(mpt_run, "--help", cwd=cwd, env=env).stdout  # conf/ from the wheel
+    assert "precision: adaptive, amp" in _run(mpt_run, "--help-all", cwd=cwd, env=env).stdout
     advise_help = _run(str(venv / "bin" / "mpt-advise"), "--help", cwd=cwd, env=env).stdout
     assert "RUN_DIR | KEY=VALUE" in advise_help
     _run(mpt_run, "experiment=demo", "budget=smoke", "trainer.progress=false", cwd=cwd, env=env)

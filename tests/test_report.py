@@ -853,6 +853,52 @@ def test_curves_mean_with_band_one_style_per_preset():
     assert legend == ["fp32 (mean of 2, min-max band)", "mixed", "mixed diverged"]
 
 
+def test_equal_loss_scale_traces_are_both_drawn_and_named():
+    """fp32 and no_scaling both stay at 1, amp and mixed halve alike: the second of each pair is
+    drawn wider beneath the first and its legend entry says whose trace it equals."""
+    from mpt_repro.report.plots import GroupCurves, loss_scale_figure, preset_styles
+
+    def frames(scales):
+        return [pd.DataFrame({"step": [2, 4, 6], "split": "train", "loss_scale": scales})]
+
+    curves = GroupCurves(train={
+        "fp32": frames([1.0, 1.0, 1.0]), "amp": frames([65536.0, 32768.0, 32768.0]),
+        "mixed": frames([65536.0, 32768.0, 32768.0]), "no_scaling": frames([1.0, 1.0, 1.0]),
+    })  # fmt: skip
+    fig = loss_scale_figure(curves, preset_styles(list(curves.train)), "t")
+    lines = {line.get_label(): line for line in fig.axes[0].get_lines()}
+    assert set(lines) == {"fp32", "amp", "mixed (same trace as amp)",
+                          "no_scaling (same trace as fp32)"}  # fmt: skip
+    assert lines["no_scaling (same trace as fp32)"].get_linewidth() > lines["fp32"].get_linewidth()
+    assert lines["mixed (same trace as amp)"].get_zorder() < lines["amp"].get_zorder()
+
+
+def test_the_delta_panel_spans_the_tolerance():
+    """Differences a thousandth of the tolerance: the Δ panel shows ±tolerance as dashed lines and
+    spans them, and the metric panel spans at least twice the tolerance, so neither makes noise
+    look large (a perplexity axis from 63.9304 to 63.9318 once did)."""
+    from mpt_repro.report.compare import Delta
+    from mpt_repro.report.plots import curves_figure
+
+    def evals(values):
+        return {s: pd.DataFrame({"step": [10], "split": "eval", "perplexity": [v]})
+                for s, v in enumerate(values)}  # fmt: skip
+
+    by_seed = {"fp32": evals([63.9304, 63.9310, 63.9312]),
+               "mixed": evals([63.9306, 63.9318, 63.9309])}  # fmt: skip
+    train = {p: _band_frames([[3.0, 2.0, 1.0]]) for p in by_seed}
+    delta = Delta("mixed", "perplexity", False, 3, 0.0002, -0.001, 0.0014, 1.28, 0, 3,
+                  "matches FP32 (CI within ±1.28)")  # fmt: skip
+    fig = curves_figure(train, {p: list(f.values()) for p, f in by_seed.items()}, {},
+                        "perplexity", "t", by_seed, deltas={"mixed": delta})  # fmt: skip
+    middle, right = fig.axes[1], fig.axes[2]
+    low, high = right.get_ylim()
+    assert low <= -1.28 and high >= 1.28
+    assert "tolerance ±1.28" in [t.get_text() for t in right.get_legend().get_texts()]
+    low, high = middle.get_ylim()
+    assert high - low >= 2 * 1.28
+
+
 def test_plain_tick_labels_and_one_point_panels():
     from mpt_repro.report.plots import curves_figure
 

@@ -428,6 +428,27 @@ def test_a_run_that_skipped_every_step_is_flagged_and_gets_no_verdict(results, t
     }
     problems = pd.read_csv(out / "problems.csv")
     assert (problems["reason"].str.contains("all 6 optimizer steps were skipped")).sum() == 2
+    # and the plots say it where the variant's curves are drawn (its group, from the records)
+    from mpt_repro.report.collect import load_runs
+    from mpt_repro.report.plots import (
+        NO_STEP_NOTE,
+        curves_figure,
+        group_curves,
+        loss_scale_figure,
+        preset_styles,
+    )
+
+    frame, _ = load_runs(copy)
+    group = frame[frame["comparison"] == frame[frame["untrained"] == True]["comparison"].iloc[0]]  # noqa: E712
+    curves = group_curves(group, [])
+    assert list(curves.notes.values()) == [NO_STEP_NOTE]
+    fig = curves_figure(curves.train, curves.evals, {}, "top1", "t", notes=curves.notes)
+    for ax in fig.axes[:2]:
+        labels = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert sum(NO_STEP_NOTE in label for label in labels) == 1, labels
+    fig = loss_scale_figure(curves, preset_styles(list(curves.train)), "t")
+    labels = [t.get_text() for t in fig.axes[0].get_legend().get_texts()]
+    assert sum(NO_STEP_NOTE in label for label in labels) == 1, labels
 
 
 def test_a_seed_that_ended_with_a_non_finite_metric_makes_the_verdict_worse(results, tmp_path):

@@ -15,23 +15,14 @@ import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from mpt_repro.claims import claims_table
 from mpt_repro.evidence import DROPPED_WARN_SHARE
-from mpt_repro.record import current_umask
-from mpt_repro.report.aggregate import aggregate
-from mpt_repro.report.bench import bench_tables
-from mpt_repro.report.collect import Problem, load_runs, problems_frame
-from mpt_repro.report.compare import (
-    Settings,
-    default_settings,
-    deltas_frame,
-    group_deltas,
-    with_tolerances,
-)
-from mpt_repro.report.plots import cost_plots, experiment_plots
-from mpt_repro.report.render import markdown, write_table
-from mpt_repro.report.tables import Table, all_tables
+
+if TYPE_CHECKING:
+    from mpt_repro.report.collect import Problem
+    from mpt_repro.report.compare import Settings
+    from mpt_repro.report.tables import Table
 
 
 def parse_args(argv):
@@ -146,6 +137,16 @@ def build_report(
     settings: Settings | None = None,
 ) -> tuple[str, list[Table], list[Problem]]:
     """Read, aggregate, write every output; return the Markdown text, the tables, the problems."""
+    # pandas, scipy and matplotlib load here, not with the module: `mpt-report --help` is quick
+    from mpt_repro.claims import claims_table
+    from mpt_repro.report.aggregate import aggregate
+    from mpt_repro.report.bench import bench_tables
+    from mpt_repro.report.collect import load_runs, problems_frame
+    from mpt_repro.report.compare import default_settings, group_deltas
+    from mpt_repro.report.plots import cost_plots, experiment_plots
+    from mpt_repro.report.render import markdown, write_table
+    from mpt_repro.report.tables import all_tables
+
     settings = settings or default_settings()
     runs, problems = load_runs(results_dir)
     agg = aggregate(runs)
@@ -175,16 +176,7 @@ def build_report(
     text += ["## Tables", ""] + [markdown(t) for t in tables]
     text.append(problems_section(problems))
     if not runs.empty:
-        # mpt-advise's reading of every run that recorded gradient histograms (telemetry),
-        # duplicates included: a telemetry run of a sweep's configuration is counted once in the
-        # tables (telemetry changes nothing trained), but it is the one that holds histograms
-        duplicates = [p.path for p in problems if p.status == "duplicate"]
-        figures = out / "advice" if plots else None
-        paths = [p for p in (*runs["path"], *duplicates) if any(Path(p).glob("*.jsonl"))]
-        if paths:  # mpt-advise imports torch: only once a run has telemetry records to read
-            from mpt_repro.advise import advice_section
-
-            text.append(advice_section(paths, figures_dir=figures, relative_to=out))
+        text += _advice(runs, problems, out, plots)
     if images:
         text += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     report = "\n".join(text)
@@ -192,10 +184,26 @@ def build_report(
     return report, tables, problems
 
 
+def _advice(runs, problems: list[Problem], out: Path, plots: bool) -> list[str]:
+    """mpt-advise's reading of every run that recorded gradient histograms (telemetry),
+    duplicates included: a telemetry run of a sweep's configuration is counted once in the
+    tables (telemetry changes nothing trained), but it is the one that holds histograms."""
+    duplicates = [p.path for p in problems if p.status == "duplicate"]
+    figures = out / "advice" if plots else None
+    paths = [p for p in (*runs["path"], *duplicates) if any(Path(p).glob("*.jsonl"))]
+    if not paths:  # mpt-advise imports torch: only once a run has telemetry records to read
+        return []
+    from mpt_repro.advise import advice_section
+
+    return [advice_section(paths, figures_dir=figures, relative_to=out)]
+
+
 def write_raw(out: Path, runs, agg, settings: Settings, deltas=None) -> None:
     """The raw material, for anyone who wants other tables: one row per run (a diverged run's
     metric columns are empty: its `outcome` says what happened), one per group and preset, one
     per paired difference."""
+    from mpt_repro.report.compare import deltas_frame
+
     hidden = ["precision_config", "metrics_detail", "comparison_config", "preset_config"]
     hidden.append("evaluation")  # its count and unit are columns of their own
     runs.drop(columns=hidden, errors="ignore").to_csv(out / "runs.csv", index=False)
@@ -227,6 +235,8 @@ def main(argv=None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     bench_dir = beside(args.results_dir, "bench") if args.bench is None else args.bench
     out = beside(args.results_dir, "report") if args.out is None else args.out
+    from mpt_repro.report.compare import default_settings, with_tolerances
+
     try:
         settings = with_tolerances(default_settings(), args.tolerance)
     except ValueError as e:
@@ -293,6 +303,8 @@ def write_atomically(out: Path, build) -> str:
     while it is built leaves the previous one as it was (and a hidden `.<name>.new-*` folder that
     the next report removes), never new tables beside an old report.md. The swap is two renames
     in one folder; the previous report is then deleted (it is this command's own output)."""
+    from mpt_repro.record import current_umask
+
     parent, name = out.parent, out.name
     for stale in parent.glob(f".{name}.new-*"):  # a report killed before its swap
         shutil.rmtree(stale, ignore_errors=True)

@@ -117,9 +117,14 @@ def draw_line(ax, band: pd.DataFrame, style: dict, label: str) -> None:
 
 
 def plot_presets(
-    ax, curves: dict[str, list[pd.DataFrame]], column: str, styles: dict[str, dict]
+    ax,
+    curves: dict[str, list[pd.DataFrame]],
+    column: str,
+    styles: dict[str, dict],
+    notes: dict[str, str] | None = None,
 ) -> bool:
-    """The mean over seeds per preset with its min-max band; True if anything was drawn."""
+    """The mean over seeds per preset with its min-max band; True if anything was drawn.
+    notes: {preset: what its legend entry must also say} (a run that applied no step)."""
     drew = False
     steps: set[float] = set()
     for preset, frames in curves.items():
@@ -129,6 +134,7 @@ def plot_presets(
         style = styles[preset]
         n_seeds = len(frames)
         label = preset if n_seeds == 1 else f"{preset} (mean of {n_seeds}, min-max band)"
+        label += f" [{notes[preset]}]" if notes and preset in notes else ""
         draw_line(ax, band, style, label)
         if n_seeds > 1 and (band["max"] > band["min"]).any():
             ax.fill_between(band["step"], band["min"], band["max"], color=style["color"], alpha=0.2)
@@ -228,6 +234,25 @@ def paired_band(
     return stats
 
 
+def show_tolerance(ax, tolerance: float) -> None:
+    """The tolerance as dashed lines at ±tolerance, inside the axis: a difference far inside
+    it then looks small, whatever the matplotlib autoscale would have made of it."""
+    for sign in (1, -1):
+        ax.axhline(sign * tolerance, color="grey", linestyle="--", linewidth=0.8,
+                   label=f"tolerance ±{tolerance:.4g}" if sign > 0 else None)  # fmt: skip
+    low, high = ax.get_ylim()
+    ax.set_ylim(min(low, -1.15 * tolerance), max(high, 1.15 * tolerance))
+
+
+def min_span(ax, span: float) -> None:
+    """At least `span` of the y axis around the data's middle: a perplexity axis from 63.9304 to
+    63.9318 makes a difference a thousandth of the tolerance look large."""
+    low, high = ax.get_ylim()
+    if high - low < span:
+        middle = (low + high) / 2
+        ax.set_ylim(middle - span / 2, middle + span / 2)
+
+
 def short_verdict(text: str) -> str:
     """The verdict's first clause, for a legend: `no verdict`, `worse`, `matches FP32 (...)`."""
     return text.split(":")[0].split(";")[0]
@@ -278,20 +303,27 @@ def curves_figure(
     reference: str = "fp32",
     level: float = 0.95,
     deltas: dict | None = None,
+    notes: dict[str, str] | None = None,
 ):
     """Train loss, the eval metric, and the eval metric's paired difference to the reference
-    preset, per preset (keys in display order; `deltas`: the group's {preset: compare.Delta})."""
+    preset, per preset (keys in display order; `deltas`: the group's {preset: compare.Delta};
+    `notes`: {preset: what its legend entries must also say})."""
     styles = preset_styles(list(train))
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
-    drew_loss = plot_presets(left, train, "loss", styles)
+    drew_loss = plot_presets(left, train, "loss", styles, notes)
     mark_divergence(left, diverged, styles)
     left.set(title="train loss", xlabel="step", ylabel="loss")
     # the eval metric; a task that logs it only on train rows (GAN losses) is drawn from those
-    drew_metric = plot_presets(middle, evals, metric, styles) or plot_presets(
-        middle, train, metric, styles
+    drew_metric = plot_presets(middle, evals, metric, styles, notes) or plot_presets(
+        middle, train, metric, styles, notes
     )
     middle.set(title=metric, xlabel="step")
     plot_deltas(right, by_seed or {}, reference, metric, styles, level, diverged, deltas)
+    tolerance = next((d.tolerance for d in (deltas or {}).values() if d.tolerance), None)
+    if tolerance and right.lines:
+        show_tolerance(right, tolerance)
+    if tolerance and drew_metric and metric not in PERCENT_METRICS:
+        min_span(middle, 2 * tolerance)
     ended = "every run diverged before it" if diverged and len(diverged) == len(train) else "none"
     if not drew_loss:
         left.text(
@@ -350,6 +382,9 @@ def train_perplexity_figure(
     return fig
 
 
+NO_STEP_NOTE = "no optimizer step applied: untrained"
+
+
 def _until(frame: pd.DataFrame, step) -> pd.DataFrame:
     """A diverged run's rows before the step it diverged at: nothing after it is a result."""
     return frame if step is None or step != step else frame[frame["step"] < int(step)]
@@ -364,6 +399,9 @@ class GroupCurves:
     evals: dict[str, list[pd.DataFrame]] = field(default_factory=dict)
     by_seed: dict[str, dict[int, pd.DataFrame]] = field(default_factory=dict)
     diverged: dict[str, list[int]] = field(default_factory=dict)
+    # {preset: what its curves must say}: a run that applied no optimizer step drew a curve of
+    # its initial weights, not of training
+    notes: dict[str, str] = field(default_factory=dict)
 
 
 def group_curves(part: pd.DataFrame, problems: list[Problem]) -> GroupCurves:
@@ -383,6 +421,8 @@ def group_curves(part: pd.DataFrame, problems: list[Problem]) -> GroupCurves:
         found.by_seed.setdefault(preset, {})[int(run["seed"])] = frame[frame["split"] == "eval"]
         if step is not None and step == step:
             found.diverged.setdefault(preset, []).append(int(step))
+        if isinstance(run.get("untrained"), (bool, np.bool_)) and run["untrained"]:
+            found.notes[preset] = NO_STEP_NOTE
     order = preset_order(found.train, part)
     found.train = {p: found.train[p] for p in order}
     found.evals = {p: found.evals[p] for p in order}
@@ -427,6 +467,7 @@ def experiment_plots(
             reference,
             level,
             (deltas or {}).get(tuple(part.iloc[0][k] for k in PAIR_KEYS)),
+            curves.notes,
         )
         written.append(_save(fig, folder / f"{stem}_curves.png"))
         task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
@@ -436,18 +477,38 @@ def experiment_plots(
             )
             written.append(_save(fig, folder / f"{stem}_train_perplexity.png"))
 
-        fig, ax = plt.subplots(figsize=(6, 4))
-        if plot_presets(ax, curves.train, "loss_scale", styles):
-            # a scale is a power of two: a log2 axis shows each halving as one step
-            ax.set_yscale("log", base=2)
-            legend(ax)
-        integer_steps(ax)
-        # the setting names the group's keys: wrapped to the figure's width, not clipped
-        title = textwrap.fill(f"loss scale — {setting}", 70)
-        ax.set(title=title, xlabel="step", ylabel="loss scale")
-        ax.title.set_fontsize("small")
+        fig = loss_scale_figure(curves, styles, setting)
         written.append(_save(fig, folder / f"{stem}_loss_scale.png"))
     return written, problems
+
+
+def loss_scale_figure(curves: GroupCurves, styles: dict[str, dict], setting: str):
+    """The loss-scale trace per preset (log2 axis: each halving is one step). Presets often share
+    a trace (fp32 and no_scaling stay at 1, amp and mixed halve alike): a trace equal to earlier
+    ones is drawn wider beneath them and says whose it equals, so no preset disappears."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    drawn: list[tuple[str, pd.DataFrame]] = []
+    for preset, frames in curves.train.items():
+        band = seed_band(frames, "loss_scale")
+        if band is None:
+            continue
+        same = [p for p, b in drawn if b[["step", "mean"]].equals(band[["step", "mean"]])]
+        label = preset + (f" (same trace as {', '.join(same)})" if same else "")
+        label += f" [{curves.notes[preset]}]" if preset in curves.notes else ""
+        style = styles[preset]
+        ax.plot(band["step"], band["mean"], color=style["color"], linestyle=style["linestyle"],
+                marker=style["marker"] if len(band) <= 20 else None, label=label,
+                linewidth=1.6 + 3.0 * len(same), alpha=0.9 if not same else 0.45,
+                zorder=3 - len(same))  # fmt: skip
+        drawn.append((preset, band))
+    if drawn:
+        ax.set_yscale("log", base=2)  # a scale is a power of two
+        legend(ax)
+    integer_steps(ax)
+    # the setting names the group's keys: wrapped to the figure's width, not clipped
+    ax.set(title=textwrap.fill(f"loss scale — {setting}", 70), xlabel="step", ylabel="loss scale")
+    ax.title.set_fontsize("small")
+    return fig
 
 
 def memory_measure(rows: pd.DataFrame) -> tuple[str, str]:
