@@ -7,6 +7,12 @@ A save writes a temporary file, then renames: a kill mid-save leaves the earlier
 file can still go bad afterwards (a copy cut short, a full disk on another tool's write, bit rot),
 so the load falls back to previous.pt when last.pt cannot be read, and says so; when neither can be
 read it raises CheckpointError naming both files and the way out, never a bare UnpicklingError.
+
+Every read is `torch.load(weights_only=True)`: a runs folder can come from someone else, and a full
+unpickle of a crafted file runs its code. A checkpoint holds tensors, numbers, strings and
+containers (the RNG states are kept as tensors); numpy arrays are admitted too, for checkpoints
+written before that. A file naming anything else is refused, naming the file, and never falls
+back: it is not damaged, it is not ours.
 """
 
 from __future__ import annotations
@@ -15,11 +21,13 @@ import contextlib
 import errno
 import logging
 import os
+import pickle
+import re
 import shutil
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.errors import CheckpointError
+from mpt_repro.errors import CheckpointError, file_size_limit, too_large
 
 LAST = Path("checkpoints/last.pt")
 PREVIOUS = Path("checkpoints/previous.pt")
@@ -27,6 +35,51 @@ PREVIOUS = Path("checkpoints/previous.pt")
 REQUIRED_KEY = "step"
 
 log = logging.getLogger("mpt_repro")
+
+
+class UnsafeFile(Exception):
+    """A file torch.load(weights_only=True) refused: it names code, not data."""
+
+
+def safe_load(path: Path | str, map_location: Any = "cpu") -> Any:
+    """torch.load(path, weights_only=True), numpy arrays admitted; UnsafeFile for anything else a
+    pickle names (what it names is in the message: nothing of it was called)."""
+    import torch
+
+    with torch.serialization.safe_globals(_numpy_globals()):
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except pickle.UnpicklingError as e:
+            named = re.search(r"GLOBAL ([\w.]+)", str(e))
+            if named is None:
+                raise  # cut short, garbage: damage, which the caller reports (and falls back)
+            raise UnsafeFile(
+                f"it names {named.group(1)}, which a checkpoint of mpt-run never holds"
+            ) from None
+
+
+def _numpy_globals() -> list:
+    """numpy's array reconstruction, under the module names numpy 1 and 2 write (RNG states of
+    older checkpoints are numpy arrays); it builds arrays and calls nothing else."""
+    import numpy as np
+
+    core = np._core if hasattr(np, "_core") else np.core  # numpy 2 renamed it
+    reconstruct = core.multiarray._reconstruct
+    return [
+        (reconstruct, "numpy.core.multiarray._reconstruct"),
+        (reconstruct, "numpy._core.multiarray._reconstruct"),
+        np.ndarray,
+        np.dtype,
+        *(getattr(np.dtypes, n) for n in ("UInt32DType", "Int64DType", "Float64DType")),
+    ]
+
+
+def refusal(path: Path | str, e: UnsafeFile, what: str) -> str:
+    """The one line for a refused file: what it names, that nothing ran, what to do."""
+    return (
+        f"{path}: refused: {e}; it was not loaded and nothing in it ran (checkpoints are read "
+        f"with weights_only=True). {what}"
+    )
 
 
 def checkpoint_files(run_dir: Path) -> list[Path]:
@@ -55,9 +108,14 @@ def save_checkpoint(run_dir: Path, state: dict[str, Any]) -> Path:
             f.flush()
             os.fsync(f.fileno())
     except (OSError, RuntimeError) as e:  # torch reports a failed write as RuntimeError
+        written = _size(tmp)
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise CheckpointError(_write_failure(last, e)) from e
+        raise CheckpointError(_write_failure(last, e, written)) from e
+    except BaseException:  # a signal that stops the run mid-save: no half file is left behind
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise
     # Two renames, each atomic: between them previous.pt holds the older checkpoint and last.pt
     # is missing, which the load handles (it falls back to previous.pt).
     if last.exists():
@@ -74,15 +132,22 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] 
     its error). The returned dict carries `loaded_from` (the path read). Raises CheckpointError
     when checkpoint files exist but none can be read.
     """
-    import torch
-
     files = checkpoint_files(run_dir)
     if not files:
         return None
     problems: list[str] = []
     for path in files:
         try:
-            state = torch.load(path, map_location=map_location, weights_only=False)
+            state = safe_load(path, map_location)
+        except UnsafeFile as e:  # not damage: refused outright, never a fall-back past it
+            raise CheckpointError(
+                refusal(
+                    path,
+                    e,
+                    "If this runs folder came from someone else, start afresh with overwrite=true "
+                    "(the old files are moved aside), or remove the file and resume=true again.",
+                )
+            ) from None
         except Exception as e:  # noqa: BLE001 - any failure to read is the same answer: not usable
             problems.append(f"{path}: {_short(e)}")
             continue
@@ -122,7 +187,26 @@ def _short(e: BaseException) -> str:
     return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
-def _write_failure(path: Path, e: BaseException) -> str:
+def _size(path: Path) -> int | None:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return None
+
+
+def _write_failure(path: Path, e: BaseException, written: int | None = None) -> str:
+    limit = file_size_limit()
+    if too_large(e) or (limit is not None and written is not None and written >= limit - 4096):
+        return (
+            f"could not write the checkpoint {path}: it would be larger than the largest file "
+            f"this process may write (ulimit -f: {limit} bytes). Raise the limit (ulimit -f "
+            "unlimited), then run the same command"
+            + (
+                " with resume=true (the checkpoint before it is kept)."
+                if path.exists()
+                else " again."
+            )
+        )
     free = _free_bytes(path.parent)
     full = getattr(e, "errno", None) in (errno.ENOSPC, errno.EDQUOT) or (
         free is not None and free < 64 * 2**20

@@ -26,6 +26,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from mpt_repro.cmdline import expand_home, syntax_problem
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
 from mpt_repro.errors import FinishedRun, Interrupted, UserError, describe
 
@@ -134,7 +135,7 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
     from omegaconf.errors import OmegaConfBaseException
 
     if isinstance(e, Interrupted):
-        return f"interrupted: {e}. Continue with: {_resume(run_dir)}", e.exit_code
+        return _stopped(e, run_dir), e.exit_code
     if isinstance(e, KeyboardInterrupt):
         return "interrupted (Ctrl-C)", 130
     if isinstance(e, _JobFailed):
@@ -143,18 +144,9 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
         return f"error: {e}", 2
     if isinstance(e, (HydraException, OmegaConfBaseException)):
         return f"error: {_first_lines(str(e), 12)}", 2
-    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
-        return (
-            f"error: no space left on the device holding {e.filename or run_dir}: free space, "
-            "then run the same command again (with resume=true if the run had a checkpoint)",
-            2,
-        )
-    if isinstance(e, OSError) and e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        return (
-            f"error: cannot write {e.filename or run_dir} ({e.strerror}): choose a writable "
-            "results folder with paths.runs_dir=DIR (or hydra.run.dir=DIR)",
-            2,
-        )
+    disk = _disk_problem(e, run_dir) if isinstance(e, OSError) else None
+    if disk:
+        return disk, 2
     if isinstance(e, ValueError) and "Unable to configure handler" in str(e):
         # Hydra could not open the run's log file: the folder went read-only after the checks
         return (
@@ -169,6 +161,43 @@ def explain(e: BaseException, run_dir: Path | None = None) -> tuple[str, int]:
             1,
         )
     return f"error: {describe(e)} (traceback: {_log_hint(run_dir)})", 1
+
+
+def _disk_problem(e: OSError, run_dir: Path | None) -> str | None:
+    """The message for a write the disk, a limit or the folder's permissions refused, or None."""
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return (
+            f"error: no space left on the device holding {e.filename or run_dir}: free space, "
+            "then run the same command again (with resume=true if the run had a checkpoint)"
+        )
+    if e.errno == errno.EFBIG:
+        from mpt_repro.errors import file_size_limit
+
+        limit = file_size_limit()
+        shown = f"ulimit -f: {limit} bytes" if limit is not None else "the file system's limit"
+        return (
+            f"error: could not write {e.filename or 'a file in ' + str(run_dir)}: it would be "
+            f"larger than the largest file this process may write ({shown}); raise the limit "
+            "(ulimit -f unlimited), then run the same command again (with resume=true if the "
+            "run had a checkpoint)"
+        )
+    if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return (
+            f"error: cannot write {e.filename or run_dir} ({e.strerror}): choose a writable "
+            "results folder with paths.runs_dir=DIR (or hydra.run.dir=DIR)"
+        )
+    return None
+
+
+def _stopped(e: Interrupted, run_dir: Path | None) -> str:
+    from mpt_repro.checkpoint import has_checkpoint
+
+    if run_dir is not None and run_dir.is_dir() and not has_checkpoint(run_dir):
+        return (
+            f"interrupted: stopped by {e.signal_name} before the run saved a checkpoint (its "
+            "record says failed); run the same command again to start it afresh"
+        )
+    return f"interrupted: {e}. Continue with: {_resume(run_dir)}"
 
 
 def _first_lines(text: str, n: int) -> str:
@@ -231,8 +260,9 @@ def main() -> None:
         return
     if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
         argv = ["--help" if a == "--help-all" else a for a in argv]
-        sys.argv[1:] = argv
-    problem = check_command_line(argv)
+    # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
+    argv = sys.argv[1:] = expand_home(argv)
+    problem = syntax_problem(argv) or check_command_line(argv)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         sys.exit(2)

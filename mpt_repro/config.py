@@ -66,6 +66,9 @@ OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
 SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
 _MOMENTUM = ("rmsprop", "rmsprop_tf", "sgd")
 _EPS = ("adagrad", "adam", "adamw", "rmsprop", "rmsprop_tf")
+# the largest seed= (below 2**31: numpy takes seeds below 2**32, and seed * 1_000_003 + epoch
+# must stay a 64-bit integer for torch)
+MAX_SEED = 2**31 - 1
 
 
 @dataclass
@@ -311,9 +314,9 @@ def validate_trainer(t: DictConfig, dd: DictConfig) -> None:
         _check(t[key] > 0, f"trainer.{key}", t[key], "must be positive")
     _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
     _check(t.recalibrate_bn >= 0, "trainer.recalibrate_bn", t.recalibrate_bn, "must be >= 0")
-    cuda = str(t.device).startswith("cuda")
+    # cuda:abc passed this check and failed in torch with a traceback
     _check(
-        t.device in ("auto", "cpu") or cuda,
+        re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(t.device)) is not None,
         "trainer.device",
         t.device,
         "must be auto, cpu, cuda or cuda:N",
@@ -350,6 +353,13 @@ def validate_run(cfg: DictConfig) -> None:
         cfg.paths.runs_dir,
         "must name a results folder (not empty, not the file system's root), e.g. "
         "paths.runs_dir=results/runs",
+    )
+    _check(
+        0 <= cfg.seed <= MAX_SEED,
+        "seed",
+        cfg.seed,
+        f"must be in 0..{MAX_SEED} (numpy's generator takes seeds below 2**32, and the runs derive "
+        "per-epoch seeds from it)",
     )
     if cfg.resume and cfg.overwrite:
         raise ConfigError(
@@ -574,14 +584,30 @@ def loss_scaling_text(cfg: DictConfig) -> str:
     return kind
 
 
+def skip_ending(cfg: DictConfig) -> str:
+    """What ends a run whose steps are all skipped (precision.floor_patience): a loss scaler at
+    its floor, or, without one, the FP16-state guard (FP16 weights updated without a master)."""
+    if resolved_loss_scaling(cfg) in ("adaptive", "dynamic", "static"):
+        return "a loss scaler"
+    p = cfg.precision
+    guarded = (
+        option_name(p.weights) == "low_precision"
+        and not p.master_weights
+        and option_name(p.compute_dtype) == "float16"
+    )
+    return "an FP16 state guard" if guarded else "neither"
+
+
 # kinds that are not a config key of their own (schema.read_when selectors)
 SELECTORS: dict[str, Any] = {
     "loss_scaling": resolved_loss_scaling,
+    "skip_ending": skip_ending,
     "telemetry.enabled": lambda cfg: str(bool(cfg.telemetry.enabled)).lower(),
 }
 # what a message calls a selector, when its key alone would not say it
 SELECTOR_WORDS = {
     "loss_scaling": "the loss scaling (precision.loss_scaling, with paper resolved)",
+    "skip_ending": "what ends a run whose every step is skipped",
     "task": "the task",
     "data.name": "the data set",
 }

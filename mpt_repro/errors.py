@@ -7,7 +7,9 @@ UserError and its kinds exit 2, an Interrupted run 128 + the signal's number (13
 
 from __future__ import annotations
 
+import errno
 import signal
+from pathlib import Path
 
 
 class UserError(Exception):
@@ -60,18 +62,31 @@ class Interrupted(Exception):
     number, so that a scheduler or a script sees the stop for what it is.
     """
 
-    def __init__(self, signum: int, step: int | None = None, saved: bool = True):
+    def __init__(
+        self,
+        signum: int,
+        step: int | None = None,
+        saved: bool = True,
+        during: str | None = None,
+    ):
         self.signum = int(signum)
         self.step = step
         at = f" at step {step}" if step is not None else ""
-        # saved=False: the signal arrived outside the trainer's step boundary (e.g. Ctrl-C while
-        # evaluating), so the run continues from its last periodic checkpoint instead
+        # saved=False: the run stopped outside the trainer's step boundary (Ctrl-C while
+        # evaluating, a second signal, a step that outlasted the stop timeout), so the run
+        # continues from its last periodic checkpoint instead. `during`: what it stopped (the
+        # final evaluation) or why it stopped mid-step
+        if saved and during:
+            how = f"during {during} (the checkpoint of that step is saved)"
+            super().__init__(f"stopped by {self.signal_name}{at} {how}; resume=true runs it again")
+            return
         how = (
             "after saving a checkpoint; resume with resume=true"
             if saved
             else "; resume=true continues from its last checkpoint"
         )
-        super().__init__(f"stopped by {self.signal_name}{at} {how}".replace(" ;", ";"))
+        why = f" ({during})" if during else ""
+        super().__init__(f"stopped by {self.signal_name}{at}{why} {how}".replace(" ;", ";"))
 
     @property
     def signal_name(self) -> str:
@@ -93,3 +108,28 @@ def describe(e: BaseException) -> str:
     if len(lines) > 1 and " in DataLoader worker process " in lines[0]:
         return f"{lines[-1]} (in a data-loading worker)"
     return f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
+
+
+def naming(e: OSError, path: Path | str) -> OSError:
+    """`e` with the file it was writing as its filename: a failed write() (a full disk, a file
+    past `ulimit -f`) names none, and the message must say which file."""
+    if e.filename is not None or e.errno is None:
+        return e
+    named = OSError(e.errno, e.strerror, str(path))
+    named.__cause__ = e
+    return named
+
+
+def file_size_limit() -> int | None:
+    """The largest file this process may write, in bytes (`ulimit -f`), or None when unlimited."""
+    try:
+        import resource
+    except ImportError:
+        return None
+    soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def too_large(e: BaseException) -> bool:
+    """Whether a write failed for the file-size limit (EFBIG, "File too large")."""
+    return getattr(e, "errno", None) == errno.EFBIG or "File too large" in str(e)

@@ -34,6 +34,8 @@ from typing import Any
 
 import numpy as np
 
+from mpt_repro.errors import naming
+
 ITEMS_FILE = "eval_items.npz"  # the last evaluation's per-item columns, beside run.json
 # A column named DROPPED_PREFIX + reason holds 1 for each evaluated item that a loss or a metric
 # left out for that reason (e.g. `dropped_ctc_infeasible`: a clip too short for its transcript,
@@ -337,6 +339,9 @@ def write_items(path: Path, columns: Mapping[str, np.ndarray], step: int) -> Non
             np.savez_compressed(f, **stored)
         os.chmod(tmp, 0o644)
         os.replace(tmp, path)
+    except OSError as e:  # a failed write names no file: this one
+        Path(tmp).unlink(missing_ok=True)
+        raise naming(e, path) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -56,12 +56,14 @@ def preflight(argv: list[str]) -> str | None:
         with initialize_config_dir(
             config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
         ):
+            seen: dict[tuple, list[str]] = {}
             for job in jobs:
                 try:
                     cfg = compose("config", overrides=job, return_hydra_config=True)
                 except Exception as e:  # noqa: BLE001 - every composition error gets its line
                     return composition_message(e, job)
-                problem = check_job(cfg, job, single=not args.multirun)
+                problem = duplicate(seen, job_dir(cfg, not args.multirun), job)
+                problem = problem or check_job(cfg, job, single=not args.multirun)
                 if problem:
                     return problem
     finally:
@@ -82,17 +84,16 @@ def expand(overrides: list[str], multirun: bool) -> list[list[str]]:
 
 def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     """The refusal of one composed job, or None."""
-    from omegaconf import OmegaConf, open_dict
+    from omegaconf import open_dict
 
     from mpt_repro.config import check_overrides_are_read, validate
     from mpt_repro.errors import UserError
 
+    problem = name_problem(cfg)
+    if problem:
+        return f"error: {problem}"
     task_overrides = list(cfg.hydra.overrides.task)
-    run_dir = Path(
-        str(OmegaConf.select(cfg, "hydra.run.dir"))
-        if single
-        else Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
-    )
+    run_dir = job_dir(cfg, single)
     with open_dict(cfg):
         del cfg["hydra"]  # what the job sees: the run's own configuration
     try:
@@ -105,7 +106,60 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
         return f"error: {problem}"
     note_if_new(run_dir)
     if single:
-        return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite))
+        return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite), cfg.data)
+    return None
+
+
+def job_dir(cfg: Any, single: bool) -> Path:
+    from omegaconf import OmegaConf
+
+    if single:
+        return Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
+    return Path(str(cfg.hydra.sweep.dir)) / str(cfg.hydra.sweep.subdir)
+
+
+def duplicate(seen: dict[tuple, list[str]], run_dir: Path, job: list[str]) -> str | None:
+    """A sweep that lists one run twice (seed=0,0, or optim.lr=0.1,1e-1): one line, instead of
+    the second job's "did not complete" (it found the first one's directory busy or finished).
+    Jobs that differ but share a folder (data.root is not part of its name) are left to the
+    run's own refusal, which names the differing data."""
+    from mpt_repro.identity import parse_overrides, render_value
+
+    same = tuple(
+        sorted(f"{o.key_or_group}={render_value(o.value())}" for o in parse_overrides(job))
+    )
+    first = seen.setdefault((run_dir.resolve(), same), job)
+    if first is job:
+        return None
+    shown = " ".join(job) or "(no overrides)"
+    return (
+        f"error: the sweep lists the same run twice ({shown}): both jobs would write "
+        f"{run_dir}. Give each value once (e.g. seed=0,1, not seed=0,0)"
+    )
+
+
+# values that become a folder or file name as they are (the variant folder is escaped instead):
+# the key, what it names, an example
+PLAIN_NAMES = (
+    ("hydra.job.name", "the run's log file (<run dir>/<name>.log)", "mpt-run"),
+    ("experiment_name", "the run's first folder under paths.runs_dir", "demo"),
+    ("precision.name", "a folder of the run (<precision>-<budget>)", "amp"),
+)
+
+
+def name_problem(cfg: Any) -> str | None:
+    """A name that would put a folder or file elsewhere than the run's own folder
+    (`hydra.job.name=../../X` wrote the log outside the runs folder)."""
+    from omegaconf import OmegaConf
+
+    for key, role, example in PLAIN_NAMES:
+        text = str(OmegaConf.select(cfg, key, default=""))
+        if text in ("", ".", "..") or any(c in text for c in "/\\\0"):
+            return (
+                f"{key}={text!r} names {role}, so it must be a plain name: not empty, no '/' or "
+                f"'\\', not '.' or '..' (it would write outside the run's folder). Use e.g. "
+                f"{key}={example}"
+            )
     return None
 
 
@@ -182,7 +236,7 @@ def unwritable(run_dir: Path) -> str | None:
     return None
 
 
-def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | None:
+def directory_refusal(run_dir: Path, resume: bool, overwrite: bool, data: Any = None) -> str | None:
     """The refusal the run would give for its directory (rundir.plan_run, the lock), or None."""
     from mpt_repro.errors import RunDirError
     from mpt_repro.rundir import busy_message, inspect_run_dir, lock_holder, plan_run
@@ -193,7 +247,7 @@ def directory_refusal(run_dir: Path, resume: bool, overwrite: bool) -> str | Non
     if holder is not None:
         return f"error: {busy_message(run_dir, holder)}"
     try:
-        plan_run(inspect_run_dir(run_dir), resume, overwrite)
+        plan_run(inspect_run_dir(run_dir), resume, overwrite, data)
     except RunDirError as e:
         return f"error: {e}"
     return None
@@ -224,8 +278,36 @@ def composition_message(e: BaseException, overrides: list[str] | None = None) ->
                 f"error: {shown}: {key} needs {needs}, got {got}. Fix it on the command line, "
                 f"e.g. {key}={_example(needs)}"
             )
+    missing = _missing_option(str(e))
+    if missing:
+        return "error: " + missing
     lines = [line for line in str(e).strip().splitlines() if line.strip()]
     return "error: " + "\n".join(lines[:12])[:2000]
+
+
+def _missing_option(message: str) -> str | None:
+    """Hydra's "Could not find 'budget/quick'" with its options and its search path, as one line
+    naming the group's options (an option of no group: the groups)."""
+    import re
+
+    found = re.search(r"Could not find '([^']+)'", message)
+    if not found:
+        return None
+    group, _, option = found.group(1).rpartition("/")
+    listed = message.split("Available options in", 1)
+    known = []
+    if len(listed) == 2:
+        for line in listed[1].splitlines()[1:]:
+            if not line.startswith(("\t", "  ")) or "=" in line:
+                break
+            known.append(line.strip())
+    if not group:
+        return f"there is no config {option!r}; see mpt-run --help"
+    choices = ", ".join(known) if known else "see mpt-run --help"
+    return (
+        f"{group}={option}: there is no such {group}; {group} is one of: {choices} "
+        f"(e.g. {group}={known[0] if known else '...'})"
+    )
 
 
 def _offending_value(message: str, key: str) -> str | None:

@@ -30,6 +30,7 @@ import math
 import os
 import platform
 import socket
+import stat
 import subprocess
 import sys
 import tempfile
@@ -37,6 +38,8 @@ from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
+
+from mpt_repro.errors import naming
 
 SCHEMA_VERSION = 4
 READABLE_VERSIONS = (1, 2, 3, 4)
@@ -51,11 +54,35 @@ ADDED_IN_4 = ("evaluation",)
 
 class RecordError(ValueError):
     """A run.json that cannot be used: not JSON, cut short, or not a run record of a schema this
-    code reads. `path` is the file, `problem` says what is wrong with it."""
+    code reads. `path` is the file, `problem` says what is wrong with it. `special`: the path is
+    not a regular file (a FIFO, a device), which nothing opens: reading a FIFO would wait for a
+    writer forever, and it cannot be moved aside as a record."""
 
-    def __init__(self, path: Path, problem: str):
+    def __init__(self, path: Path, problem: str, special: bool = False):
         super().__init__(f"{path}: {problem}")
-        self.path, self.problem = Path(path), problem
+        self.path, self.problem, self.special = Path(path), problem, special
+
+
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a directory"),
+)
+
+
+def not_a_regular_file(path: Path) -> str | None:
+    """What `path` is when it exists but is not a regular file ("a FIFO (named pipe)", ...), or
+    None. Asked of the file system without opening the path: opening a FIFO for reading waits for
+    a writer, and a device may never end."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode):
+        return None
+    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -73,6 +100,9 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a failed write names no file: this one
+        Path(tmp).unlink(missing_ok=True)
+        raise naming(e, path) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -193,6 +223,16 @@ def _json_default(obj: Any) -> Any:
     return str(obj)  # paths, enums
 
 
+def missing_files(run_dir: Path, record: Mapping[str, Any]) -> list[str]:
+    """The files a finished run's record goes with that are not in run_dir (a metrics.csv
+    deleted after the run): its result stands in run.json, its curves or items do not."""
+    if record.get("status") not in ("completed", "diverged"):
+        return []
+    # eval_items.npz is not listed: the report already says when a run's items cannot be read
+    names = ["metrics.csv"]
+    return [n for n in names if not (Path(run_dir) / n).is_file()]
+
+
 def read_record(run_dir: Path) -> dict[str, Any] | None:
     """The run record in run_dir (upgraded to this schema), or None when there is none.
 
@@ -211,6 +251,9 @@ def load_record(path: Path) -> dict[str, Any]:
     unknown schema_version, missing fields, an unknown status.
     """
     path = Path(path)
+    special = not_a_regular_file(path)
+    if special:
+        raise RecordError(path, f"is {special}, not a file mpt-run wrote", special=True)
     try:
         text = path.read_text(encoding="utf-8")
     except UnicodeDecodeError as e:

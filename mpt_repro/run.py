@@ -28,7 +28,7 @@ from mpt_repro.checkpoint import has_checkpoint
 from mpt_repro.config import to_plain, validate
 from mpt_repro.errors import Diverged, Interrupted, RunDirError, UserError, describe
 from mpt_repro.identity import study_name
-from mpt_repro.record import RunRecord, nonfinite_metrics
+from mpt_repro.record import RunRecord, missing_files, nonfinite_metrics
 from mpt_repro.rundir import (
     Plan,
     RunLock,
@@ -39,6 +39,7 @@ from mpt_repro.rundir import (
     write_hydra_files,
 )
 from mpt_repro.runlog.hparams import write_run_summary
+from mpt_repro.stopping import signals_raise
 
 log = logging.getLogger("mpt_repro")
 
@@ -95,8 +96,9 @@ def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     run_dir = Path(distributed.broadcast_object(str(run_dir)))
     lock = RunLock(run_dir) if main else None
     try:
-        plan = _decide(cfg, run_dir, lock)
-        return _run_planned(cfg, run_dir, device, plan, main)
+        with signals_raise():  # a SIGTERM before training starts still ends with the record
+            plan = _decide(cfg, run_dir, lock)
+            return _run_planned(cfg, run_dir, device, plan, main)
     finally:
         if lock is not None:
             lock.release()
@@ -110,7 +112,8 @@ def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
     if lock is not None:
         try:
             lock.acquire()
-            answer = (plan_run(inspect_run_dir(run_dir), cfg.resume, cfg.overwrite), None)
+            state = inspect_run_dir(run_dir)
+            answer = (plan_run(state, cfg.resume, cfg.overwrite, cfg.data), None)
         except Exception as e:  # noqa: BLE001 - handed to every rank, raised below
             error, answer = e, (None, str(e))
     plan, refusal = distributed.broadcast_object(answer)
@@ -128,11 +131,17 @@ def _decide(cfg: DictConfig, run_dir: Path, lock: RunLock | None) -> Plan:
 def _run_planned(
     cfg: DictConfig, run_dir: Path, device: torch.device, plan: Plan, main: bool
 ) -> dict[str, Any]:
-    previous = plan.previous
-    if previous and plan.action in ("done", "resume"):
-        _refuse_other_data(previous, cfg, run_dir)
+    previous = plan.previous  # on other data: refused by plan_run
     if plan.action == "done":
         log.info("%s already %s; nothing to do (resume=true)", run_dir, previous["status"])
+        gone = missing_files(run_dir, previous)
+        if gone:  # "nothing to do" alone hid a record whose curves were deleted
+            log.warning(
+                "%s: the record's files are incomplete: %s missing (its result stands in "
+                "run.json; overwrite=true trains it again to have them)",
+                run_dir,
+                ", ".join(gone),
+            )
         return previous
     fields = _record_fields(cfg, run_dir, device, resuming=plan.action == "resume")
     policy, task = _build(cfg, run_dir, device, plan, main, fields)
@@ -325,8 +334,10 @@ def _as_interrupted(e: BaseException, trainer: Any) -> Interrupted | None:
 
 
 def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, **extra) -> None:
-    if isinstance(e, KeyboardInterrupt):
-        reason = "stopped by Ctrl-C before a checkpoint was saved"
+    if isinstance(e, (KeyboardInterrupt, Interrupted)):
+        name = e.signal_name if isinstance(e, Interrupted) else "Ctrl-C"
+        reason = f"stopped by {name} before a checkpoint was saved"
+        hint = "run the same command again to start it afresh"
     else:
         reason = f"{type(e).__name__}: {e}" if isinstance(e, UserError) else describe(e)
         if not isinstance(e, UserError):
@@ -335,8 +346,10 @@ def _fail(record: RunRecord, e: BaseException, start: float, hint: str | None, *
 
 
 def _hint_for(e: BaseException, run_dir: Path) -> str:
-    if isinstance(e, UserError):
+    if isinstance(e, UserError) and not has_checkpoint(run_dir):
         return "the reason says what to fix; then run the same command again"
+    if isinstance(e, UserError):
+        return f"the reason says what to fix; then continue with: {resume_command(run_dir)}"
     if has_checkpoint(run_dir):
         return f"after fixing the cause, continue with: {resume_command(run_dir)}"
     return "the traceback is in this record and in the run's log file; fix the cause and rerun"
@@ -382,19 +395,6 @@ class _UnwrittenRecord(RunRecord):
 
     def write(self) -> None:
         pass
-
-
-def _refuse_other_data(previous: dict, cfg: DictConfig, run_dir: Path) -> None:
-    """data.root is not part of the run directory's name: a resume must not continue (or accept as
-    done) a run that trained on other data."""
-    old = (previous.get("config") or {}).get("data") or {}
-    for key in ("name", "root", "num_classes"):
-        if key in old and old[key] != cfg.data[key]:
-            raise UserError(
-                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {cfg.data[key]!r}; "
-                "resume=true would mix the two. Use another paths.runs_dir, or overwrite=true to "
-                "start this run afresh there (the earlier files are moved aside)."
-            )
 
 
 def build_callbacks(cfg: DictConfig) -> list:

@@ -33,7 +33,7 @@ except ImportError:  # not POSIX: the pid-file lock below
     fcntl = None  # type: ignore[assignment]
 
 from mpt_repro.checkpoint import has_checkpoint
-from mpt_repro.errors import FinishedRun, RunDirError
+from mpt_repro.errors import FinishedRun, RunDirError, naming
 from mpt_repro.record import RecordError, now_iso, read_record
 
 LOCK_NAME = ".lock"
@@ -246,6 +246,11 @@ def inspect_run_dir(run_dir: Path) -> RunDirState:
     try:
         record = read_record(run_dir)
     except RecordError as e:
+        if e.special:  # nothing reads it, and moving it aside would hide what put it there
+            raise RunDirError(
+                f"{e.path} {e.problem}: mpt-run never opens it. Remove it (or give this run "
+                "another directory with paths.runs_dir=DIR), then run the same command again."
+            ) from None
         problem = e.problem
     return RunDirState(run_dir, record, problem, has_checkpoint(run_dir), run_artefacts(run_dir))
 
@@ -278,12 +283,16 @@ class Plan:
     holds_work: bool = False
 
 
-def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
-    """Decide from what the directory holds; raise RunDirError (with the choices) to refuse."""
+def plan_run(state: RunDirState, resume: bool, overwrite: bool, data: Any = None) -> Plan:
+    """Decide from what the directory holds; raise RunDirError (with the choices) to refuse.
+    `data`: the run's data config, refused when the directory's run trained on other data."""
     d, status = state.run_dir, state.status
     names = [p.name for p in state.artefacts]
     notes: list[tuple[int, str]] = []
     work = status in FINISHED or state.checkpoint
+    other = other_data(state.record, data, d) if work and not overwrite else None
+    if other:  # before the choices below: resume=true would refuse it too
+        raise RunDirError(other)
     # what is moved aside is said when it has been (run.py _claim): a run that fails to start
     # moves nothing, and its log must not say otherwise
     if state.record_problem:
@@ -312,6 +321,21 @@ def plan_run(state: RunDirState, resume: bool, overwrite: bool) -> Plan:
         what = f"{status} run" if status else "run's leftovers"
         notes.append((logging.INFO, f"starting afresh in {d}, over an earlier {what}"))
     return Plan("fresh", state.record, names, notes)
+
+
+def other_data(record: dict | None, data: Any, run_dir: Path) -> str | None:
+    """data.root is not part of the run directory's name: a directory whose run trained on other
+    data can be neither continued nor accepted as done, so the way out is another folder."""
+    old = ((record or {}).get("config") or {}).get("data") or {}
+    for key in ("name", "root", "num_classes"):
+        if data is not None and key in old and old[key] != data.get(key):
+            return (
+                f"{run_dir} holds a run with data.{key}={old[key]!r}, not {data.get(key)!r}; "
+                "continuing it (resume=true) would mix the two. Give this run its own folder with "
+                "paths.runs_dir=DIR, or overwrite=true to start it afresh there (the earlier "
+                "files are moved aside)."
+            )
+    return None
 
 
 def _finished_message(state: RunDirState) -> str:
@@ -379,9 +403,16 @@ def write_hydra_files(run_dir: Path, cfg: Any) -> None:
     hc = HydraConfig.get()
     out = Path(run_dir) / ".hydra"
     out.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, out / "config.yaml")
-    OmegaConf.save(OmegaConf.create({"hydra": hc}), out / "hydra.yaml")
-    OmegaConf.save(hc.overrides.task, out / "overrides.yaml")
+    files = {
+        "config.yaml": cfg,
+        "hydra.yaml": OmegaConf.create({"hydra": hc}),
+        "overrides.yaml": hc.overrides.task,
+    }
+    for name, content in files.items():
+        try:
+            OmegaConf.save(content, out / name)
+        except OSError as e:  # a full disk, a file past `ulimit -f`: say which file
+            raise naming(e, out / name) from e
 
 
 def resume_command(run_dir: Path) -> str:

@@ -11,7 +11,6 @@ import contextlib
 import logging
 import random
 import signal
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +29,7 @@ from mpt_repro.optim import lr_multiplier
 from mpt_repro.runlog.console import RunProgress
 from mpt_repro.runlog.metrics import MetricsLogger, Resume, comparison_group
 from mpt_repro.schedule import LRSchedule
+from mpt_repro.stopping import stop_on_signals
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
@@ -75,12 +75,10 @@ class Trainer:
         self.window = LogWindow()  # what the next train row of the log averages over
         self.divergence = DivergenceWatch(cfg.trainer.diverge_patience, task.device)
         self._stop_signal: int | None = None  # the signal that asked for a stop
+        self._finishing = False  # in the final evaluation: a signal stops it at once
         spe = task.steps_per_epoch()
         if spe < 1:
-            raise DataError(
-                f"the training split yields no full batch (data.batch_size={cfg.data.batch_size}); "
-                "use a smaller batch or more data (data.train_limit)"
-            )
+            raise DataError(no_full_step(cfg, task))
         t = cfg.trainer
         self.steps_per_epoch = spe
         self.total_steps = (
@@ -158,8 +156,23 @@ class Trainer:
                 self.clock.stop()  # the loader's epoch tail counts as training time
                 if self.batch_in_epoch >= self.steps_per_epoch:
                     self.epoch, self.batch_in_epoch = self.epoch + 1, 0
+                elif self.step < self.total_steps:  # asked again, it would yield nothing
+                    raise DataError(self._ran_dry())
+            self._finishing = True  # a signal now stops the evaluation (mpt_repro/stopping.py)
             self._evaluate()
         return self.final_summary()
+
+    def _ran_dry(self) -> str:
+        d = self.cfg.data
+        root = f" ({d.root})" if d.get("root") else ""
+        return (
+            f"the training data ran dry: epoch {self.epoch} of data.name={d.name}{root} ended "
+            f"after its batch {self.batch_in_epoch}, but the run counted {self.steps_per_epoch} "
+            f"per epoch (steps_per_epoch, from the data's size at the start, data.batch_size="
+            f"{d.batch_size} and trainer.accumulate={self.cfg.trainer.accumulate}); the loader "
+            "and its sampler disagree on the epoch's length (files removed while the run read "
+            "them, or a sampler or data set whose __len__ is wrong); fix that, then run again"
+        )
 
     def _count(self, result: StepResult) -> None:
         """Book one iteration: counters, LR schedules, divergence streak, the log window."""
@@ -377,27 +390,10 @@ class Trainer:
             if fn is not None:
                 fn(self, *args)
 
-    @contextlib.contextmanager
-    def _stop_on_signals(self) -> Iterator[None]:
+    def _stop_on_signals(self) -> contextlib.AbstractContextManager[None]:
         """SIGTERM (a cluster pre-emption) and Ctrl-C both end the run at the next step boundary
-        with a checkpoint; a second Ctrl-C stops at once."""
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-
-        def request(signum: int, frame: Any) -> None:
-            name = signal.Signals(signum).name
-            if self._stop_signal is not None and signum == signal.SIGINT:
-                raise KeyboardInterrupt  # the second Ctrl-C: the user means it
-            self._stop_signal = signum
-            self.log.warning("%s: saving a checkpoint at the end of this step, then stopping", name)
-
-        previous = {s: signal.signal(s, request) for s in (signal.SIGTERM, signal.SIGINT)}
-        try:
-            yield
-        finally:
-            for s, handler in previous.items():
-                signal.signal(s, handler)
+        with a checkpoint, within a bounded time (mpt_repro/stopping.py)."""
+        return stop_on_signals(self)
 
     def _progress_bar(self) -> RunProgress:
         """A bar on a terminal with the log going through it; plain periodic lines elsewhere."""
@@ -568,11 +564,45 @@ class LogWindow:
         }
 
 
+def no_full_step(cfg: Any, task: Any) -> str:
+    """Why an epoch holds no optimizer step, naming the setting that decides it: trainer.accumulate
+    and data.max_seconds were blamed on data.batch_size."""
+    d, accumulate = cfg.data, cfg.trainer.accumulate
+    step = distributed.batch_sizes(cfg)[1]
+    try:
+        n: int | None = len(task.data.train)
+    except (AttributeError, TypeError):
+        n = None
+    kept = f" (those data.max_seconds={d.max_seconds} keeps)" if d.get("max_seconds") else ""
+    have = f"the training split's {n} items{kept}" if n is not None else "the training split"
+    made_of = f"data.batch_size={d.batch_size}"
+    if accumulate > 1:
+        made_of += f" x trainer.accumulate={accumulate} micro-batches"
+    if distributed.world_size() > 1:
+        made_of += f" over {distributed.world_size()} processes"
+    if accumulate > 1 and n is not None and n >= step // accumulate:
+        fix = f"lower trainer.accumulate (at most {n // (step // accumulate)} here)"
+    elif kept:
+        fix = "raise data.max_seconds (or set it to null), or lower data.batch_size"
+    else:
+        fix = "lower data.batch_size, or use more data (data.train_limit)"
+    return f"one optimizer step takes {step} training items ({made_of}), more than {have}: {fix}"
+
+
 def rng_state() -> dict[str, Any]:
+    # numpy's state as a tensor and plain values, not its array: checkpoints are read with
+    # weights_only=True (mpt_repro/checkpoint.py), which admits tensors and plain values
+    name, keys, pos, has_gauss, cached = np.random.get_state()
     return {
         "torch": torch.get_rng_state(),
         "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else [],
-        "numpy": np.random.get_state(),
+        "numpy": {
+            "name": str(name),
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "cached_gaussian": float(cached),
+        },
         "python": random.getstate(),
     }
 
@@ -581,7 +611,11 @@ def set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"].cpu())
     if state["cuda"] and torch.cuda.is_available():
         torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
-    np.random.set_state(state["numpy"])
+    saved = state["numpy"]
+    if isinstance(saved, dict):
+        keys = saved["keys"].cpu().numpy().astype(np.uint32)
+        saved = (saved["name"], keys, saved["pos"], saved["has_gauss"], saved["cached_gaussian"])
+    np.random.set_state(saved)  # a tuple: a checkpoint written before (numpy's own form)
     random.setstate(state["python"])
 
 

@@ -712,3 +712,30 @@ def test_mpt_run_demo_adaptive_smoke(tmp_path):
     assert rec["status"] == "completed"
     ad = rec["diagnostics"]["adaptive"]
     assert ad["updates"] >= 1 and ad["layers"]
+
+
+@pytest.mark.parametrize("weight", [0.3, 1.7, 2.0**-3])
+def test_code_gives_a_constant_gradient_scale_one_as_numpy_std_does(weight):
+    """A mean loss hands the head the same value everywhere: its std is 0, and the authors' code
+    (numpy's std) keeps scale 1. E[g^2] - mean^2 cancelled to a small positive number instead
+    and gave up to the cap (8 with the default bounds, issue 34)."""
+    torch.manual_seed(0)
+    base, x = TwoLinear(), torch.randn(32, 8)
+    pol = fp16_policy(
+        "adaptive",
+        adaptive_formula="code",
+        adaptive_scale_upper_bound=2.0**30,
+        adaptive_accum_upper_bound=2.0**30,
+    )
+    model = pol.prepare_model(copy.deepcopy(base))
+    seen = []
+    model.head.register_full_backward_hook(lambda m, gi, go: seen.append(go[0]))
+    opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.0))
+    for _ in range(2):
+        opt.zero_grad()
+        with pol.autocast():
+            loss = model(pol.cast_inputs(x)).float().mean() * weight
+        opt.backward(loss)
+        opt.step()
+    assert seen[0].unique().numel() == 1  # the gradient it saw is constant
+    assert pol.layer_scales()["head"] == 1.0

@@ -306,3 +306,84 @@ def test_the_checks_made_for_the_diagnostic_run_find_the_modules_it_will(tmp_pat
     with child_path({"PYTHONPATH": str(lib)}):
         assert refusal(args) is None
     assert str(lib) not in sys.path
+
+
+# ------------------------------------------------------------------ issue 34
+def _copy(diagnostic: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    return Path(shutil.copytree(diagnostic, tmp_path / "copy"))
+
+
+def test_a_garbage_line_in_telemetry_is_one_line_naming_it(tmp_path, diagnostic):
+    """It was a KeyError."""
+    run_dir = _copy(diagnostic, tmp_path)
+    path = run_dir / "telemetry.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], "42", *lines[1:]]) + "\n")
+    done = advise(str(run_dir))
+    assert done.returncode == 2 and done.stdout == "", done.stderr
+    assert done.stderr == (
+        f"mpt-advise: error: {path}: line 2 is not a telemetry record (a JSON object with step "
+        "and mode): '42'; remove that line, or run the diagnostic again\n"
+    )
+
+
+def test_a_diverged_diagnostic_calls_no_recipe_safe_nor_its_learning_rate_again(
+    tmp_path, diagnostic
+):
+    run_dir = _copy(diagnostic, tmp_path)
+    record = read_run(run_dir)
+    lr = record["config"]["optim"]["lr"]
+    record.update(status="diverged", reason="loss is NaN at step 5")
+    record["overrides"] = [*record.get("overrides", []), f"optim.lr={lr}"]
+    (run_dir / "run.json").write_text(json.dumps(record))
+    advice = build_advice(run_dir)
+    retry = f"optim.lr={lr / 10:g}"
+    assert {p.verdict for p in advice.predictions} == {
+        f"unknown: the diagnostic run diverged; run it again with {retry}"
+    }
+    commands = [p["command"] for p in to_json(advice)["predictions"]]
+    assert all(retry in c and f"optim.lr={lr} " not in c + " " for c in commands), commands
+    from mpt_repro.advise.render import markdown
+
+    assert "**The diagnostic run diverged** (loss is NaN at step 5)" in markdown(advice)
+
+
+@pytest.mark.parametrize("steps", ["0", "-3"])
+def test_steps_below_one_is_named_as_the_option(steps):
+    """--steps 0 was refused as trainer.max_steps."""
+    done = advise("experiment=demo", "--steps", steps, "budget=smoke")  # options among overrides
+    assert done.returncode == 2
+    assert (
+        done.stderr
+        == f"mpt-advise: error: --steps must be at least 1 (got {steps}), e.g. --steps 300\n"
+    )
+
+
+def test_options_may_come_between_the_overrides():
+    from mpt_repro.advise.cli import parse_args
+
+    args = parse_args(["experiment=demo", "--steps", "6", "budget=smoke", "--every", "2"])
+    assert args.targets == ["experiment=demo", "budget=smoke"]
+    assert (args.steps, args.every) == (6, 2)
+
+
+def test_a_negative_margin_advises_the_overflow_bound_and_says_why(monkeypatch):
+    """Gradients up to 2^10 and most of them at 2^-40: no single scale keeps both (issue 34: no
+    fast test reached this branch)."""
+    from types import SimpleNamespace
+
+    from mpt_repro.advise import render
+    from mpt_repro.advise.scale import static_scale
+
+    hist = {10: 1, -40: 999}
+    s = static_scale(hist, 0.99)
+    assert (s.k_over, s.k_under, s.margin, s.advised) == (4, 16, -12, 4)
+    monkeypatch.setattr(render, "gradients", lambda evidence: hist)
+    advice = SimpleNamespace(static=s, evidence=None, prediction=lambda recipe: None)
+    lines = render.static_lines(advice)
+    assert lines[-1].startswith(
+        "- margin -12 binades: no single scale does both; the advised scale is the overflow "
+        "bound, and the layers below need their own: **2^4 = 16**"
+    )

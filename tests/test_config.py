@@ -61,6 +61,9 @@ def test_wrong_type_is_refused() -> None:
         ("optim.name=adamax", "optim.name"),
         ("optim.schedule=wavy", "optim.schedule"),
         ("trainer.device=tpu", "trainer.device"),
+        ("trainer.device=cuda:abc", "trainer.device"),
+        ("seed=4294967296", "seed"),
+        ("seed=-1", "seed"),
     ],
 )
 def test_invalid_values_name_the_key(override: str, key: str) -> None:
@@ -75,7 +78,7 @@ def test_bad_inputs_exit_nonzero_with_a_clear_message(tmp_path: Path) -> None:
     assert (
         unknown.returncode != 0
         and "fp64" in unknown.stderr
-        and "Available options" in unknown.stderr
+        and "precision is one of: adaptive, amp," in unknown.stderr
     )
     negative = run_cli("experiment=demo", "optim.lr=-1", run_dir=tmp_path / "c", check=False)
     assert negative.returncode == 2 and "optim.lr must be > 0" in negative.stderr

@@ -62,6 +62,7 @@ KINDS = {
     "precision.loss_scaling": set(LossScaling.__members__),
     "loss_scaling": {"adaptive", "dynamic", "none", "static"},
     "telemetry.enabled": {"true", "false"},
+    "skip_ending": {"a loss scaler", "an FP16 state guard", "neither"},
 }
 
 

@@ -117,3 +117,82 @@ def test_mpt_run_refuses_an_empty_test_batch(tmp_path) -> None:
         f"is nothing to evaluate; unpack cifar-10-python.tar.gz again. Expected {LAYOUT}"
     ]
     assert not (tmp_path / "run").exists()
+
+
+# -- issue 34: a batch is checked while it loads, and runs no code -------------------------------
+class _Planted:
+    """What a crafted batch holds: unpickling it calls os.system (a full unpickle ran it)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.target}",))
+
+
+def _refused(tmp_path: Path, folder: Path, name: str) -> str:
+    proc = run_cli("experiment=cifar10", "budget=smoke", "trainer.device=cpu",
+                   f"data.root={folder}", run_dir=tmp_path / "run", check=False,
+                   env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run:")]
+    assert line.startswith(f"mpt-run: error: {folder / name}: "), line
+    assert not (tmp_path / "run").exists()
+    return line
+
+
+def test_a_crafted_batch_runs_no_code_and_is_refused_naming_the_file(tmp_path) -> None:
+    folder = write_cifar(tmp_path / "cifar")
+    planted = tmp_path / "planted"
+    data = np.zeros((PER_BATCH, 3072), np.uint8)
+    with open(folder / "data_batch_4", "wb") as f:
+        pickle.dump({b"data": data, b"labels": [0] * PER_BATCH, b"x": _Planted(planted)}, f)
+    line = _refused(tmp_path, folder, "data_batch_4")
+    assert "refused: it names posix.system, which a CIFAR-10 batch never holds" in line
+    assert "nothing in it ran" in line
+    assert not planted.exists()
+
+
+@pytest.mark.parametrize("protocol", [2, 4, 5])
+def test_every_pickle_protocol_of_a_real_batch_still_reads(tmp_path, protocol) -> None:
+    folder = write_cifar(tmp_path)
+    data = np.arange(PER_BATCH * 3072).reshape(PER_BATCH, 3072).astype(np.uint8)
+    with open(folder / "test_batch", "wb") as f:
+        batch = {b"data": data, b"labels": list(range(PER_BATCH)), b"filenames": [b"a.png"]}
+        pickle.dump(batch, f, protocol=protocol)
+    loaded = build_image_data(cifar_cfg(folder))
+    assert torch.equal(loaded.eval.images.flatten(1), torch.from_numpy(data))
+
+
+@pytest.mark.parametrize("name", ["data_batch_2", "test_batch"])
+def test_a_label_out_of_range_is_refused_while_the_data_loads(tmp_path, name) -> None:
+    """It failed mid-run with a bare IndexError, or after the whole training (test_batch)."""
+    folder = write_cifar(tmp_path / "cifar")
+    labels = [0, 1, 10, 3, -1, 5]
+    with open(folder / name, "wb") as f:
+        pickle.dump({b"data": np.zeros((PER_BATCH, 3072), np.uint8), b"labels": labels}, f)
+    line = _refused(tmp_path, folder, name)
+    assert "label 10 of image 2 is outside 0..9 (2 such labels); CIFAR-10 has 10 classes" in line
+
+
+def test_float_pixels_are_refused_not_cast(tmp_path) -> None:
+    """Floats up to 1e6 were cast to uint8 silently (wrapping)."""
+    folder = write_cifar(tmp_path / "cifar")
+    data = np.full((PER_BATCH, 3072), 1e6)
+    with open(folder / "data_batch_1", "wb") as f:
+        pickle.dump({b"data": data, b"labels": [0] * PER_BATCH}, f)
+    line = _refused(tmp_path, folder, "data_batch_1")
+    assert "b'data' holds float64 values, up to 1e+06, not uint8 pixels (0..255)" in line
+
+
+def test_a_label_past_int64_is_refused_naming_the_file(tmp_path) -> None:
+    from mpt_repro.data.cifar import read_batch
+    from mpt_repro.errors import DataError
+
+    path = tmp_path / "data_batch_1"
+    with open(path, "wb") as f:
+        pickle.dump({b"data": np.zeros((2, 3072), np.uint8), b"labels": [2**70, 1]}, f)
+    with pytest.raises(DataError, match=rf"^{path}: a label is too large for an integer"):
+        read_batch(path)

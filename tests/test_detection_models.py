@@ -206,6 +206,26 @@ def test_backbone_weights_errors_say_what_to_do(tmp_path: Path, caplog) -> None:
     assert "assume an ImageNet pre-trained VGG-16" in caplog.text
 
 
+def test_a_crafted_backbone_file_runs_no_code_and_is_refused_naming_it(tmp_path: Path) -> None:
+    """It fell back to a full unpickle when the safe load failed (issue 34)."""
+    import os
+
+    planted = tmp_path / "planted"
+
+    class Planted:
+        def __reduce__(self):
+            return (os.system, (f"touch {planted}",))
+
+    path = tmp_path / "vgg16.pth"
+    torch.save({**fake_vgg16_state(4), "x": Planted()}, path)
+    with pytest.raises(DataError) as err:
+        ssd(weights=str(path))
+    assert str(err.value).startswith(
+        f"model.backbone_weights={path}: refused: it names posix.system, which"
+    )
+    assert "nothing in it ran" in str(err.value) and not planted.exists()
+
+
 # -- Faster R-CNN ----------------------------------------------------------------------------------
 def test_rpn_ignores_anchors_that_cross_the_image_border() -> None:
     m = frcnn()

@@ -100,8 +100,11 @@ def _umask() -> int:
     [
         ((), ["already holds a completed run", "resume=true", "overwrite=true"]),
         # the issue's case: a mistyped data.root used to delete the finished run before the data
-        # was even opened
-        (("data=imagenet", "data.root=/no/such/imagenet"), ["already holds a completed run"]),
+        # was even opened; other data in a folder that holds a run: another folder (issue 34)
+        (
+            ("data=imagenet", "data.root=/no/such/imagenet"),
+            ["holds a run with data.name='digits', not 'imagenet'", "paths.runs_dir=DIR"],
+        ),
         (("optim.lr=-1",), ["optim.lr must be > 0"]),
         (("model.hidden_size=999",), ["model.hidden_size", "digits_cnn"]),
         (("+optim.lrr=0.1",), ["unknown key 'optim.lrr'", "did you mean optim.lr?"]),
@@ -219,6 +222,52 @@ def test_no_readable_checkpoint_is_one_message_with_the_way_out(copy_of) -> None
     rewrite_record(copy_of, status="interrupted", reason="stopped by SIGTERM", metrics=None)
     line = one_line_error(run_cli(*SMOKE, "resume=true", run_dir=copy_of, check=False))
     assert str(copy_of / "checkpoints" / "last.pt") in line and "overwrite=true" in line
+    rec = read_run(copy_of)
+    assert rec["status"] == "failed" and "CheckpointError" in rec["reason"]
+
+
+def test_a_completed_run_without_its_metrics_csv_says_which_files_are_missing(
+    copy_of, tmp_path, capsys
+) -> None:
+    """resume=true said only "nothing to do" and the report was silent (issue 34)."""
+    from mpt_repro.report import cli as report
+
+    (copy_of / "metrics.csv").unlink()
+    before = read_run(copy_of)
+    proc = run_cli(*SMOKE, "resume=true", run_dir=copy_of)
+    assert (
+        f"{copy_of}: the record's files are incomplete: metrics.csv missing (its result stands "
+        "in run.json; overwrite=true trains it again to have them)"
+    ) in proc.stdout + proc.stderr
+    assert read_run(copy_of) == before
+    out = tmp_path / "report"
+    assert report.main([str(copy_of), "--out", str(out), "--no-plots"]) == 0
+    text = (out / "report.md").read_text()
+    assert "its record's files are incomplete: metrics.csv missing" in text
+
+
+class _Planted:
+    """What a crafted checkpoint holds: a full unpickle calls os.system (issue 34)."""
+
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_a_crafted_checkpoint_runs_no_code_on_resume(copy_of, tmp_path) -> None:
+    import torch
+
+    last = copy_of / "checkpoints" / "last.pt"
+    planted = tmp_path / "planted"
+    state = torch.load(last, weights_only=True)  # the run's own checkpoint reads safely
+    torch.save({**state, "extra": _Planted(planted)}, last)
+    rewrite_record(copy_of, status="interrupted", reason="stopped by SIGTERM", metrics=None)
+    line = one_line_error(run_cli(*SMOKE, "resume=true", run_dir=copy_of, check=False))
+    assert f"{last}: refused: it names posix.system, which a checkpoint of mpt-run" in line
+    assert "nothing in it ran" in line and "overwrite=true" in line
+    assert not planted.exists()
     rec = read_run(copy_of)
     assert rec["status"] == "failed" and "CheckpointError" in rec["reason"]
 

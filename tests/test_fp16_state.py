@@ -322,3 +322,33 @@ def test_a_checkpoint_between_undone_steps_resumes_bit_identically(fused: str) -
     assert [step(pol, resumed, opt2, g) for g in grads[3:]] == outcome[3:]
     assert torch.equal(resumed.w.detach(), straight.w.detach())
     assert opt2.skipped == opt.skipped == 2 and opt2.loss_scale == opt.loss_scale == 0.25
+
+
+def test_preset_fp16_that_can_apply_no_step_ends_as_diverged_with_the_reason(tmp_path) -> None:
+    """Every step undone by the guard, and no loss scaler whose floor would end the run: it used
+    to train on to its end with no step applied (issue 34). precision.floor_patience (50) steps
+    in a row end it at that step."""
+    from conftest import read_run, run_cli
+
+    run_cli("experiment=demo", "budget=smoke", "precision=fp16", "trainer.device=cpu",
+            "optim.lr=1e8", "trainer.epochs=10", "trainer.max_steps=60", "trainer.log_every=10",
+            run_dir=tmp_path, env={"OMP_NUM_THREADS": "1"})  # fmt: skip
+    record = read_run(tmp_path)
+    assert record["status"] == "diverged" and record["steps"] == 50
+    assert record["skipped_steps"] == 50 and record["diverged_at_step"] == 50
+    assert record["reason"].startswith(
+        "no optimizer step could be applied for 50 consecutive steps: each was undone and, "
+        "without a loss scaler, nothing changes from one to the next; last non-finite update in "
+        "layer '0.0.weight'"
+    )
+
+
+def test_floor_patience_is_read_by_the_guard_of_preset_fp16_and_refused_without_one() -> None:
+    from mpt_repro.preflight import preflight
+
+    assert preflight(["experiment=demo", "precision=fp16", "precision.floor_patience=5"]) is None
+    refused = preflight(["experiment=demo", "precision=bf16", "precision.floor_patience=5"])
+    assert refused.startswith("error: precision.floor_patience would change nothing in this run")
+    assert "a loss scaler or an FP16 state guard, and this run (experiment=demo) has neither" in (
+        refused
+    )

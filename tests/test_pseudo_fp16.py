@@ -139,3 +139,18 @@ def test_the_demo_at_budget_short_reaches_fp32_accuracy(tmp_path):
         assert record["status"] == "completed"
         top1[preset] = record["metrics"]["top1"]
     assert abs(top1["pseudo_fp16"] - top1["fp32"]) <= 2.0, top1
+
+
+def test_local_response_norm_computes_in_fp32_and_runs_on_a_cpu():
+    """It raised NotImplementedError on a CPU (avg_pool3d has no FP16 kernel there), so alexnet
+    and googlenet could not run the preset (issue 34). Now it is a normalisation like BatchNorm:
+    FP32 math on the FP16 input, the result rounded once to FP16, and an FP16 gradient."""
+    torch.manual_seed(0)
+    x = (torch.randn(2, 8, 5, 5) * 3).half().requires_grad_()
+    lrn = nn.LocalResponseNorm(5)
+    with PseudoFP16():
+        y = lrn(x)
+    assert y.dtype == torch.float16
+    assert torch.equal(y, lrn(x.detach().float()).half())
+    y.float().sum().backward()
+    assert x.grad.dtype == torch.float16 and torch.isfinite(x.grad).all()

@@ -277,22 +277,23 @@ def test_resume_leaves_a_diverged_run_alone(tmp_path: Path) -> None:
     assert (tmp_path / "run.json").read_text() == before
 
 
-def test_resume_refuses_a_run_directory_that_trained_on_other_data(tmp_path: Path) -> None:
+def test_a_run_directory_that_trained_on_other_data_is_refused_with_or_without_resume(
+    tmp_path: Path,
+) -> None:
     # data.num_classes is not part of the directory's name when pinned (hydra.run.dir), and the
     # synthetic data reads it
     run_cli("experiment=demo", "budget=smoke", "data=synthetic", run_dir=tmp_path)
     before = (tmp_path / "run.json").read_text()
-    proc = run_cli(
-        "experiment=demo",
-        "budget=smoke",
-        "data=synthetic",
-        "resume=true",
-        "data.num_classes=5",
-        run_dir=tmp_path,
-        check=False,
-    )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr
-    assert "holds a run with data.num_classes=10, not 5" in proc.stderr
+    # without resume=true it was told to use resume=true, which then refused (issue 34): both
+    # now give the same answer, whose way out is another folder
+    for resume in ([], ["resume=true"]):
+        proc = run_cli("experiment=demo", "budget=smoke", "data=synthetic", *resume,
+                       "data.num_classes=5", run_dir=tmp_path, check=False)  # fmt: skip
+        assert proc.returncode == 2 and "Traceback" not in proc.stderr
+        (line,) = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run:")]
+        assert f"{tmp_path} holds a run with data.num_classes=10, not 5; continuing it" in line
+        assert "paths.runs_dir=DIR, or overwrite=true" in line
+        assert "To keep it, run with resume=true" not in line
     assert (tmp_path / "run.json").read_text() == before  # the earlier result is untouched
 
 

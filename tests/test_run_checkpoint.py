@@ -114,3 +114,52 @@ def test_an_unwritable_checkpoint_folder_is_a_clear_error(tmp_path: Path) -> Non
     (tmp_path / "checkpoints").write_text("a file where the folder should be")
     with pytest.raises(CheckpointError, match="could not write the checkpoint"):
         save_checkpoint(tmp_path, _state(1))
+
+
+# -- issue 34: weights_only=True everywhere ----------------------------------------------------
+class _Planted:
+    def __init__(self, target: Path):
+        self.target = target
+
+    def __reduce__(self):
+        import os
+
+        return (os.system, (f"touch {self.target}",))
+
+
+def test_a_crafted_last_checkpoint_is_refused_naming_it_and_never_fallen_back_from(
+    tmp_path: Path,
+) -> None:
+    save_checkpoint(tmp_path, _state(1))
+    save_checkpoint(tmp_path, {**_state(2), "x": _Planted(tmp_path / "planted")})
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(tmp_path)
+    assert str(err.value).startswith(
+        f"{tmp_path / LAST}: refused: it names posix.system, which a checkpoint of mpt-run never "
+        "holds; it was not loaded and nothing in it ran"
+    )
+    assert not (tmp_path / "planted").exists()
+
+
+def test_a_checkpoint_with_numpy_rng_states_written_before_still_loads(tmp_path: Path) -> None:
+    import numpy as np
+
+    save_checkpoint(tmp_path, {**_state(1), "rng": {"numpy": np.random.get_state()}})
+    state = load_checkpoint(tmp_path)
+    assert state["step"] == 1 and state["rng"]["numpy"][0] == "MT19937"
+
+
+def test_rng_states_are_tensors_and_restore_every_stream_exactly(tmp_path: Path) -> None:
+    import random
+
+    import numpy as np
+
+    from mpt_repro.trainer import rng_state, set_rng_state
+
+    np.random.seed(3)
+    np.random.standard_normal()  # a cached gaussian is part of numpy's state
+    save_checkpoint(tmp_path, {**_state(1), "rng": rng_state()})
+    want = (np.random.standard_normal(4).tolist(), random.random(), torch.rand(3).tolist())
+    set_rng_state(load_checkpoint(tmp_path)["rng"])  # a weights_only=True load
+    got = (np.random.standard_normal(4).tolist(), random.random(), torch.rand(3).tolist())
+    assert got == want

@@ -191,6 +191,59 @@ def test_audio_at_another_rate_is_refused(tmp_path) -> None:
         speech_data(folder)  # found when the split is listed, before any training
 
 
+def test_a_transcript_that_is_not_utf8_is_refused_naming_the_file_and_line(tmp_path) -> None:
+    folder = write_librispeech(tmp_path)
+    listing = folder / "dev-clean/84/121/84-121.trans.txt"
+    listing.write_bytes(b"84-121-0000 GO ON\n84-121-0001 YES S\xc9R\n")  # Latin-1, not UTF-8
+    with pytest.raises(DataError) as err:
+        speech_data(folder)
+    assert str(err.value).startswith(
+        f"{listing}: line 2 is not UTF-8 text (byte 0xc9); LibriSpeech transcripts are"
+    )
+
+
+def _nan_clip(path: Path) -> None:
+    """A float WAV under the clip's name (libsndfile reads by content): one NaN sample."""
+    import soundfile
+
+    audio = np.zeros(int(0.5 * RATE), np.float32)
+    audio[100] = np.nan
+    soundfile.write(path, audio, RATE, format="WAV", subtype="FLOAT")
+
+
+def test_nan_audio_is_a_data_fault_naming_the_file(tmp_path) -> None:
+    from mpt_repro.data.speech import read_audio
+
+    path = tmp_path / "84-121-0000.flac"
+    _nan_clip(path)
+    with pytest.raises(DataError) as err:
+        read_audio(path, RATE)
+    assert str(err.value) == (
+        f"{path}: 1 of its 8000 samples are NaN or infinite (the first at sample 100); replace "
+        "the file (a run would record it as a numerics divergence)"
+    )
+
+
+def test_mpt_run_fails_a_nan_clip_as_data_and_a_bad_transcript_at_start(tmp_path) -> None:
+    """NaN audio was recorded as an FP32 numerics divergence; a non-UTF-8 trans.txt was exit 1
+    with no file named (issue 34)."""
+    nan, latin = write_librispeech(tmp_path / "nan"), write_librispeech(tmp_path / "latin")
+    for speaker, chapter, utt, _, _ in UTTERANCES["train-clean-100"]:  # every clip: any order
+        _nan_clip(nan / f"train-clean-100/{speaker}/{chapter}/{speaker}-{chapter}-{utt:04d}.flac")
+    bad = latin / "train-clean-100/19/198/19-198.trans.txt"
+    bad.write_bytes(bad.read_bytes() + b"19-198-0009 CAF\xc9\n")
+    proc = run_cli("-m", "experiment=speech", "budget=smoke", "trainer.device=cpu",
+                   f"data.root={nan},{latin}", f"paths.runs_dir={tmp_path / 'runs'}",
+                   check=False, env=ONE_THREAD)  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [x for x in proc.stderr.splitlines() if x.startswith("mpt-run: error:")]
+    assert f"mpt-run: error: {bad}: line 4 is not UTF-8 text (byte 0xc9); " in "\n".join(errors)
+    assert any("samples are NaN or infinite" in x and str(nan) in x for x in errors), errors
+    (record,) = [read_run(p.parent) for p in (tmp_path / "runs").rglob("run.json")]
+    assert record["status"] == "failed" and "NaN or infinite" in record["reason"]
+    assert "diverg" not in record["reason"].split("(a run")[0]
+
+
 # -- SortaGrad -------------------------------------------------------------------------------------
 # -- what an evaluation or a step cannot score ----------------------------------------------------
 LONG = "ABCDEFGHIJ" * 20  # 200 characters: more than any of these clips has output frames

@@ -91,6 +91,37 @@ def test_each_lr_schedule_is_held_only_when_its_own_optimizer_skipped(
         assert lr == pytest.approx(cfg.optim.lr * factor(applied), rel=1e-7)
 
 
+class FakeTime:
+    """perf_counter for mpt_repro.trainer: each reading advances it by one tick (1 ms), and
+    advance() stands for time spent elsewhere, so timing assertions count readings, not the
+    machine's speed (issue 34: they failed under load)."""
+
+    current: FakeTime
+    TICK = 1e-3
+
+    def __init__(self):
+        self.now = 0.0
+        FakeTime.current = self
+
+    def perf_counter(self) -> float:
+        self.now += self.TICK
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += seconds
+
+
+@pytest.fixture
+def fake_time(monkeypatch) -> FakeTime:
+    from types import SimpleNamespace
+
+    import mpt_repro.trainer
+
+    fake = FakeTime()
+    monkeypatch.setattr(mpt_repro.trainer, "time", SimpleNamespace(perf_counter=fake.perf_counter))
+    return fake
+
+
 class Scripted(Task):
     """One optimizer; the loss of iteration i (1-based) is NaN from `nan_from` on; evaluation
     takes `eval_s` seconds of wall time."""
@@ -117,9 +148,8 @@ class Scripted(Task):
         return StepResult(loss=loss, stepped=torch.tensor(True), samples=1)
 
     def evaluate(self):
-        import time
-
-        time.sleep(self.eval_s)
+        if self.eval_s:
+            FakeTime.current.advance(self.eval_s)  # evaluation time, on the test's own clock
         return loss_of_one()
 
 
@@ -148,15 +178,16 @@ def test_divergence_names_the_first_non_finite_iteration(tmp_path: Path, log_eve
     assert trainer.step == 8  # noticed at the first log row with a streak of 3 (8 for both)
 
 
-def test_evaluation_and_checkpoint_time_is_not_training_time(tmp_path: Path) -> None:
+def test_evaluation_and_checkpoint_time_is_not_training_time(tmp_path: Path, fake_time) -> None:
     trainer = trainer_for(
-        tmp_path, "trainer.max_steps=4", "trainer.eval_every=1", "trainer.log_every=1", eval_s=0.3
+        tmp_path, "trainer.max_steps=4", "trainer.eval_every=1", "trainer.log_every=1", eval_s=100
     )
     summary = trainer.fit()
     trainer.close()
-    # 3 evaluations inside the loop plus the final one: 1.2 s of sleeping, none of it training
-    assert summary["train_time_s"] < 0.25
-    assert summary["samples_per_s"] > 4 / 0.25
+    # 3 evaluations inside the loop plus the final one: 400 s on the fake clock, none of it
+    # training; training is the clock's own readings (a tick each), whatever the machine's speed
+    assert summary["train_time_s"] < 0.1
+    assert summary["samples_per_s"] > 4 / 0.1
 
 
 def test_parameter_ema_is_fp32_follows_only_applied_steps_and_is_what_evaluation_sees():
@@ -313,13 +344,18 @@ def test_a_resumed_run_ends_with_the_weights_and_learning_rate_of_an_uninterrupt
     assert lr[0] == lr[1] != parts[0].optimizers["model"].param_groups[0]["lr"]  # it moved
 
 
-def test_each_lap_of_the_clock_counts_from_the_one_before() -> None:
+def test_each_lap_of_the_clock_counts_from_the_one_before(fake_time) -> None:
     clock = Clock(torch.device("cpu"))
     for _ in range(2):
         clock.start()
+        fake_time.advance(2.0)
         clock.stop()
-        assert clock.take_lap() < 0.5  # a lap of next to nothing, twice
-    assert clock.total < 0.5
+        # the lap since start(): 2 s and the tick of stop()'s own reading, twice, not cumulative
+        assert clock.take_lap() == pytest.approx(2.0 + FakeTime.TICK)
+    assert clock.total == pytest.approx(2 * (2.0 + FakeTime.TICK))
+    with clock.paused():  # not running: pausing leaves it stopped
+        fake_time.advance(5.0)
+    assert clock.take_lap() == 0.0
 
 
 def test_the_log_window_sums_losses_samples_and_the_task_s_extra_scalars() -> None:

@@ -65,7 +65,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="folder for advice.md, advice.json and the figure (default RUN_DIR/advice)",
     )
     ap.add_argument("--no-figures", action="store_true", help="write no figure")
-    return ap.parse_args(argv)
+    # options may come between the overrides (K=V --steps 6 K2=V), as in mpt-run's own lines
+    return ap.parse_intermixed_args(argv)
+
+
+def check_options(args: argparse.Namespace) -> None:
+    """The options' own ranges, named as options (--steps 0 was refused as trainer.max_steps)."""
+    from mpt_repro.advise.evidence import AdviceError
+
+    for flag, value in (("--steps", args.steps), ("--every", args.every)):
+        if value is not None and value < 1:
+            raise AdviceError(f"{flag} must be at least 1 (got {value}), e.g. {flag} 300")
 
 
 def split_targets(targets: list[str]) -> tuple[list[Path], list[str]]:
@@ -97,6 +107,7 @@ def run(args: argparse.Namespace) -> None:
     from mpt_repro.advise.advice import build_advice, write_advice
     from mpt_repro.advise.launch import run_diagnostic
 
+    check_options(args)
     run_dirs, overrides = split_targets(args.targets)
     if overrides:
         run_dirs = [run_diagnostic(overrides, args.steps, args.every)]

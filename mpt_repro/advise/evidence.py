@@ -82,7 +82,10 @@ class RunEvidence:
 
 def load_evidence(run_dir: Path) -> RunEvidence:
     """The telemetry of one run directory; AdviceError (one line) when there is none to read."""
-    from mpt_repro.telemetry.records import read_records  # torch: only once there is a run to read
+    from mpt_repro.telemetry.records import (
+        BadRecords,
+        read_records,
+    )  # torch: only once there is a run to read
 
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
@@ -91,7 +94,10 @@ def load_evidence(run_dir: Path) -> RunEvidence:
     tel = (record.get("diagnostics") or {}).get("telemetry")
     cfg_tel = (record.get("config") or {}).get("telemetry") or {}
     name = (tel or {}).get("record_file") or cfg_tel.get("record_file") or "telemetry.jsonl"
-    records = read_records(run_dir / name)
+    try:
+        records = read_records(run_dir / name, strict=True)
+    except BadRecords as e:  # was a KeyError
+        raise AdviceError(f"{e}; remove that line, or run the diagnostic again") from None
     samples = [r for r in records if r.get("mode") == "sample"]
     if not samples:
         raise AdviceError(
@@ -99,11 +105,18 @@ def load_evidence(run_dir: Path) -> RunEvidence:
             "let mpt-advise run one (mpt-advise experiment=... [model=custom model.target=...])"
         )
     layers: dict[str, LayerEvidence] = {}
-    for r in samples:
-        for layer, entry in r["layers"].items():
-            _add_sample(layers.setdefault(layer, LayerEvidence(layer)), entry, bool(r["stepped"]))
-    scales = [float(s) for r in samples for s in r.get("loss_scale", {}).values()]
-    tops = [_top(r) for r in samples]
+    try:
+        for r in samples:
+            for layer, entry in r["layers"].items():
+                evidence = layers.setdefault(layer, LayerEvidence(layer))
+                _add_sample(evidence, entry, bool(r["stepped"]))
+        scales = [float(s) for r in samples for s in r.get("loss_scale", {}).values()]
+        tops = [_top(r) for r in samples]
+    except (KeyError, TypeError, ValueError, AttributeError) as e:  # a record cut or edited
+        raise AdviceError(
+            f"{run_dir / name}: a sample record is incomplete ({type(e).__name__}: {e}); "
+            "run the diagnostic again"
+        ) from None
     return RunEvidence(run_dir, record, [r["step"] for r in samples], layers, scales, tops)
 
 

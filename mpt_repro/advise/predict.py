@@ -177,7 +177,7 @@ def predict_all(evidence: RunEvidence, keep: float) -> Advice:
             p.updates = _updates(evidence)
         if recipe.window is fm.FP16:
             p.needs = layer_needs(evidence, shift, keep)
-        p.verdict = verdict(p, static, keep)
+        p.verdict = diverged_verdict(evidence) or verdict(p, static, keep)
         out.append(p)
     return Advice(evidence, static, out)
 
@@ -194,6 +194,25 @@ def pct(x: float) -> str:
     if x < 1e-4:
         return "<0.01%"
     return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
+
+
+def lower_lr(evidence: RunEvidence) -> float | None:
+    """A tenth of the learning rate of a diagnostic run that diverged (None: it did not, or its
+    record names no learning rate)."""
+    if evidence.record.get("status") != "diverged":
+        return None
+    lr = ((evidence.record.get("config") or {}).get("optim") or {}).get("lr")
+    return float(lr) / 10 if isinstance(lr, (int, float)) and lr > 0 else None
+
+
+def diverged_verdict(evidence: RunEvidence) -> str | None:
+    """A diverged diagnostic run's gradients describe no training that works: no recipe is called
+    safe on them (every one was, and its learning rate was suggested again)."""
+    if evidence.record.get("status") != "diverged":
+        return None
+    lr = lower_lr(evidence)
+    retry = f"optim.lr={lr:g}" if lr is not None else "a lower optim.lr"
+    return f"unknown: the diagnostic run diverged; run it again with {retry}"
 
 
 def verdict(p: Prediction, static: StaticScale, keep: float) -> str:

@@ -7,7 +7,7 @@ import shlex
 
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KIND_NAMES, KINDS, RunEvidence
-from mpt_repro.advise.predict import Advice, Prediction, pct, scale_text
+from mpt_repro.advise.predict import Advice, Prediction, lower_lr, pct, scale_text
 from mpt_repro.advise.scale import gradients
 
 # Overrides of the diagnostic run that a run of a recipe does not repeat: the recipe sets its own
@@ -18,11 +18,15 @@ _NOT_REPEATED = ("precision", "telemetry", "trainer.max_steps")
 def run_command(evidence: RunEvidence, prediction: Prediction) -> str:
     """The mpt-run command of a recipe: the diagnostic run's own overrides, less precision,
     telemetry and trainer.max_steps, plus the recipe's."""
+    lr = lower_lr(evidence)  # a run that diverged: not its learning rate again
+    dropped = _NOT_REPEATED + (("optim.lr",) if lr is not None else ())
     keep = [
         o
         for o in evidence.record.get("overrides") or []
-        if not any(o.lstrip("+~").split("=")[0].startswith(k) for k in _NOT_REPEATED)
+        if not any(o.lstrip("+~").split("=")[0].startswith(k) for k in dropped)
     ]
+    if lr is not None:
+        keep.append(f"optim.lr={lr:g}")
     return shlex.join(["mpt-run", *keep, *prediction.overrides()])
 
 
@@ -184,6 +188,16 @@ def header_lines(advice: Advice) -> list[str]:
         )
         + f". Tolerance: {pct(1 - advice.static.keep)} of them (keep = {advice.static.keep:g})."
     ]
+    if ev.record.get("status") == "diverged":
+        lr = lower_lr(ev)
+        lines.insert(
+            0,
+            f"**The diagnostic run diverged** ({ev.record.get('reason') or 'no reason recorded'})"
+            ": its gradients describe no training that works, so no recipe is called safe on "
+            "them; the commands below use "
+            + (f"a tenth of its learning rate (optim.lr={lr:g})." if lr else "its settings.")
+            + " Run the diagnostic again with them.",
+        )
     scales = sorted(set(ev.loss_scales))
     if ev.precision != "fp32" or scales not in ([], [1.0]):
         lines.append(

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -30,6 +31,7 @@ from mpt_repro.data.device import normalize_on_device
 from mpt_repro.errors import DataError
 
 FOLDER = "cifar-10-batches-py"
+NUM_CLASSES = 10
 TRAIN_FILES = [f"data_batch_{i}" for i in range(1, 6)]
 TEST_FILE = "test_batch"
 LAYOUT = (
@@ -94,21 +96,100 @@ def find_folder(root: str | None) -> Path:
     )
 
 
+# What a CIFAR-10 python batch may name: numpy's array and dtype reconstruction (the arrays of
+# b"data"), and the encoder Python 3's protocol 2 uses for bytes. Anything else a pickle names (a
+# function that runs a command, a class that writes a file) is refused before it is called.
+SAFE_GLOBALS = frozenset(
+    {
+        ("numpy.core.multiarray", "_reconstruct"),
+        ("numpy._core.multiarray", "_reconstruct"),
+        ("numpy.core.numeric", "_frombuffer"),
+        ("numpy._core.numeric", "_frombuffer"),
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+        ("_codecs", "encode"),
+    }
+)
+
+
+class UnsafePickle(Exception):
+    """A pickle names something a CIFAR-10 batch never holds."""
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """Unpickles dicts, lists, str/bytes, ints and numpy arrays, and nothing else."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in SAFE_GLOBALS:
+            raise UnsafePickle(
+                f"it names {module}.{name}, which a CIFAR-10 batch never holds (only dicts, "
+                "lists, bytes, ints and numpy arrays); it was not loaded, nothing in it ran"
+            )
+        return super().find_class(module, name)
+
+
 def read_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
-    """One pickled batch as uint8 images (N, 3, 32, 32) and int64 labels."""
+    """One pickled batch as uint8 images (N, 3, 32, 32) and int64 labels, checked: uint8 pixels,
+    labels in 0..9 (refused naming the file, before anything trains on them)."""
     try:
         with open(path, "rb") as f:
-            batch = pickle.load(f, encoding="bytes")
-        data, labels = batch[b"data"], batch[b"labels"]
-        images = torch.as_tensor(data, dtype=torch.uint8).reshape(-1, 3, 32, 32)
-        labels = torch.as_tensor(labels, dtype=torch.int64)
-    except Exception as e:  # cut short, not a pickle, another layout: name the file
+            batch = BatchUnpickler(f, encoding="bytes").load()
+    except UnsafePickle as e:
+        raise DataError(f"{path}: refused: {e}. Unpack cifar-10-python.tar.gz again") from None
+    except Exception as e:  # cut short, not a pickle: name the file
         raise DataError(
             f"{path}: not a CIFAR-10 python batch ({type(e).__name__}: {e}); expected {LAYOUT}"
         ) from None
+    data, labels = _fields(path, batch)
+    images = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, 3, 32, 32)
+    try:
+        labels = torch.as_tensor(labels, dtype=torch.int64)
+    except (
+        OverflowError,
+        RuntimeError,
+        ValueError,
+    ):  # an int past int64 (or a uint64 array): out of range
+        raise DataError(
+            f"{path}: a label is too large for an integer; CIFAR-10 has {NUM_CLASSES} classes "
+            "(0..9). Unpack cifar-10-python.tar.gz again"
+        ) from None
     if len(images) != len(labels):
         raise DataError(f"{path}: {len(images)} images but {len(labels)} labels")
+    bad = ((labels < 0) | (labels >= NUM_CLASSES)).nonzero()
+    if len(bad):
+        i = int(bad[0])
+        raise DataError(
+            f"{path}: label {int(labels[i])} of image {i} is outside 0..{NUM_CLASSES - 1} "
+            f"({len(bad)} such labels); CIFAR-10 has {NUM_CLASSES} classes. Unpack "
+            "cifar-10-python.tar.gz again"
+        )
     return images, labels
+
+
+def _fields(path: Path, batch: Any) -> tuple[np.ndarray, Any]:
+    """b"data" and b"labels" of an unpickled batch, as the official files hold them."""
+    if not isinstance(batch, dict) or b"data" not in batch or b"labels" not in batch:
+        keys = sorted(batch) if isinstance(batch, dict) else type(batch).__name__
+        raise DataError(
+            f"{path}: not a CIFAR-10 python batch (it holds {keys}, not a dict with b'data' and "
+            f"b'labels'); expected {LAYOUT}"
+        )
+    data, labels = batch[b"data"], batch[b"labels"]
+    if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
+        what = f"{data.dtype} values" if isinstance(data, np.ndarray) else type(data).__name__
+        top = f", up to {np.max(data):g}" if isinstance(data, np.ndarray) and data.size else ""
+        raise DataError(
+            f"{path}: b'data' holds {what}{top}, not uint8 pixels (0..255): it would be cast "
+            "to uint8, wrapping every value past 255. Unpack cifar-10-python.tar.gz again"
+        )
+    if data.ndim != 2 or data.shape[1] != 3 * 32 * 32:
+        raise DataError(
+            f"{path}: b'data' has shape {data.shape}, not N x 3072 (32x32 RGB); expected {LAYOUT}"
+        )
+    ints = isinstance(labels, list) and all(type(v) is int for v in labels)
+    if not ints and not (isinstance(labels, np.ndarray) and labels.dtype.kind in "iu"):
+        raise DataError(f"{path}: b'labels' is not a list of integers; expected {LAYOUT}")
+    return data, labels
 
 
 @register_dataset("cifar10")
@@ -133,7 +214,7 @@ def cifar10(cfg: Any) -> ImageData:
     return ImageData(
         train=CIFARSplit(train_images, train_labels, augment=augment),
         eval=CIFARSplit(test_images, test_labels),
-        num_classes=10,
+        num_classes=NUM_CLASSES,
         channels=3,
         description=(
             f"CIFAR-10 at {folder} ({len(train_labels)} train / {len(test_labels)} test, 32x32, "

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Dataset
 
@@ -174,6 +175,13 @@ def read_audio(path: Path, sample_rate: int) -> torch.Tensor:
     except Exception as e:  # not audio, cut short: name the file
         raise DataError(f"{path}: cannot read it as audio ({type(e).__name__}: {e})") from None
     check_rate(path, rate, sample_rate)
+    bad = ~np.isfinite(audio).all(axis=1)
+    if bad.any():  # a data fault, not a numerics divergence of the run (float WAV can hold NaN)
+        raise DataError(
+            f"{path}: {int(bad.sum())} of its {len(audio)} samples are NaN or infinite (the first "
+            f"at sample {int(bad.argmax())}); replace the file (a run would record it as a "
+            "numerics divergence)"
+        )
     return torch.from_numpy(audio.mean(axis=1))  # mono
 
 
@@ -203,6 +211,21 @@ def collate(batch: list[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tens
     }
 
 
+def _transcript_lines(listing: Path) -> list[str]:
+    """The lines of a .trans.txt, read as UTF-8 whatever the locale; a byte that is not UTF-8 is
+    refused naming the file and the line (LibriSpeech's transcripts are ASCII capitals)."""
+    raw = listing.read_bytes()
+    try:
+        return raw.decode("utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise DataError(
+            f"{listing}: line {line} is not UTF-8 text (byte 0x{raw[e.start]:02x}); LibriSpeech "
+            "transcripts are `<id> TRANSCRIPT` in ASCII capitals: fix that line or unpack the "
+            "tarball again"
+        ) from None
+
+
 # -- LibriSpeech -----------------------------------------------------------------------------------
 def find_folder(root: str | None) -> Path:
     """The LibriSpeech folder: data.root itself or the LibriSpeech folder under it."""
@@ -223,7 +246,7 @@ def read_split(folder: Path, split: str, sample_rate: int) -> list[Utterance]:
         )
     utterances = []
     for listing in sorted(base.glob("*/*/*.trans.txt")):
-        for line in listing.read_text().splitlines():
+        for line in _transcript_lines(listing):
             if not line.strip():
                 continue
             key, _, text = line.partition(" ")

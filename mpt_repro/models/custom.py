@@ -76,4 +76,10 @@ def custom(cfg: Any, num_classes: int, **_: Any) -> nn.Module:
         raise ConfigError(
             f"model.target={target!r} returned a {type(model).__name__}, not an nn.Module"
         )
+    if not any(p.requires_grad for p in model.parameters()):  # the optimizer's bare ValueError
+        raise ConfigError(
+            f"model.target={target!r} returned a {type(model).__name__} with no trainable "
+            "parameters: there is nothing to train. Register its layers as attributes of the "
+            "module (nn.Module, nn.ModuleList), not in plain lists, and leave requires_grad on"
+        )
     return model

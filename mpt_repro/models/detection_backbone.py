@@ -17,12 +17,12 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 from typing import Any
 
 import torch
 from torch import nn
 
+from mpt_repro.checkpoint import UnsafeFile, refusal, safe_load
 from mpt_repro.errors import ConfigError, DataError
 
 log = logging.getLogger("mpt_repro")
@@ -66,12 +66,19 @@ def vgg16_trunk(width: int = 64) -> nn.Sequential:
 
 
 def _load(path: str) -> Any:
+    # weights_only=True always (this suite's checkpoints hold tensors and plain values): a file
+    # someone shared must not run code when it is named as a backbone
     try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
-        # this suite's checkpoints also hold RNG states (numpy arrays): a full unpickle, of a
-        # file the user named themselves, as the trainer's own resume does
-        return torch.load(path, map_location="cpu", weights_only=False)
+        return safe_load(path)
+    except UnsafeFile as e:
+        raise DataError(
+            refusal(
+                f"model.backbone_weights={path}",
+                e,
+                "Give a state dict (torch.save(model.state_dict(), ...)) or the "
+                "checkpoints/last.pt of an experiment=vgg16 run.",
+            )
+        ) from None
 
 
 def _masters_into(sd: dict[str, torch.Tensor], ckpt: dict) -> dict[str, torch.Tensor]:
@@ -102,12 +109,12 @@ def read_vgg16_state(path: str) -> dict[str, torch.Tensor]:
         )
     try:
         obj = _load(path)
+    except DataError:
+        raise
     except Exception as e:  # noqa: BLE001 - any unreadable file: say which and what to do
         raise DataError(f"cannot read model.backbone_weights={path}: {e}") from None
     if isinstance(obj, dict) and "models" in obj:  # this suite's checkpoint
         sd = _masters_into(dict(obj["models"]["model"]), obj)
-    elif isinstance(obj, nn.Module):
-        sd = obj.state_dict()
     elif isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):
         sd = obj["state_dict"]
     else:

@@ -89,16 +89,20 @@ def layer_scale_exponent(
     accum_upper_bound: float,
     formula: str = "paper",
     mean_g: float = 0.0,
+    var_g: float | None = None,
 ) -> int:
     """log2 of the layer's scale s (approx_range) by ``formula`` (FORMULAS).
 
     The statistics are those of the gradient *as it arrives* at the layer (already carrying the
     accumulated scale ``prev_scale``) and of the weights: ``ms_*`` is the mean square
     (sigma^2 + mu^2), ``*_max``/``*_min`` the extreme elements, ``mean_g`` the gradient's mean
-    (read only by ``code``).
+    and ``var_g`` its variance computed from the deviations themselves (read only by ``code``;
+    without it the variance is ms_g - mean_g^2, which cancels on near-constant gradients).
     """
     if formula != "paper":
-        s = _code_scale(ms_g, mean_g, g_max, g_min, ms_w, w_max, w_min, fan_in, threshold, formula)
+        if var_g is None:
+            var_g = max(ms_g - mean_g * mean_g, 0.0)
+        s = _code_scale(var_g, g_max, g_min, ms_g, ms_w, w_max, w_min, fan_in, threshold, formula)
         s = min(s, scale_upper_bound, accum_upper_bound / prev_scale)  # their bound_by_heuristics
         return math.floor(math.log2(s))
     # A gradient that underflowed entirely has zero statistics: both bounds are then infinite
@@ -116,10 +120,10 @@ def layer_scale_exponent(
 
 
 def _code_scale(
-    ms_g: float,
-    mean_g: float,
+    var_g: float,
     g_max: float,
     g_min: float,
+    ms_g: float,
     ms_w: float,
     w_max: float,
     w_min: float,
@@ -130,7 +134,7 @@ def _code_scale(
     """The unbounded scale of the authors' final code (gradient-scaling @911ef2d,
     ada_loss/chainer_impl/ada_loss.py get_loss_scale_by_approx_range), before its caps."""
     if formula == "code":  # W=None: the gradient's own spread and extreme
-        sigma = math.sqrt(max(ms_g - mean_g * mean_g, 0.0))  # numpy's std (population)
+        sigma = math.sqrt(var_g)  # numpy's std (population), from the deviations
         o_max, u_max = max(abs(g_max), abs(g_min)), CODE_U_MAX
     else:  # code_weights: the product model, widened by the fan-in ("assuming ReLU")
         sigma = math.sqrt(ms_g * ms_w) * math.sqrt(0.5 * fan_in)
@@ -206,8 +210,12 @@ def _scale_incoming(cell: _OutCell, grads):
                 lo, hi = torch.aminmax(g)
                 norm = torch.linalg.vector_norm(g, dtype=torch.float32)
                 stats = [norm, hi, lo]
-                if cell.layer.owner.formula == "code":  # std(g) needs the mean as well
-                    stats.append(g.sum(dtype=torch.float32))
+                if cell.layer.owner.formula == "code":  # std(g): from the deviations, as
+                    # numpy's std does (E[g^2] - mean^2 cancels on near-constant gradients);
+                    # an FP32 copy of g for this formula alone
+                    total = g.sum(dtype=torch.float32)
+                    deviations = g.float() - total / g.numel()
+                    stats += [total, torch.linalg.vector_norm(deviations).square()]
                 cell.layer.g_stats = torch.stack(stats)  # promoted to FP32
                 cell.layer.g_scale = (cell.record_scale, g.numel())
     if cell.factor == 1.0:
@@ -617,7 +625,9 @@ class AdaptiveScaler(LossScaler):
             # the sums of squares, max of the maxima, min of the minima (and mean of the sums).
             # Weights are identical.
             cols = grads.shape[1]
-            distributed.all_reduce_columns_(grads, ["mean", "max", "min", "mean"][:cols])
+            # the last: the sum of squared deviations from each rank's own mean (its within-rank
+            # spread: the values that arrive at the layer on that rank)
+            distributed.all_reduce_columns_(grads, ["mean", "max", "min", "mean", "mean"][:cols])
             weights = [w for lay in have for w in lay.weights]
             # multi-tensor kernels over all the weights (max -w: there is no _foreach_min), and
             # one copy to the host for everything
@@ -637,6 +647,7 @@ class AdaptiveScaler(LossScaler):
         first = 0  # the layer's first weight tensor in the w_* lists
         for k, layer in enumerate(have):
             sumsq, g_max, g_min, *g_sum = g_values[cols * k : cols * k + cols]
+            g_sum, g_m2 = g_sum[:1], g_sum[1:]
             sc, numel = layer.g_scale
             last = first + len(layer.weights)
             ms_w = sum(x * x for x in w_norms[first:last]) / layer.weight_numel
@@ -644,6 +655,7 @@ class AdaptiveScaler(LossScaler):
             first = last
             st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, w_min]
             st += [x / numel / sc for x in g_sum]  # the mean, when the formula reads it
+            st += [x / numel / (sc * sc) for x in g_m2]  # and the variance
             layer.g_stats = None
             if all(math.isfinite(v) for v in st):  # an overflowing step's: keep the old ones
                 layer.stats = st
@@ -652,7 +664,7 @@ class AdaptiveScaler(LossScaler):
         """log2 s_L for a gradient arriving with scale 2^prev, under the accumulation cap 2^cap."""
         if layer.stats is None:  # no statistics yet: pass through (s = 1), still under the cap
             return min(0, cap - prev)
-        ms_g, g_max, g_min, ms_w, w_max, w_min, *mean = layer.stats
+        ms_g, g_max, g_min, ms_w, w_max, w_min, *mean = layer.stats  # mean, variance (code)
         p = 2.0**prev  # the formula wants the gradient as it arrives, i.e. carrying its scale
         return layer_scale_exponent(
             ms_g * p * p,
@@ -668,6 +680,7 @@ class AdaptiveScaler(LossScaler):
             2.0**cap,
             formula=self.formula,
             mean_g=mean[0] * p if mean else 0.0,
+            var_g=mean[1] * p * p if len(mean) > 1 else None,  # none in older checkpoints
         )
 
     def unscale_(self, grads: Sequence[Tensor]) -> Tensor:

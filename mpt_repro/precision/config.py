@@ -175,8 +175,10 @@ class PrecisionConfig:
     # faithful
     hold_lr_on_skip: bool = field(default=True, metadata=read_when("loss_scaling", *_SCALED))
     # end the run as diverged when the scale sits at min_scale for this many consecutive skipped
-    # steps
-    floor_patience: int = field(default=50, metadata=read_when("loss_scaling", *_SCALED))
+    # steps; without a scaler, when the FP16-state guard undoes this many steps in a row
+    floor_patience: int = field(
+        default=50, metadata=read_when("skip_ending", "a loss scaler", "an FP16 state guard")
+    )
     # adaptive (layer-wise) loss scaling, Zhao et al. 2019 (used when loss_scaling=adaptive)
     adaptive_underflow_threshold: float = field(default=1e-3, metadata=ADAPTIVE)
     adaptive_scale_upper_bound: float = field(default=16.0, metadata=ADAPTIVE)

@@ -89,6 +89,9 @@ class PrecisionOptimizer:
         self.host_stepped: bool | None = None
         device = self.params[0].device if self.params else torch.device("cpu")
         self._skipped = torch.zeros((), dtype=torch.int64, device=device)
+        # consecutive steps skipped or undone, up to the last: without a scaler nothing changes
+        # from one step to the next, so a streak that long is a run that can apply no step
+        self._skip_streak = torch.zeros((), dtype=torch.int64, device=device)
         # first/last parameter (index into names) whose grad was inf/NaN, on the device
         self._first_bad = torch.full((), -1, dtype=torch.int64, device=device)
         self._first_bad_step = torch.full((), -1, dtype=torch.int64, device=device)
@@ -162,6 +165,7 @@ class PrecisionOptimizer:
         if self.master is not None:
             self.master.masters_to_model()  # after a skipped step: the same values again
         self._skipped += (found_inf > 0).reshape(())
+        self._skip_streak = (self._skip_streak + 1) * (found_inf > 0).reshape(())
         if self.scale_group is not None:
             self.scale_group.report(found_inf)
             if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
@@ -269,6 +273,11 @@ class PrecisionOptimizer:
     def skipped(self) -> int:
         return int(self._skipped)
 
+    @property
+    def skip_streak(self) -> int:
+        """Steps skipped or undone in a row up to the last one (a host read)."""
+        return int(self._skip_streak)
+
     def nonfinite(self) -> dict:
         """The first and the last parameter whose gradient held inf/NaN (host reads)."""
         first, step, last = int(self._first_bad), int(self._first_bad_step), int(self._last_bad)
@@ -296,6 +305,7 @@ class PrecisionOptimizer:
                 k: getattr(self, k).item()
                 for k in (
                     "_skipped",
+                    "_skip_streak",
                     "_first_bad",
                     "_first_bad_step",
                     "_last_bad",
@@ -315,7 +325,7 @@ class PrecisionOptimizer:
         for hook in self.hooks:
             if sd.get(hook.key) is not None:
                 hook.load_state_dict(sd[hook.key])
-        for k, v in sd["device_state"].items():
+        for k, v in sd["device_state"].items():  # _skip_streak is absent from older ones: 0
             getattr(self, k).fill_(v)
 
 

@@ -256,18 +256,14 @@ class PrecisionPolicy:
         """Raise Diverged when a scale has sat at its floor for ``floor_patience`` skipped steps
         in a row (the trainer asks at its log rows: the count itself is kept on the device)."""
         for n, o in self.optimizers.items():
-            at = o.scaler.diverged_at() if o.scaler is not None else None
+            if o.scaler is None:
+                if o.guard is not None:  # only the guard undoes a step without a scaler
+                    self._check_undone(n, o)
+                continue
+            at = o.scaler.diverged_at()
             if at is None:
                 continue
-            bad = o.nonfinite()
-            layer = self._qualified(n, bad["last_nonfinite_layer"])
-            kind = bad["last_nonfinite_kind"]
-            where = (
-                f"last non-finite update in layer {layer!r} (its FP16 weight or optimizer state "
-                "would have become inf/NaN: the state has no FP32 master copy)"
-                if kind == "update"
-                else f"last non-finite gradient in layer {layer!r} ({kind})"
-            )
+            layer, where = self._where(n, o)
             raise Diverged(
                 f"loss scale stuck at its floor {o.loss_scale:g} for "
                 f"{self.cfg.floor_patience} consecutive skipped steps "
@@ -276,6 +272,35 @@ class PrecisionPolicy:
                 at,
                 layer=layer,
             )
+
+    def _check_undone(self, n: str, o: PrecisionOptimizer) -> None:
+        """Without a scaler (preset fp16) a step the FP16-state guard undoes is undone again the
+        next time: the divergence check read only the scaler, and such a run trained on, with no
+        step applied, to its end. floor_patience steps in a row end it as diverged."""
+        patience = self.cfg.floor_patience
+        streak = o.skip_streak if patience > 0 else 0
+        if streak < patience:
+            return
+        layer, where = self._where(n, o)
+        raise Diverged(
+            f"no optimizer step could be applied for {streak} consecutive steps: each was undone "
+            f"and, without a loss scaler, nothing changes from one to the next; {where}. Use loss "
+            "scaling or an FP32 master copy (e.g. precision=mixed), or lower the LR.",
+            o.steps - streak + patience,
+            layer=layer,
+        )
+
+    def _where(self, n: str, o: PrecisionOptimizer) -> tuple[str | None, str]:
+        bad = o.nonfinite()
+        layer = self._qualified(n, bad["last_nonfinite_layer"])
+        kind = bad["last_nonfinite_kind"]
+        where = (
+            f"last non-finite update in layer {layer!r} (its FP16 weight or optimizer state "
+            "would have become inf/NaN: the state has no FP32 master copy)"
+            if kind == "update"
+            else f"last non-finite gradient in layer {layer!r} ({kind})"
+        )
+        return layer, where
 
     def _qualified(self, opt_name: str, layer: str | None) -> str | None:
         return f"{opt_name}.{layer}" if layer and len(self.optimizers) > 1 else layer

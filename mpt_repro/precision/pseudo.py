@@ -61,6 +61,9 @@ FP32_MATH = frozenset(
         "layer_norm",
         "group_norm",
         "instance_norm",
+        # a normalisation like the ones above; it also pools internally (avg_pool3d), which the
+        # CPU has no FP16 kernel for (alexnet, googlenet could not run this preset there)
+        "local_response_norm",
         "softmax",
         "log_softmax",
         "sum",

@@ -8,6 +8,7 @@ mpt-report /data/sweep --out /tmp/r --no-plots --tolerance top1=0.3
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -88,9 +89,9 @@ HEADINGS = {
     ),
     "replaced": ("Replaced by overwrite=true (kept aside)", False),
     "suspect": (
-        "Completed with non-finite metrics, without one applied step, or with more than "
-        f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped (in the tables: check "
-        "them)",
+        "Completed with non-finite metrics, without one applied step, with more than "
+        f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped, or with files of its "
+        "record missing (in the tables: check them)",
         True,
     ),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
@@ -175,21 +176,26 @@ def build_report(
     text += ["## Tables", ""] + [markdown(t) for t in tables]
     text.append(problems_section(problems))
     if not runs.empty:
-        # mpt-advise's reading of every run that recorded gradient histograms (telemetry),
-        # duplicates included: a telemetry run of a sweep's configuration is counted once in the
-        # tables (telemetry changes nothing trained), but it is the one that holds histograms
-        duplicates = [p.path for p in problems if p.status == "duplicate"]
-        figures = out / "advice" if plots else None
-        paths = [p for p in (*runs["path"], *duplicates) if any(Path(p).glob("*.jsonl"))]
-        if paths:  # mpt-advise imports torch: only once a run has telemetry records to read
-            from mpt_repro.advise import advice_section
-
-            text.append(advice_section(paths, figures_dir=figures, relative_to=out))
+        text += _advice(runs, problems, out, plots)
     if images:
         text += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in images] + [""]
     report = "\n".join(text)
     (out / "report.md").write_text(report)
     return report, tables, problems
+
+
+def _advice(runs, problems: list[Problem], out: Path, plots: bool) -> list[str]:
+    """mpt-advise's reading of every run that recorded gradient histograms (telemetry),
+    duplicates included: a telemetry run of a sweep's configuration is counted once in the
+    tables (telemetry changes nothing trained), but it is the one that holds histograms."""
+    duplicates = [p.path for p in problems if p.status == "duplicate"]
+    figures = out / "advice" if plots else None
+    paths = [p for p in (*runs["path"], *duplicates) if any(Path(p).glob("*.jsonl"))]
+    if not paths:  # mpt-advise imports torch: only once a run has telemetry records to read
+        return []
+    from mpt_repro.advise import advice_section
+
+    return [advice_section(paths, figures_dir=figures, relative_to=out)]
 
 
 def write_raw(out: Path, runs, agg, settings: Settings, deltas=None) -> None:
@@ -236,6 +242,9 @@ def main(argv=None) -> int:
     except ValueError as e:
         return _refuse(str(e))
     records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
+    special = _special_files(records) or _unknown_tolerances(args.tolerance, records)
+    if special:
+        return _refuse(special)
     benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
     if not records and not benches:
         where = "no such folder" if not args.results_dir.is_dir() else "no run.json in it"
@@ -313,6 +322,44 @@ def write_atomically(out: Path, build) -> str:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def _special_files(records: list[Path]) -> str | None:
+    """A run.json that is not a regular file (a FIFO would keep the report waiting for a writer
+    forever; a device may never end): the refusal naming it, or None. Nothing is opened."""
+    from mpt_repro.record import not_a_regular_file
+
+    for path in sorted(records):
+        what = not_a_regular_file(path)
+        if what:
+            return (
+                f"{path} is {what}, not a run record mpt-run wrote: the report never opens it. "
+                "Remove it (or report on a folder without it), then run mpt-report again"
+            )
+    return None
+
+
+def _unknown_tolerances(items: list[str], records: list[Path]) -> str | None:
+    """A --tolerance for a metric no run recorded would be ignored in silence (a misspelt
+    `--tolerance top_1=0.3` left top1 at its default)."""
+    asked = [i.partition("=")[0] for i in items if i.partition("=")[0] != "default"]
+    if not asked or not records:
+        return None
+    known: set[str] = set()
+    for path in records:
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+            known.update(record.get("metrics") or {})
+            known.update(record.get("metrics_detail") or {})
+        except (OSError, ValueError, AttributeError, TypeError):
+            continue  # an unreadable record is reported as such by the report itself
+    unknown = [m for m in asked if m not in known]
+    if not unknown or not known:
+        return None
+    return (
+        f"--tolerance {unknown[0]}=...: no run here recorded a metric {unknown[0]!r} (they "
+        f"recorded: {', '.join(sorted(known))}); give one of those, or default=VALUE for all"
+    )
 
 
 def _refuse(message: str) -> int:

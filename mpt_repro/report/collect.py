@@ -41,8 +41,10 @@ from mpt_repro.identity import (
 )
 from mpt_repro.record import (
     NO_STEP_ADVICE,
+    missing_files,
     no_step_applied,
     normalised_status,
+    not_a_regular_file,
     slow_low_precision,
 )
 
@@ -373,6 +375,9 @@ def _provenance(record: dict, status: str) -> dict[str, Any]:
 
 def read_record(path: Path) -> tuple[dict | None, Problem | None]:
     """(record, None) for a tabulable run.json, else (None, the problem)."""
+    what = not_a_regular_file(path)
+    if what:  # never opened: a FIFO would wait for a writer forever
+        return None, Problem(str(path.parent), "malformed", f"run.json is {what}, not a file")
     try:
         record = json.loads(path.read_text())
     except UnicodeDecodeError as err:
@@ -448,6 +453,13 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
     dropped = describe_dropped(record.get("evaluation")) if row["status"] == "completed" else None
     if dropped:
         found.append(Problem(str(path.parent), "suspect", dropped, run_name(record)))
+    gone = missing_files(path.parent, record)
+    if gone:  # the report was silent about a record whose metrics.csv was deleted
+        reason = (
+            f"its record's files are incomplete: {', '.join(gone)} missing (its result stands "
+            "in run.json; overwrite=true trains it again to have them)"
+        )
+        found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
     if row["untrained"]:
         reason = (
             f"completed, but all {record['steps']} optimizer steps were skipped for an overflow: "

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mpt_repro.errors import naming
+
 BASE_COLUMNS = [
     "step",
     "epoch",
@@ -156,8 +158,11 @@ class MetricsLogger:
                     )
         row = {"step": step, "split": split, **values}
         self.rows.append(row)  # the checkpoint keeps them (Resume.rows)
-        self._csv.writerow(row)
-        self._file.flush()
+        try:
+            self._csv.writerow(row)
+            self._file.flush()
+        except OSError as e:  # a full disk, a file past `ulimit -f`: say which file
+            raise naming(e, self.csv_path) from e
 
     def close(self) -> None:
         self.writer.flush()

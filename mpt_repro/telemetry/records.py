@@ -25,18 +25,34 @@ from mpt_repro.telemetry import numerics as nx
 COUNT_KEYS = nx.FIELDS
 
 
-def read_records(path: Path) -> list[dict]:
-    """The records of a run, one per (step, mode), in step order (a torn last line is skipped)."""
+class BadRecords(ValueError):
+    """A telemetry file with a line that is not a record (strict reads): the message names the
+    file and the line."""
+
+
+def read_records(path: Path, strict: bool = False) -> list[dict]:
+    """The records of a run, one per (step, mode), in step order. A torn last line is skipped; any
+    other line that is not a record is skipped too, or (strict) raises BadRecords naming it."""
     path = Path(path)
     if not path.exists():
         return []
     by_key: dict[tuple, dict] = {}
-    for line in path.read_text().splitlines():
+    lines = path.read_text(errors="replace").splitlines()
+    for number, line in enumerate(lines, 1):
         try:
             r = json.loads(line)
         except json.JSONDecodeError:
+            r = None
+            if number == len(lines):  # torn by a kill mid-write: the rest stands
+                continue
+        if not (isinstance(r, dict) and isinstance(r.get("step"), int) and "mode" in r):
+            if strict:
+                raise BadRecords(
+                    f"{path}: line {number} is not a telemetry record (a JSON object with step "
+                    f"and mode): {line[:60]!r}"
+                )
             continue
-        by_key[(r["step"], r["mode"])] = r
+        by_key[(r["step"], str(r["mode"]))] = r
     return [by_key[k] for k in sorted(by_key, key=lambda k: (k[0], k[1]))]
 
 
