@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -121,9 +122,54 @@ class TrainerWindows:
         tr.fit()
         return (tr.samples - samples0) / max(tr.clock.total - clock0, 1e-12)
 
+    def count(self, n: int, device: torch.device) -> dict[str, float]:
+        """The Trainer's steps counted one by one (from its on_step_start to its on_step_end:
+        the step, the LR schedules, EMA, divergence watch, log window; the log rows and
+        evaluations after on_step_end are not in it): the median ATen ops and host reads of n
+        more steps, none of which is the window's last (that one logs)."""
+
+        counter = _StepCounter(device)
+        tr = self.trainer
+        tr.callbacks.append(counter)
+        try:
+            tr.total_steps = tr.step + n + 1
+            tr.fit()
+        finally:
+            tr.callbacks.remove(counter)
+            counter.close()
+        rows = [c for c, step in counter.done if step % tr.cfg.trainer.log_every != 0][:n]
+        if not rows:
+            return {"ops_per_step": None, "host_reads_per_step": None}
+        return {
+            "ops_per_step": statistics.median(c.dispatched for c in rows),
+            "host_reads_per_step": statistics.median(c.reads for c in rows),
+        }
+
     def close(self) -> None:
         self.trainer.close()
         self._dir.cleanup()
+
+
+class _StepCounter:
+    """Trainer callback: a SyncCounter around each step (on_step_start to on_step_end)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.counter, self.done = device, None, []
+
+    def on_step_start(self, trainer: Any, step: int) -> None:
+        from mpt_repro.bench.measure import SyncCounter
+
+        self.counter = SyncCounter(self.device)
+        self.counter.__enter__()
+
+    def on_step_end(self, trainer: Any, step: int, result: Any) -> None:
+        self.close()
+        self.done.append((self._last, step))
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self._last, self.counter = self.counter, None
 
 
 # -- the same math without the suite --------------------------------------------------------------

@@ -398,6 +398,7 @@ class AdaptiveScaler(LossScaler):
     """
 
     sync_free = False  # the plan is made on the host from last step's statistics
+    moves = True  # the largest accumulated scale, set by each plan
 
     def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
         super().__init__(cfg, 1.0, device)
@@ -429,6 +430,7 @@ class AdaptiveScaler(LossScaler):
         self._tapes: dict[tuple, _Tape] = {}
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
+        self._invs: dict[int, Tensor] = {}  # 2^-e per exponent e, made once each
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -659,7 +661,7 @@ class AdaptiveScaler(LossScaler):
             mean_g=mean[0] * p if mean else 0.0,
         )
 
-    def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
+    def unscale_(self, grads: Sequence[Tensor], found: Tensor) -> None:
         """Each gradient by its own accumulated scale (grouped by scale for the fused kernel)."""
         mine = [
             (p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None
@@ -671,15 +673,20 @@ class AdaptiveScaler(LossScaler):
         by_exp: dict[int, list[Tensor]] = defaultdict(list)
         for g, e in mine:
             by_exp[e].append(g)
-        found = torch.zeros(1, device=grads[0].device if grads else "cpu")
         for e, gs in by_exp.items():
-            inv = torch.full((1,), 2.0**-e, dtype=torch.float32, device=found.device)
-            found = found + unscale_and_check_(gs, inv)
-        return found
+            unscale_and_check_(gs, self._inverse(e), found, self._one)
 
-    def _move(self, inf: Tensor) -> None:
+    def _inverse(self, e: int) -> Tensor:
+        """2^-e as a one-element FP32 tensor on the device, made once per exponent (not per
+        step: a tensor filled from a host number each step costs a launch)."""
+        inv = self._invs.get(e)
+        if inv is None:
+            inv = self._invs[e] = torch.full((1,), 2.0**-e, device=self.device)
+        return inv
+
+    def _move(self, found: Tensor, floor: float) -> None:
         c = self.cfg
-        self.host_overflow = bool(inf)  # the host read this scaler costs per step (sync_free)
+        self.host_overflow = bool(found)  # the host read this scaler costs per step (sync_free)
         if self.host_overflow:
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
@@ -690,10 +697,8 @@ class AdaptiveScaler(LossScaler):
                 self.growth_tracker = 0
                 self.cap_exp += 1
 
-    def _at_floor(self) -> Tensor:
-        # at the floor: a cap of 1 (the cap lives on the host); torch.full fills on the device,
-        # where torch.tensor(...) would copy from host memory and wait for the device's queue
-        return torch.full((), self.cap_exp == 0, dtype=torch.bool, device=self.device)
+    def _host_at_floor(self) -> bool | None:
+        return self.cap_exp == 0  # at the floor: a cap of 1 (the cap lives on the host)
 
     # -- reporting and checkpoints -----------------------------------------------------------
     def layer_scales(self) -> dict[str, float]:

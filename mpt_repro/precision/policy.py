@@ -211,7 +211,7 @@ class PrecisionPolicy:
         if self.per_loss_scale or self._shared is None:
             scaler = build_scaler(self.scaling_kind, self.cfg, self._init_scale, self.device)
             scaler.floor_sources = [c.scale_floor for c in self.converters]
-            group = ScaleGroup(scaler)
+            group = ScaleGroup(scaler, exclusive=self.per_loss_scale)
             if not self.per_loss_scale:
                 self._shared = group
             return group
