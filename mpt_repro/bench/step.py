@@ -38,9 +38,15 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     the task's own train_batches (its micro-batches: the data's shapes and dtypes are the run's),
     moved there once."""
     from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.run import step_compile_mode
     from mpt_repro.tasks import build_task
 
-    policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+    policy = PrecisionPolicy(
+        cfg.precision,
+        device,
+        paper_loss_scale=cfg.paper_loss_scale,
+        compile_mode=step_compile_mode(cfg.trainer),
+    )
     task = build_task(cfg, device, policy)
     batch = to_device(next(iter(task.train_batches(0))), device)
     # the first warm-up step: it settles lazily built state (optimizer buffers, autotuning) and
@@ -178,7 +184,13 @@ class BareLoop:
     torch.autocast, torch.amp.GradScaler (dynamic, or with a growth interval no run reaches for a
     static scale), the suite's own optimizer kind (fused where the suite's is), and for FP16
     weights with a master copy, FP32 masters kept by hand (grads copied in, weights copied out).
-    Classification only (one model, cross-entropy); `why_not` says when it cannot be built."""
+    Classification only (one model, cross-entropy); `why_not` says when it cannot be built.
+
+    What it is for each preset (`kind`): "autocast + GradScaler" (amp, and any FP32-weight
+    preset with a loss scale), "bare FP32" (fp32, tf32: no autocast, no scaler), "autocast" (bf16),
+    "apex O2" (mixed: FP16 model with FP32 batch norm, FP32 master weights kept by hand, the
+    scaler over the masters, as apex's O2 and FP16_Optimizer do), "FP16, no master" (no_master).
+    The master gradients are allocated once and overwritten by each step's copy (no zeroing)."""
 
     def __init__(self, cfg: Any, bs: BenchStep, device: torch.device):
         from mpt_repro import distributed
@@ -229,6 +241,7 @@ class BareLoop:
                 init_scale=scale["final"],  # where the suite's scale settled in warm-up
                 growth_interval=int(cfg.precision.growth_interval) if dynamic else 2**30,
             )
+        self.kind = _bare_kind(policy, self.masters is not None, self.scaler is not None)
         self.autocast = policy.autocast  # torch.autocast in the compute dtype, or nothing
         self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
         self.loss_fn = task.criterion  # the task's own (label smoothing, aux heads)
@@ -242,8 +255,9 @@ class BareLoop:
         return (x.to(policy.storage_dtype) if x.is_floating_point() else x), y
 
     def step(self) -> torch.Tensor:
-        self.opt.zero_grad(set_to_none=self.masters is None)
-        if self.masters:
+        if self.masters is None:
+            self.opt.zero_grad(set_to_none=True)
+        else:  # the masters' gradients are overwritten below: only the model's are dropped
             for p in self.params:
                 p.grad = None
         for x, y in self.micro:  # gradient accumulation: the mean over the micro-batches
@@ -267,6 +281,17 @@ class BareLoop:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.masters)
         return loss
+
+
+def _bare_kind(policy: Any, masters: bool, scaler: bool) -> str:
+    """What the bare loop of a preset is, in words (the baseline table's column)."""
+    if policy.storage_dtype != torch.float32:
+        base = "apex O2 (FP16 model, FP32 masters)" if masters else "FP16 weights, no master"
+    elif policy.compute_dtype == torch.float32:
+        base = "bare FP32"
+    else:
+        base = "autocast " + ("FP16" if policy.compute_dtype == torch.float16 else "BF16")
+    return base + (" + GradScaler" if scaler else "")
 
 
 def _zero_momentum(opt: torch.optim.Optimizer) -> None:

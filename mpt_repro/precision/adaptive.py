@@ -684,7 +684,11 @@ class AdaptiveScaler(LossScaler):
             inv = self._invs[e] = torch.full((1,), 2.0**-e, device=self.device)
         return inv
 
-    def _move(self, found: Tensor, floor: float) -> None:
+    def compile(self, mode: str) -> None:
+        """Nothing to compile: the plan and the cap live on the host (trainer.compile refuses
+        this scaler)."""
+
+    def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
         c = self.cfg
         self.host_overflow = bool(found)  # the host read this scaler costs per step (sync_free)
         if self.host_overflow:

@@ -47,8 +47,12 @@ class MasterWeights:
             p.grad = None
             m.grad = None
 
-    @torch.no_grad()
-    def grads_to_masters(self) -> None:
+    def pending_grads(self) -> tuple[list[Tensor], list[Tensor]]:
+        """(the masters' FP32 gradient buffers, the model's low-precision gradients) to copy this
+        step, the buffers attached as the masters' ``.grad`` and the model's gradients dropped
+        (they cannot leak into the next step); a master whose parameter got no gradient gets
+        none. Host work only: the copy is the caller's (``grads_to_masters`` or the step's
+        compiled region)."""
         src, dst = [], []
         for i in self._low:
             p, m = self.model_params[i], self.opt_params[i]
@@ -63,6 +67,11 @@ class MasterWeights:
             src.append(p.grad)
             dst.append(m.grad)
             p.grad = None
+        return dst, src
+
+    @torch.no_grad()
+    def grads_to_masters(self) -> None:
+        dst, src = self.pending_grads()
         if src:
             torch._foreach_copy_(dst, src)  # FP16 -> FP32 is exact
 

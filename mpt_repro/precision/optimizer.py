@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
+from mpt_repro.precision.compiled import compile_region
 from mpt_repro.precision.converters import StepHook
 from mpt_repro.precision.guard import StateGuard, needs_guard
 from mpt_repro.precision.journal import Journal
@@ -82,6 +83,7 @@ class PrecisionOptimizer:
         master: MasterWeights | None,
         scale_group: ScaleGroup | None,
         hooks: list[StepHook] | None = None,
+        compile_mode: str | None = None,
     ):
         self.name, self.optimizer, self.names = name, optimizer, names
         self.model_params, self.master, self.scale_group = model_params, master, scale_group
@@ -118,6 +120,12 @@ class PrecisionOptimizer:
         self.journal = self._journal(device)
         if self.fused and isinstance(optimizer, torch.optim.SGD):
             _zero_momentum_buffers(optimizer)
+        # the step's device regions, compiled with trainer.compile (compile_mode: torch.compile's
+        # mode; fullgraph: a graph break would be an error, not a silent split)
+        self._prepare, self._finish = self._prepare_eager, self._finish_eager
+        if compile_mode is not None:
+            self._prepare = compile_region(self._prepare_eager, compile_mode)
+            self._finish = compile_region(self._finish_eager, compile_mode)
 
     def _journal(self, device: torch.device) -> Journal | None:
         """Where each step leaves its overflow flag, its gradients' magnitudes and the guard's
@@ -187,25 +195,38 @@ class PrecisionOptimizer:
 
         clip_only: a regex; the norm is clipped over the parameters whose names match it (f-lm
         clips only the LSTM). grad_multipliers: {regex: factor}, applied to the unscaled
-        gradients before clipping (f-lm scales the embedding's gradients)."""
+        gradients before clipping (f-lm scales the embedding's gradients).
+
+        The host decides what the step works on (which gradients exist, the journal's row); the
+        device work runs in two regions (``_prepare``: master gradients, unscale and check, the
+        diagnosis, multipliers and clipping; ``_finish``: the weights from the masters and the
+        skip signal) around the optimizer's own kernel, compiled when the policy compiles the
+        step (trainer.compile)."""
         self.steps += 1
         self.host_stepped = None
-        if self.master is not None:
-            self.master.grads_to_masters()
+        pairs = self.master.pending_grads() if self.master is not None else ([], [])
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
-        found_inf = self._unscale(present)
-        self._prepare_grads(present, clip_grad_norm, clip_only, grad_multipliers)
-        found_inf = self._update(present, found_inf)
+        grads = [self.params[i].grad for i in present]
+        found = self.journal.slot("found") if self.journal is not None else None
+        row = None
+        if self.scaler is not None and grads:
+            row = self.journal.slot("norms")
+            if len(present) != len(self.params):  # some parameters have no gradient this step
+                row = row[: len(present)]
+        multiplied = self._multiplied(present, grad_multipliers)
+        clipped = self._clipped(present, clip_grad_norm, clip_only)
+        self._prepare(pairs, grads, found, row, multiplied, clipped, clip_grad_norm)
+        if row is not None:  # every rank must skip or step together (no-op alone)
+            all_reduce_(found, "max")
+        found = self._update(present, found)
         for hook in self.hooks:  # e.g. emulated FP8's FP16 master copy: idempotent after a skip
             hook.after_step(self.params)
-        if self.master is not None:
-            self.master.masters_to_model()  # after a skipped step: the same values again
-        if found_inf is None:  # no scaler, no guard: nothing can skip
+        stepped = self._finish(found)  # after a skipped step: the same weights again
+        if found is None:  # no scaler, no guard: nothing can skip
             return self._never_skipped
-        stepped = torch.eq(found_inf, 0)
         self.journal.note(opt_step=self.steps, present=self._present_key(present))
         if self.scale_group is not None:
-            self.scale_group.report(found_inf)  # an exclusive scaler commits the shared row
+            self.scale_group.report(found)  # an exclusive scaler commits the shared row
             if self.scale_group.members == 1 and self.scaler.host_overflow is not None:
                 self.host_stepped = not self.scaler.host_overflow  # read by the scaler (adaptive)
         if self.scaler is None or not self.scale_group.exclusive:
@@ -216,38 +237,62 @@ class PrecisionOptimizer:
         """The journal's note of which gradients the step had (None: all of them)."""
         return None if len(present) == len(self.params) else tuple(present)
 
-    def _unscale(self, present: list[int]) -> Tensor | None:
-        """Unscale the present grads in place; the step's overflow flag (its journal slot, 0-d),
-        agreed by every rank. None when nothing can skip."""
-        if self.journal is None:
-            return None
-        found = self.journal.slot("found")
-        grads = [self.params[i].grad for i in present]
-        if self.scaler is None or not grads:
-            return found
-        self.scaler.unscale_(grads, found)
-        # every rank must skip or step together, or the replicas drift apart (no-op alone)
-        all_reduce_(found, "max")
-        self._diagnose(present, grads)
-        return found
-
-    def _prepare_grads(
-        self,
-        present: list[int],
-        clip_grad_norm: float | None,
-        clip_only: str | None,
-        grad_multipliers: dict[str, float] | None,
-    ) -> None:
-        """The unscaled grads multiplied, then clipped (step's arguments)."""
+    def _multiplied(
+        self, present: list[int], grad_multipliers: dict[str, float] | None
+    ) -> list[tuple[list[Tensor], float]]:
+        """(grads, factor) for each grad multiplier that applies this step (host: names)."""
+        out = []
         for pattern, factor in (grad_multipliers or {}).items():
             chosen = [self.params[i].grad for i in present if re.search(pattern, self.names[i])]
             if chosen and factor != 1.0:
-                torch._foreach_mul_(chosen, factor)
-        if clip_grad_norm is not None and present:
-            chosen = [
-                i for i in present if clip_only is None or re.search(clip_only, self.names[i])
-            ]
-            torch.nn.utils.clip_grad_norm_([self.params[i] for i in chosen], clip_grad_norm)
+                out.append((chosen, factor))
+        return out
+
+    def _clipped(
+        self, present: list[int], clip_grad_norm: float | None, clip_only: str | None
+    ) -> list[Tensor]:
+        """The parameters whose gradients' norm is clipped this step (host: names)."""
+        if clip_grad_norm is None:
+            return []
+        return [
+            self.params[i]
+            for i in present
+            if clip_only is None or re.search(clip_only, self.names[i])
+        ]
+
+    def _prepare_eager(
+        self,
+        pairs: tuple[list[Tensor], list[Tensor]],
+        grads: list[Tensor],
+        found: Tensor | None,
+        row: Tensor | None,
+        multiplied: list[tuple[list[Tensor], float]],
+        clipped: list[Tensor],
+        clip_grad_norm: float | None,
+    ) -> None:
+        """The device work before the optimizer's kernel: the model's gradients into the FP32
+        masters' (exact), unscaled in place with the overflow check into ``found``, each
+        gradient's largest magnitude into the journal's ``row`` (inf or NaN exactly when the
+        gradient holds one: the first-non-finite diagnosis, located when the journal is read),
+        then the multipliers and the clip (unscaled gradients: a clip threshold means the same
+        under every preset)."""
+        dst, src = pairs
+        if dst:
+            torch._foreach_copy_(dst, src)  # FP16 -> FP32 is exact
+        if row is not None:
+            self.scaler.unscale_(grads, found)
+            torch.stack(torch._foreach_norm(grads, float("inf")), out=row)
+        for chosen, factor in multiplied:
+            torch._foreach_mul_(chosen, factor)
+        if clipped:
+            torch.nn.utils.clip_grad_norm_(clipped, clip_grad_norm)
+
+    def _finish_eager(self, found: Tensor | None) -> Tensor | None:
+        """The device work after the optimizer's kernel: the model's weights refreshed from the
+        masters (rounded), and the skip signal."""
+        if self.master is not None:
+            self.master.masters_to_model()
+        return None if found is None else torch.eq(found, 0)
 
     def _update(self, present: list[int], found_inf: Tensor | None) -> Tensor | None:
         """Step the torch optimizer or skip it; the overflow flag, with the guard's verdict."""
@@ -282,16 +327,6 @@ class PrecisionOptimizer:
     def _drop_grads(self) -> None:
         for p in self.params:  # an overflowing gradient must not reach the next step
             p.grad = None
-
-    @torch.no_grad()
-    def _diagnose(self, present: list[int], grads: list[Tensor]) -> None:
-        """Each present grad's largest magnitude into the journal's row: inf or NaN exactly
-        when the grad holds one. Which parameter was the first and the last to hold one is
-        found when the journal is read (``_read``)."""
-        row = self.journal.slot("norms")
-        if len(present) != len(self.params):  # some parameters have no gradient this step
-            row = row[: len(present)]
-        torch.stack(torch._foreach_norm(grads, float("inf")), out=row)
 
     # -- the bookkeeping, folded on the host -----------------------------------------------------
     def _read(self, columns: dict[str, np.ndarray], notes: list[dict[str, Any]]) -> None:

@@ -42,6 +42,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mpt_repro.precision.compiled import compile_region
 from mpt_repro.precision.journal import Journal
 
 SCALERS: dict[str, type[LossScaler]] = {}
@@ -154,12 +155,27 @@ class LossScaler:
             slot.copy_(found.reshape(()))
         floor = self.floor()
         self.journal.note(attempt=self.steps, floor=floor, at_floor=self._host_at_floor())
-        if self.moves:
-            self.journal.slot("scale").copy_(self._scale0)
-        self._move(slot, floor)
+        self._advance(slot, self.journal.slot("scale") if self.moves else None, floor)
         self.journal.commit()
 
-    def _move(self, found: Tensor, floor: float) -> None:
+    def compile(self, mode: str) -> None:
+        """trainer.compile: the update's device work as one compiled region."""
+        self._advance = compile_region(self._advance_eager, mode)
+
+    def _advance(self, found: Tensor, scale_slot: Tensor | None, floor: float) -> None:
+        self._advance_eager(found, scale_slot, floor)
+
+    def _advance_eager(self, found: Tensor, scale_slot: Tensor | None, floor: float) -> None:
+        """The update's device work: the scale it started from into the journal, then the
+        move."""
+        if scale_slot is not None:
+            # compiled, a view made inside the region (a second tensor aliasing the scale would
+            # hide the update's write from the compiler); eager, the view made once
+            now = self._scale.view(()) if torch.compiler.is_compiling() else self._scale0
+            scale_slot.copy_(now)
+        self._move(found, floor, scale_slot)
+
+    def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
         pass
 
     def _host_at_floor(self) -> bool | None:
@@ -293,29 +309,30 @@ class DynamicScaler(LossScaler):
 
     moves = True
 
-    def _move(self, found: Tensor, floor: float) -> None:
-        c = self.cfg
-        hysteresis = int(c.hysteresis)
+    def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
+        super().__init__(cfg, init_scale, device)
+        # plain numbers, read once (the update may be compiled: no config lookups inside)
+        self._growth, self._backoff = float(cfg.growth_factor), float(cfg.backoff_factor)
+        self._interval, self._hysteresis = int(cfg.growth_interval), int(cfg.hysteresis)
+        self._ceiling = float(cfg.max_scale)
+
+    def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
+        hysteresis = self._hysteresis
         if hysteresis > 1:
             # an overflow with tolerance left: skipped, the scale kept (1.0 or 0.0)
             tolerated = (self._hysteresis_left > 1) * found
         torch._amp_update_scale_(
-            self._scale,
-            self._growth_tracker,
-            found,
-            float(c.growth_factor),
-            float(c.backoff_factor),
-            int(c.growth_interval),
+            self._scale, self._growth_tracker, found, self._growth, self._backoff, self._interval
         )
         if hysteresis > 1:
             # weight 0 or 1: exactly the kernel's scale or the one it started from
-            self._scale.lerp_(self.journal.slot("scale"), tolerated)
+            self._scale.lerp_(before, tolerated)
             # the kernel zeroes its tracker on an overflow and when it grows: growth refills
             # the tolerance (DeepSpeed, consecutive_hysteresis=false), a tolerated one spends it
             grown = (self._growth_tracker == 0) & (found == 0)
             self._hysteresis_left.sub_(tolerated)
             self._hysteresis_left.masked_fill_(grown, float(hysteresis))
-        self._scale.clamp_(min=floor, max=c.max_scale)  # a floor that rose lifts the scale too
+        self._scale.clamp_(min=floor, max=self._ceiling)  # a floor that rose lifts the scale too
 
     def describe(self, reason: str) -> str:
         c = self.cfg
