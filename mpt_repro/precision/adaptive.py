@@ -398,7 +398,9 @@ class AdaptiveScaler(LossScaler):
     """
 
     sync_free = False  # the plan is made on the host from last step's statistics
-    moves = True  # the largest accumulated scale, set by each plan
+    # the largest accumulated scale moves with each plan, but the host sets it: the journal's
+    # rows get it as a host note, not as a device copy
+    moves = False
 
     def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
         super().__init__(cfg, 1.0, device)
@@ -430,7 +432,7 @@ class AdaptiveScaler(LossScaler):
         self._tapes: dict[tuple, _Tape] = {}
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
-        self._invs: dict[int, Tensor] = {}  # 2^-e per exponent e, made once each
+        self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -587,10 +589,12 @@ class AdaptiveScaler(LossScaler):
         for cell, g, off, g_out in edges:
             cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
         self._param_exp = {p: groups.value(g, off) for p, (g, off) in param_exp.items()}
-        self._scale.fill_(
-            2.0
-            ** max([lay.accum for lay in self.layers.values() if lay.accum is not None], default=0)
+        largest = 2.0 ** max(
+            [lay.accum for lay in self.layers.values() if lay.accum is not None], default=0
         )
+        if largest != self._host_scale:  # a launch only when it changes (the host knows it)
+            self._scale.fill_(largest)
+            self._host_scale = largest
 
     def _recompute(self) -> None:
         """Read the recorded gradient statistics and the current weights' (one host sync)."""
@@ -670,19 +674,15 @@ class AdaptiveScaler(LossScaler):
             raise RuntimeError(
                 "adaptive scaler: the gradients to unscale are not those of its optimizer"
             )
-        by_exp: dict[int, list[Tensor]] = defaultdict(list)
-        for g, e in mine:
-            by_exp[e].append(g)
-        for e, gs in by_exp.items():
-            unscale_and_check_(gs, self._inverse(e), found, self._one)
+        # each gradient times 2^-e in one multi-tensor multiply (exact: powers of two), then one
+        # check of them all: two launches whatever the number of distinct scales
+        scaled = [(g, 2.0**-e) for g, e in mine if e != 0]
+        if scaled:
+            torch._foreach_mul_([g for g, _ in scaled], [f for _, f in scaled])
+        unscale_and_check_(grads, self._one, found, self._one)
 
-    def _inverse(self, e: int) -> Tensor:
-        """2^-e as a one-element FP32 tensor on the device, made once per exponent (not per
-        step: a tensor filled from a host number each step costs a launch)."""
-        inv = self._invs.get(e)
-        if inv is None:
-            inv = self._invs[e] = torch.full((1,), 2.0**-e, device=self.device)
-        return inv
+    def _host_scale_now(self) -> float | None:
+        return self._host_scale
 
     def compile(self, mode: str) -> None:
         """Nothing to compile: the plan and the cap live on the host (trainer.compile refuses
@@ -758,6 +758,7 @@ class AdaptiveScaler(LossScaler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
+        self._host_scale = self.scale
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
         self.growth_tracker = int(sd.get("host_growth_tracker", 0))
         self.updates, self.fallback_steps, self.force = (

@@ -155,6 +155,8 @@ class LossScaler:
             slot.copy_(found.reshape(()))
         floor = self.floor()
         self.journal.note(attempt=self.steps, floor=floor, at_floor=self._host_at_floor())
+        if (known := self._host_scale_now()) is not None:
+            self.journal.note(scale=known)
         self._advance(slot, self.journal.slot("scale") if self.moves else None, floor)
         self.journal.commit()
 
@@ -178,6 +180,11 @@ class LossScaler:
     def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
         pass
 
+    def _host_scale_now(self) -> float | None:
+        """The scale this update starts from, where the host set it (a layer-wise scaler's
+        plan); None: the journal keeps it (``moves``) or it never changes."""
+        return None
+
     def _host_at_floor(self) -> bool | None:
         """Whether this update starts at the floor, where the host knows it; None: decided from
         the journaled scale when read (scale <= floor)."""
@@ -199,7 +206,7 @@ class LossScaler:
         for i, note in enumerate(notes):
             if "attempt" not in note:
                 continue  # not an update's row (none in practice)
-            scale = float(scales[i]) if scales is not None else self.initial
+            scale = float(scales[i]) if scales is not None else note.get("scale", self.initial)
             self._min_seen, self._max_seen = min(self._min_seen, scale), max(self._max_seen, scale)
             at_floor = note["at_floor"]
             if at_floor is None:
