@@ -61,9 +61,40 @@ ddp: $(STAMP) ## one run over NPROC processes (default: every GPU): make ddp NPR
 reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
 	scripts/reproduce_table.sh
 
-# OUT BATCH DRY_RUN: set on the make command line; defaults and meanings in scripts/gpu_check.sh
-gpu-check: $(STAMP) ## on a GPU machine: mpt-bench ResNet-50, every smoke run, DDP over NCCL (docs/performance.md)
-	VENV=$(VENV) scripts/gpu_check.sh
+# ARGS: more options of scripts/reproduce_claims.py (--docs docs/claims.md, --claims a,b, --tiny)
+reproduce-claims: $(STAMP) ## the paper's claims on this CPU: the runs of conf/claims/, then their verdicts (results/claims; ~1 h)
+	$(BIN)/python scripts/reproduce_claims.py $(ARGS)
+
+# OUT WORK BUDGET STEPS BATCH DRY_RUN: set on the make command line (make exports them); defaults
+# and meanings in scripts/gpu_check.sh. On the GPU machine itself, without make: docs/performance.md
+gpu-check: $(STAMP) ## on a GPU machine with .venv: bench, a smoke run of every experiment, report (docs/performance.md)
+	PYTHON=$(BIN)/python WHEELS= scripts/gpu_check.sh
+
+GPU_WHEELS := .gpu-wheels
+gpu-wheels: $(STAMP) ## fetch here the wheels the GPU machine lacks (Python 3.12) into .gpu-wheels/, to carry there
+	$(BIN)/python scripts/gpu_wheels.py --dest $(GPU_WHEELS)
+
+# The GPU check as the GPU machine runs it (python3 of a venv without mpt-repro, the carried wheels
+# installed with pip --target), with trainer.device=cpu at tiny sizes; its venv and wheels are kept
+# in .gpu-rehearsal/ (the first call fetches the wheels for this Python)
+REHEARSAL_DIR := .gpu-rehearsal
+gpu-check-rehearsal: $(STAMP) ## the GPU check's plan on this CPU at tiny sizes, the GPU machine's way (under 5 min)
+	$(if $(filter 1,$(DRY_RUN)),,$(BIN)/python scripts/gpu_rehearsal_env.py $(REHEARSAL_DIR))
+	REHEARSAL=1 PYTHON=$(REHEARSAL_DIR)/venv/bin/python3 WHEELS=$(REHEARSAL_DIR)/wheels \
+		DRY_RUN_PYTHON=$(BIN)/python scripts/gpu_check.sh
+
+# The lowest supported torch (pyproject.toml's bounds): the fast suite in a venv of its own
+# (COMPAT_VENV, built on the first call: torch's CUDA wheels are about 5 GB)
+COMPAT_VENV ?= .venv-torch211
+COMPAT_PYTHON ?= $(PYTHON)
+COMPAT_PINS := torch==2.11.0 torchvision==0.26.0
+$(COMPAT_VENV)/.installed: pyproject.toml
+	@test -x $(COMPAT_VENV)/bin/python || $(COMPAT_PYTHON) -m venv $(COMPAT_VENV)
+	$(COMPAT_VENV)/bin/python -m pip install --quiet $(COMPAT_PINS) -e '.[test]'
+	@touch $@
+
+compat: $(COMPAT_VENV)/.installed ## the fast suite under torch 2.11.0 and torchvision 0.26, the lowest supported
+	$(COMPAT_VENV)/bin/python -m pytest -m "not slow and not gpu" -q
 
 report: $(STAMP) ## rebuild results/report (tables, CSV, LaTeX, plots) from results/runs
 	$(BIN)/mpt-report results/runs --out results/report
@@ -74,4 +105,5 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table report tensorboard ddp gpu-check
+.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table reproduce-claims report tensorboard ddp gpu-check
+.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table report tensorboard ddp gpu-check gpu-wheels gpu-check-rehearsal compat

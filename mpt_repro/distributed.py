@@ -327,7 +327,7 @@ def maybe_sync_bn(model: nn.Module, cfg: Any, device: torch.device) -> nn.Module
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
-def wrap_model(model: nn.Module, cfg: Any) -> nn.Module:
+def wrap_model(model: nn.Module, cfg: Any, broadcast_buffers: bool = True) -> nn.Module:
     """DDP around a prepared model (after policy.build_optimizer, so the optimizer, the FP32
     master copies and the parameter names all refer to the bare model). Keep the bare model for
     checkpoints and evaluation; train through the wrapper. In one process: the model itself.
@@ -335,7 +335,10 @@ def wrap_model(model: nn.Module, cfg: Any) -> nn.Module:
     DDP averages the gradients of the model's own parameters (FP16 ones under the low-precision
     presets, with the loss scale still in them); the policy then copies them into the FP32
     masters, unscales, checks and steps exactly as in one process. broadcast_buffers (default)
-    hands every rank rank 0's BatchNorm running statistics at each forward.
+    hands every rank rank 0's BatchNorm running statistics at each forward; a model that runs
+    twice through its wrapper before one backward needs broadcast_buffers=False and its own
+    sync_buffers (up to torch 2.11 the second broadcast bumps the version of the statistics the
+    first forward saved, and the backward fails: "modified by an inplace operation").
     """
     if not is_distributed():
         return model
@@ -352,6 +355,7 @@ def wrap_model(model: nn.Module, cfg: Any) -> nn.Module:
         # memory, no copy between the two each step (the optimizer sets grads to None, which
         # DDP supports; nothing here detaches them in place)
         gradient_as_bucket_view=True,
+        broadcast_buffers=broadcast_buffers,
     )
 
 

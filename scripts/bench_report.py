@@ -90,9 +90,8 @@ def main() -> None:
             ("mpt-report --no-plots", timed([*report, "--no-plots"])),
             ("mpt-report (with plots)", timed(report)),
         ]
-    print(
-        f"{args.runs} runs, {args.items} images each (groups of 3 seeds x {len(PRESETS)} presets)"
-    )
+    groups = f"groups of 3 seeds x {len(PRESETS)} presets"
+    print(f"{args.runs} runs, {args.items} images each ({groups})")
     print(f"| {'command':<26} | wall time (s) |")
     print(f"|{'-' * 28}|---------------|")
     for name, seconds in rows:

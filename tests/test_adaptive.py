@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import copy
 import math
+import weakref
+from collections import Counter
 
 import pytest
 import torch
@@ -341,6 +343,66 @@ def test_lstm_and_embedding_gradients_unscale_correctly():
         strict=False,
     ):
         assert e < 0.5 and e <= 1.5 * e_mixed + 2e-3, (name, e, e_mixed)
+
+
+# -- the walk of the autograd graph -------------------------------------------------------------
+class _Core:
+    """A C++ autograd node: its children, and nothing a Python object could be named by."""
+
+    def __init__(self, *children: _Core):
+        self.children = children
+
+
+class _PyNode:
+    """The Python object of a _Core as torch up to 2.12 hands it out: made on demand, the same
+    object while one lives, freed with its last reference (and made anew, with a new id, by the
+    next `next_functions`)."""
+
+    live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+    made: Counter = Counter()
+
+    def __init__(self, core: _Core):
+        self.core = core
+
+    @classmethod
+    def of(cls, core: _Core) -> _PyNode:
+        node = cls.live.get(id(core))
+        if node is None:
+            node = cls.live[id(core)] = cls(core)
+            cls.made[id(core)] += 1
+        return node
+
+    @property
+    def next_functions(self):
+        return tuple((_PyNode.of(c), 0) for c in self.core.children)
+
+
+def test_the_walk_holds_every_node_so_no_id_changes_under_it():
+    """Up to torch 2.12, a walk that named nodes by id() without holding them met new objects for
+    the same nodes and found no layer: every scale stayed 1 (0 scale updates, no warning)."""
+    from mpt_repro.precision.adaptive import _LAYER, _LOSS, _OutCell, _walk
+
+    layer = _Core()
+    a, b = _Core(layer), _Core(layer)  # two paths from the loss join at the layer's output
+    root = _PyNode.of(_Core(a, b))
+    held = _PyNode.of(layer)  # the scaler holds its layers' output nodes (AdaptiveScaler._nodes)
+    cell = _OutCell(None, 0, 7)
+    tape = _walk(root, {id(held): cell})
+    assert tape.entries == [(_LAYER, 7, (_LOSS, _LOSS))]
+    assert {_PyNode.made[id(c)] for c in (a, b, layer)} == {1}  # each node's object made once
+
+
+def test_a_loss_that_reaches_no_layer_fails_loudly():
+    """The layers ran, but the loss is not theirs: no scale can be planned, and a run that went
+    on would look like a working adaptive run with every scale 1."""
+    pol = fp16_policy("adaptive")
+    model = pol.prepare_model(Joins())
+    opt = pol.build_optimizer(model, lambda p: torch.optim.SGD(p, lr=0.0))
+    with pol.autocast():
+        model(pol.cast_inputs(torch.randn(4, 8)))
+        loss = sum(p.float().sum() for p in model.parameters())
+    with pytest.raises(RuntimeError, match="found none of the 6 layer outputs this forward made"):
+        opt.backward(loss)
 
 
 # -- the point-4 model: less underflow than no_scaling ------------------------------------------

@@ -39,6 +39,35 @@ def test_bench_options_are_typed_and_typos_refused():
         parse_bench(["presets=[amp,amp]"])
 
 
+def test_a_budget_starts_no_worker_that_would_end_past_it(monkeypatch, capsys):
+    """bench.budget_s on a clock where every worker takes 10 s: round 0 (every preset once)
+    first; a worker whose estimate (the longest of its preset, else of any) passes the budget is
+    not started, and a preset never reached says why in its row."""
+    from mpt_repro.bench import cli
+
+    now = [0.0]
+    monkeypatch.setattr(cli.time, "monotonic", lambda: now[0])
+    limits = []
+
+    def worker(spec, timeout_s):
+        limits.append(timeout_s)
+        now[0] += 10
+        job = json.loads(spec.read_text())
+        out = {"repeat": job["repeat"], "samples_per_s": 1.0}
+        spec.with_name(f"{job['preset']}-{job['repeat']}.json").write_text(json.dumps(out))
+        return 0, ""
+
+    monkeypatch.setattr(cli, "_run_one", worker)
+    bench = parse_bench(["presets=[a,b,c]", "repeats=3", "budget_s=25"])
+    measured, failed = cli.run_workers([], bench)
+    assert limits == [25, 15]  # what was left of the budget, under bench.timeout_s
+    assert [len(measured[p]) for p in "abc"] == [1, 1, 1] and not failed
+    assert measured["c"] == [{"repeat": 0, "error": "not measured: bench.budget_s=25"}]
+    assert "bench.budget_s=25 reached: 2 of 9 workers run" in capsys.readouterr().err
+    with pytest.raises(ConfigError, match="bench.budget_s must be >= 0"):
+        parse_bench(["budget_s=-1"])
+
+
 @pytest.mark.parametrize("arg", ["precision=amp", "precision.init_scale=8", "-m", "--cfg"])
 def test_what_the_bench_does_itself_is_refused_with_the_way(arg):
     with pytest.raises(ConfigError, match="bench.presets|--help"):

@@ -17,8 +17,9 @@ from conftest import ROOT
 
 # what a source checkout has beside the code and a wheel build must not see
 NOT_SOURCE = shutil.ignore_patterns(
-    ".venv", ".git", "results", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache"
-)
+    ".venv", ".git", "results", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache",
+    ".venv-torch211", ".gpu-wheels", ".gpu-rehearsal",  # make compat's venv, the GPU check's
+)  # fmt: skip
 
 
 def _run(*args, **kwargs) -> subprocess.CompletedProcess:

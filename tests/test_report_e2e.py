@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -12,13 +13,16 @@ import pytest
 from conftest import REPRODUCE_TABLE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
+# the environment running the tests (a .venv at the root, or make compat's torch-2.11 venv)
+VENV = Path(sys.executable).parents[1]
 
 
 def reproduce(
     tmp_path: Path, command: list[str], timeout: int, **env
 ) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in REPRODUCE_TABLE_SETTINGS}
-    clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
+    clean.update(VENV=str(VENV), RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"))
+    clean.update(env)
     return subprocess.run(
         command, cwd=ROOT, env=clean, capture_output=True, text=True, timeout=timeout
     )
@@ -77,8 +81,9 @@ def test_make_reproduce_table_smoke_synthetic(tmp_path):
             "make",
             "-s",
             "-o",
-            ".venv/.installed",
+            f"{VENV}/.installed",
             "reproduce-table",
+            f"VENV={VENV}",
             "BUDGET=smoke",
             "DATA=synthetic",
         ],

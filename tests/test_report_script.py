@@ -6,17 +6,21 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 from conftest import REPRODUCE_TABLE_SETTINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "reproduce_table.sh"
+# the environment running the tests (a .venv at the root, or make compat's torch-2.11 venv)
+VENV = Path(sys.executable).parents[1]
 
 
 def run_script(tmp_path: Path, **env) -> subprocess.CompletedProcess:
     clean = {k: v for k, v in os.environ.items() if k not in REPRODUCE_TABLE_SETTINGS}
-    clean.update(RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"), **env)
+    clean.update(VENV=str(VENV), RUNS_DIR=str(tmp_path / "runs"), OUT=str(tmp_path / "report"))
+    clean.update(env)
     return subprocess.run(
         ["bash", str(SCRIPT)], cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=60
     )
@@ -76,7 +80,7 @@ def test_dry_run_shows_the_sweeps(tmp_path):
     commands = [line for line in result.stdout.splitlines() if line.startswith("+ ")]
     runs = str(tmp_path / "runs")
     assert commands[0].split()[1:] == [
-        ".venv/bin/mpt-run",
+        f"{VENV}/bin/mpt-run",
         "-m",
         "experiment=alexnet,resnet50",
         "precision=fp32,mixed",
@@ -88,13 +92,13 @@ def test_dry_run_shows_the_sweeps(tmp_path):
         "data=synthetic",
     ]
     assert commands[1].split()[1:5] == [
-        ".venv/bin/mpt-run",
+        f"{VENV}/bin/mpt-run",
         "-m",
         "experiment=demo",
         "precision=fp32,mixed",
     ]
     assert commands[2].split()[1:] == [
-        ".venv/bin/mpt-report",
+        f"{VENV}/bin/mpt-report",
         runs,
         "--out",
         str(tmp_path / "report"),
@@ -108,8 +112,9 @@ def test_make_passes_its_variables(tmp_path):
             "make",
             "-s",
             "-o",
-            ".venv/.installed",
+            f"{VENV}/.installed",
             "reproduce-table",
+            f"VENV={VENV}",
             "DRY_RUN=1",
             "BUDGET=smoke",
             "DATA=synthetic",
@@ -142,7 +147,7 @@ def test_default_sweep_comes_from_conf(tmp_path):
         e for e in sorted(catalog.experiments()) if e not in catalog.table1_experiments()
     ]
     assert {c[4] for c in commands[1:-1]} == {"precision=fp32,mixed,no_scaling"}
-    assert commands[-1][1] == ".venv/bin/mpt-report"
+    assert commands[-1][1] == f"{VENV}/bin/mpt-report"
 
 
 def test_paper_budget_skips_an_experiment_whose_data_folder_is_not_given(tmp_path):

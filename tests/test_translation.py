@@ -126,6 +126,7 @@ def test_mpt_run_refuses_an_evaluation_or_a_corpus_with_nothing_to_score(tmp_pat
     blank = write_wmt(tmp_path / "blank", en=[""] * 40, fr=[""] * 40)
     blank_dev = write_wmt(tmp_path / "blank_dev", dev=(EN[:6], [""] * 6))
     proc = run_cli("-m", "experiment=translation", "budget=smoke", "trainer.device=cpu",
+                   "data=wmt15_enfr",
                    f"data.root={too_long},{blank},{blank_dev}",
                    f"paths.runs_dir={tmp_path / 'runs'}", check=False,
                    env={"OMP_NUM_THREADS": "1"})  # fmt: skip

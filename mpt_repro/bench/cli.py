@@ -57,39 +57,86 @@ def main(argv: list[str] | None = None) -> int:
 def run_workers(overrides: list[str], bench: BenchConfig) -> tuple[dict | None, bool]:
     """{preset: [measurement per repeat]}; repeats interleave the presets, each round starting
     one preset later, so neither order nor drift favours one. None when a worker refused the
-    configuration (the same refusal would hit every preset)."""
+    configuration (the same refusal would hit every preset). With bench.budget_s, the workers
+    that would end past it are not started (round 0, which measures every preset once, first)."""
     measured: dict[str, list[dict]] = {p: [] for p in bench.presets}
     failed = False
-    n = len(bench.presets)
+    clock = _Budget(bench.budget_s)
     with tempfile.TemporaryDirectory(prefix="mpt-bench-") as tmp:
-        for repeat in range(bench.repeats):
-            for k in range(n):
-                preset = bench.presets[(k + repeat) % n]
-                out = Path(tmp) / f"{preset}-{repeat}.json"
-                spec = Path(tmp) / f"{preset}-{repeat}.spec.json"
-                spec.write_text(
-                    json.dumps(
-                        {
-                            "overrides": overrides,
-                            "preset": preset,
-                            "repeat": repeat,
-                            "bench": asdict(bench),
-                            "out": str(out),
-                        }
-                    )
+        for repeat, preset in _rounds(bench):
+            limit = clock.limit(preset, bench.timeout_s)
+            if limit is None:
+                _say_budget_reached(bench, measured)
+                break
+            out = Path(tmp) / f"{preset}-{repeat}.json"
+            spec = Path(tmp) / f"{preset}-{repeat}.spec.json"
+            spec.write_text(
+                json.dumps(
+                    {
+                        "overrides": overrides,
+                        "preset": preset,
+                        "repeat": repeat,
+                        "bench": asdict(bench),
+                        "out": str(out),
+                    }
                 )
-                code, error = _run_one(spec, bench.timeout_s)
-                if code == 2:
-                    return None, True
-                if code == 0 and out.exists():
-                    measured[preset].append(json.loads(out.read_text()))
-                    continue
-                failed = True
-                if out.exists():  # the worker said why (out of memory)
-                    error = json.loads(out.read_text()).get("error", error)
-                measured[preset].append({"repeat": repeat, "error": error})
-                print(f"mpt-bench: {preset} (repeat {repeat + 1}): {error}", file=sys.stderr)
+            )
+            code, error = _run_one(spec, limit)
+            clock.took(preset)
+            if code == 2:
+                return None, True
+            if code == 0 and out.exists():
+                measured[preset].append(json.loads(out.read_text()))
+                continue
+            failed = True
+            if out.exists():  # the worker said why (out of memory)
+                error = json.loads(out.read_text()).get("error", error)
+            measured[preset].append({"repeat": repeat, "error": error})
+            print(f"mpt-bench: {preset} (repeat {repeat + 1}): {error}", file=sys.stderr)
     return measured, failed
+
+
+def _rounds(bench: BenchConfig) -> list[tuple[int, str]]:
+    """(repeat, preset) in running order: round r runs every preset, starting one later."""
+    n = len(bench.presets)
+    return [(r, bench.presets[(k + r) % n]) for r in range(bench.repeats) for k in range(n)]
+
+
+class _Budget:
+    """The bench's clock against bench.budget_s (0: none): how long the next worker may run."""
+
+    def __init__(self, budget_s: int):
+        self.budget_s, self.start = budget_s, time.monotonic()
+        self.took_s: dict[str, float] = {}  # the longest worker of each preset so far
+        self._began = self.start
+
+    def limit(self, preset: str, timeout_s: int) -> int | None:
+        """Seconds for the next worker of `preset`, or None when it would likely end past the
+        budget (estimated by the longest worker of that preset, else of any, so far)."""
+        self._began = time.monotonic()
+        if not self.budget_s:
+            return timeout_s
+        left = self.budget_s - (self._began - self.start)
+        estimate = self.took_s.get(preset, max(self.took_s.values(), default=0.0))
+        if left < 1 or estimate > left:
+            return None
+        return max(1, min(timeout_s, int(left)))
+
+    def took(self, preset: str) -> None:
+        seconds = time.monotonic() - self._began
+        self.took_s[preset] = max(seconds, self.took_s.get(preset, 0.0))
+
+
+def _say_budget_reached(bench: BenchConfig, measured: dict[str, list[dict]]) -> None:
+    done = sum(len(runs) for runs in measured.values())
+    print(
+        f"mpt-bench: bench.budget_s={bench.budget_s} reached: {done} of "
+        f"{bench.repeats * len(bench.presets)} workers run; the figures are those measured",
+        file=sys.stderr,
+    )
+    for runs in measured.values():
+        if not runs:  # its row says why it has no figures
+            runs.append({"repeat": 0, "error": f"not measured: bench.budget_s={bench.budget_s}"})
 
 
 def _run_one(spec: Path, timeout_s: int) -> tuple[int, str]:
@@ -98,7 +145,7 @@ def _run_one(spec: Path, timeout_s: int) -> tuple[int, str]:
         # stderr passes through: the worker's progress lines and, on a crash, its traceback
         code = subprocess.run(cmd, timeout=timeout_s).returncode
     except subprocess.TimeoutExpired:
-        return 124, f"took longer than bench.timeout_s={timeout_s} s"
+        return 124, f"took longer than {timeout_s} s (bench.timeout_s, or what bench.budget_s left)"
     return code, f"the worker process failed (exit status {code}; its messages are above)"
 
 

@@ -38,6 +38,10 @@ class BenchConfig:
     out_dir: str = "results/bench"  # where the JSON goes
     write: bool = True  # false: print the table only
     timeout_s: int = 3600  # one worker process (one preset, one repeat) at most this long
+    # the whole bench: no worker starts that would likely end past this many seconds from the
+    # start (its estimate: the longest of that preset so far, else of any), and what was
+    # measured is written; for a machine lent for minutes (scripts/gpu_check.sh). 0: no limit
+    budget_s: int = 0
 
 
 HELP = {
@@ -55,6 +59,7 @@ HELP = {
     "out_dir": "folder of the JSON result (<experiment>-<device>-<timestamp>.json)",
     "write": "false: print the table, write no file",
     "timeout_s": "limit for one worker process (one preset, one repeat), seconds",
+    "budget_s": "seconds for the whole bench: start no worker that would end past it (0: none)",
 }
 
 USAGE = """\
@@ -181,6 +186,8 @@ def _check_bench(b: BenchConfig) -> None:
         raise ConfigError(f"bench.overhead_windows must be >= 1 (got {b.overhead_windows})")
     if b.timeout_s < 1:
         raise ConfigError(f"bench.timeout_s must be >= 1 (got {b.timeout_s})")
+    if b.budget_s < 0:
+        raise ConfigError(f"bench.budget_s must be >= 0, 0 for no limit (got {b.budget_s})")
 
 
 def compose(overrides: list[str], preset: str) -> DictConfig:

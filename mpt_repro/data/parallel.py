@@ -308,7 +308,7 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     for source, target in train_tokens():
         src_counts.update(source)
         tgt_counts.update(target)
-    _check_not_blank(d, d.train_prefix, d.train_limit, src_counts, tgt_counts)
+    _check_not_blank(d, root, d.train_prefix, d.train_limit, src_counts, tgt_counts)
     src_vocab = vocab_from_counts(src_counts, source_size)
     tgt_vocab = vocab_from_counts(tgt_counts, target_size)
     train = bucketize(
@@ -323,7 +323,7 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     )
     # the references in the dev set's bucket order, as the words they are (not _UNK)
     references = _bucket_order(dev_tgt_tok, [len(s) for s in dev_src_tok], dev.buckets)
-    _check_dev(d, len(dev_pairs), dev, references)
+    _check_dev(d, root, len(dev_pairs), dev, references)
     where = f"embedded {d.name} (mpt_repro/data/embedded/README.md)" if d.root is None else root
     about = (
         f"parallel corpus at {where}: {d.train_prefix}.{d.source_lang}-{d.target_lang} "
@@ -339,11 +339,11 @@ def _limited(n: int, limit: int | None, key: str, what: str = "sentence pairs") 
 
 
 def _check_not_blank(
-    d: Any, prefix: str, limit: int | None, source: Counter, target: Counter
+    d: Any, root: Path, prefix: str, limit: int | None, source: Counter, target: Counter
 ) -> None:
     """Refuse training text without a token in one language: the model would learn to say
     _EOS, and its perplexity would look near perfect (a corpus of blank lines gave 1.008)."""
-    for path, counts in zip(split_files(d, prefix), (source, target)):
+    for path, counts in zip(split_files(d, root, prefix), (source, target)):
         if not counts:
             lines = sum(1 for _ in read_lines(path, limit))
             raise DataError(
@@ -353,11 +353,11 @@ def _check_not_blank(
             )
 
 
-def _check_dev(d: Any, read: int, dev: Bucketed, references: list[list[str]]) -> None:
+def _check_dev(d: Any, root: Path, read: int, dev: Bucketed, references: list[list[str]]) -> None:
     """Refuse an evaluation with nothing to score while the data loads: no dev pair fits the
     largest bucket (evaluation would score 0 pairs), or every one that fits has a blank target
     (BLEU has no reference word, the perplexity scores only _EOS)."""
-    source, target = split_files(d, d.dev_prefix)
+    source, target = split_files(d, root, d.dev_prefix)
     pairs = _limited(read, d.eval_limit, "data.eval_limit")
     if len(dev) == 0:
         s, t = dev.buckets[-1]

@@ -334,17 +334,22 @@ class _Tape:
 
 def _walk(root, out_cells: dict[int, _OutCell]) -> _Tape:
     """Record the solve order of the graph below ``root``: every node after all its consumers
-    (a count of consumers first, then Kahn's order with a stack)."""
+    (a count of consumers first, then Kahn's order with a stack).
+
+    Nodes are named by ``id()``, which is only stable while the Python object lives: up to torch
+    2.12 the object of a C++ node is freed with its last reference and made anew (with a new id)
+    at the next ``next_functions``, so the walk holds every node it meets (``children``) until it
+    ends, and reads each node's children once."""
+    children: dict[int, list] = {}
     consumers: dict[int, int] = defaultdict(int)
-    stack, seen = [root], {id(root)}
+    stack = [root]
     while stack:
         n = stack.pop()
-        for child, _ in n.next_functions:
-            if child is None:
-                continue
+        kids = children[id(n)] = [c for c, _ in n.next_functions if c is not None]
+        for child in kids:
             consumers[id(child)] += 1
-            if id(child) not in seen:
-                seen.add(id(child))
+            if id(child) not in children:
+                children[id(child)] = []  # a placeholder: seen, to be read when popped
                 stack.append(child)
     tape = _Tape([], [], [])
     arriving: dict[int, list[int]] = defaultdict(list)
@@ -374,9 +379,7 @@ def _walk(root, out_cells: dict[int, _OutCell]) -> _Tape:
         else:
             here = len(tape.entries)
             tape.entries.append((role, ref, tuple(sources)))
-        for child, _ in node.next_functions:
-            if child is None:
-                continue
+        for child in children[id(node)]:
             arriving[id(child)].append(here)
             consumers[id(child)] -= 1
             if consumers[id(child)] == 0:
@@ -537,6 +540,14 @@ class AdaptiveScaler(LossScaler):
                 return kept
         tape = _walk(root, {i: cell for i, (_, cell) in self._nodes.items()})
         self.plan_walks += 1
+        if self._out_cells and not any(role == _LAYER for role, _, _ in tape.entries):
+            # every scale would stay 1 and the run would look like a working adaptive run
+            raise RuntimeError(
+                f"adaptive loss scaling: the walk of the autograd graph below the loss found none "
+                f"of the {len(self._out_cells)} layer outputs this forward made, so no layer "
+                f"could be scaled (torch {torch.__version__}); this is a bug of mpt-repro: "
+                "please report it with the run's mpt-run.log"
+            )
         if kept is not None and not kept.same_as(tape):
             self.plan_cache = False
             self._tapes.clear()

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from mpt_repro.advise import advice_section
+from mpt_repro.claims import claims_table
 from mpt_repro.evidence import DROPPED_WARN_SHARE
 from mpt_repro.record import current_umask
 from mpt_repro.report.aggregate import aggregate
@@ -150,6 +151,8 @@ def build_report(
     agg = aggregate(runs)
     deltas = group_deltas(runs, settings)  # the bootstrap runs once per report
     tables = all_tables(agg, runs, settings, deltas)
+    claims = claims_table(runs)  # the paper's claims whose runs are in this folder
+    tables += [claims] if claims is not None else []
     bench_dir = beside(results_dir, "bench") if bench_dir is None else bench_dir
     benches, bench_problems = bench_tables(bench_dir)
     tables += benches

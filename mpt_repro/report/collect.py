@@ -302,7 +302,6 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
     status = normalised_status(record)
     metrics = (record.get("metrics") or {}) if status == "completed" else {}
     config = record.get("config")
-    evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
     # what else decides the training besides the configuration: the number of processes (the
     # global batch, the LR scaling)
     world = (record.get("distributed") or {}).get("world_size") or 1
@@ -337,21 +336,10 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
         "loss_scale_min": scale.get("min") if finite(scale.get("min")) else None,
         "precision_config": record.get("precision_config"),
         "metrics_detail": record.get("metrics_detail") if status == "completed" else None,
-        # what the metrics rest on (schema 4): the compare module resamples its items
-        "evaluation": (evaluation or None) if status == "completed" else None,
-        "eval_items": evaluation.get("items") if status == "completed" else None,
-        "eval_unit": evaluation.get("unit") if status == "completed" else None,
-        "eval_dropped_share": dropped_share(evaluation) if status == "completed" else None,
         "schema_version": record["schema_version"],
         "nonfinite": ",".join(nonfinite_names(record)) if status == "completed" else "",
         "untrained": no_step_applied(record),
-        # overrides that changed the recipe (a cap on steps, data or evaluation): named in the
-        # group's label, and never captioned as the full recipe; "" also where not recorded
-        "recipe_changes": ", ".join(recipe_changes(record.get("overrides") or [])),
-        # why the device's speed ratios say nothing about a GPU's ("" where they do)
-        "slow_fp16": slow_low_precision(record.get("device")) or "",
-        # the code that ran: a group whose runs differ in it says so in its label
-        **{name: _code(record, name) for name in CODE_FIELDS},
+        **_provenance(record, status),
     }
     for name in COST_FIELDS:
         row[name] = record.get(name) if finite(record.get(name)) else None
@@ -360,6 +348,27 @@ def _flatten(record: dict, path: Path) -> dict[str, Any]:
     metric = record.get("primary_metric")
     row["primary_finite"] = metric is not None and finite(metrics.get(metric))
     return row
+
+
+def _provenance(record: dict, status: str) -> dict[str, Any]:
+    """What a run's numbers rest on: its evaluation (schema 4; the compare module resamples its
+    items), the overrides that changed its recipe, whether its device computes FP16 fast, and the
+    code that ran."""
+    evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
+    done = status == "completed"
+    return {
+        "evaluation": (evaluation or None) if done else None,
+        "eval_items": evaluation.get("items") if done else None,
+        "eval_unit": evaluation.get("unit") if done else None,
+        "eval_dropped_share": dropped_share(evaluation) if done else None,
+        # overrides that changed the recipe (a cap on steps, data or evaluation): named in the
+        # group's label, and never captioned as the full recipe; "" also where not recorded
+        "recipe_changes": ", ".join(recipe_changes(record.get("overrides") or [])),
+        # why the device's speed ratios say nothing about a GPU's ("" where they do)
+        "slow_fp16": slow_low_precision(record.get("device")) or "",
+        # the code that ran: a group whose runs differ in it says so in its label
+        **{name: _code(record, name) for name in CODE_FIELDS},
+    }
 
 
 def read_record(path: Path) -> tuple[dict | None, Problem | None]:

@@ -388,7 +388,7 @@ def verdict(d: Delta) -> str:
     if why:
         return f"no verdict: {why}"
     tol = d.tolerance
-    shown = "?" if tol is None else f"{tol:g}"
+    shown = "?" if tol is None else tolerance_text(tol)
     if tol is not None and -tol <= d.low and d.high <= tol:
         return f"matches FP32 (CI within ±{shown})"
     better_side = d.low > 0 if d.higher_is_better else d.high < 0
@@ -398,6 +398,11 @@ def verdict(d: Delta) -> str:
     if worse_side:
         return "worse"
     return f"no verdict: CI wider than ±{shown}; {resolution(d)}"
+
+
+def tolerance_text(tol: float) -> str:
+    """0.5, 1000, 5.886: four significant digits at most (a relative tolerance is a product)."""
+    return f"{float(f'{tol:.4g}'):g}"
 
 
 def _no_verdict(d: Delta) -> str | None:
@@ -430,15 +435,15 @@ def _no_verdict(d: Delta) -> str | None:
 def resolution(d: Delta) -> str:
     """What would resolve an interval too wide for a verdict, at the variation observed: more
     seeds, more items, or both. The target half-width is the larger of the distances that would
-    show a match (X − |d̄|) or a difference (|d̄|); normal quantiles (a plan, not a test)."""
+    show a match (X − |d̄|) or a difference (|d̄|); each plan is the smallest that brings the
+    interval (the same t quantile and degrees of freedom as `interval`) within it."""
     tol, mean, ev = d.tolerance or 0.0, abs(d.mean or 0.0), d.evidence
     target = max(tol - mean, mean)
-    budget = (target / z_quantile(d.confidence)) ** 2 if target > 0 else 0.0
-    eval_var, seed_var = (ev.se or 0.0) ** 2, d.seed_part or 0.0
-    if budget <= 0:
+    if target <= 0:
         return "a difference of exactly 0 against a tolerance of 0 cannot be resolved"
-    if eval_var < budget:  # more seeds alone would do
-        seeds = max(MIN_SEEDS, math.ceil((d.sd or 0.0) ** 2 / (budget - eval_var)))
+    seed_var, eval_var = (d.sd or 0.0) ** 2, (ev.se or 0.0) ** 2
+    seeds = _plan(lambda n: _half(d, seed_var / n, eval_var, n) <= target)
+    if seeds is not None:
         return f"about {seeds} seeds would resolve ±{target:.3g} at the spread observed"
     shown = ev.half_width(d.confidence) or 0.0
     said = (
@@ -447,13 +452,39 @@ def resolution(d: Delta) -> str:
     )
     if not ev.items:
         return said
-    if seed_var < budget:  # a larger set with these seeds
-        items = math.ceil(ev.items * eval_var / (budget - seed_var))
-        return f"{said}: about {items:,} {ev.unit} would"
-    # both: half of the variance budget to each
-    seeds = max(MIN_SEEDS, math.ceil(2 * (d.sd or 0.0) ** 2 / budget))
-    items = math.ceil(2 * ev.items * eval_var / budget)
-    return f"{said}: about {seeds} seeds and {items:,} {ev.unit} together would"
+
+    def fits(n: int, scale: float) -> bool:  # n seeds, and `scale` times the items
+        return _half(d, seed_var / n, eval_var / scale, n) <= target
+
+    n = max(d.n, MIN_SEEDS)
+    scale = _plan(lambda k: fits(n, k), limit=10_000, start=2)
+    if scale is not None:
+        return f"{said}: about {scale * ev.items:,} {ev.unit} would, with {n} seeds"
+    both = _plan(lambda k: fits(k * n, k), limit=10_000, start=2)
+    if both is None:
+        return said
+    return f"{said}: about {both * n} seeds and {both * ev.items:,} {ev.unit} together would"
+
+
+def _half(d: Delta, seed_part: float, eval_var: float, n: int) -> float:
+    """The interval's half-width for these variance parts (compare `interval`)."""
+    total = seed_part + eval_var
+    dof = (n - 1) * (total / seed_part) ** 2 if seed_part > 0 else math.inf
+    return t_quantile(1 - (1 - d.confidence) / 2, dof) * math.sqrt(total)
+
+
+def _plan(ok: Any, limit: int = 1000, start: int = MIN_SEEDS) -> int | None:
+    """The smallest k in start..limit (doubling, then bisecting) with ok(k), or None."""
+    k = start
+    while not ok(k):
+        if k >= limit:
+            return None
+        k = min(2 * k, limit)
+    low = max(start, k // 2)
+    while low < k:
+        mid = (low + k) // 2
+        low, k = (low, mid) if ok(mid) else (mid + 1, k)
+    return k
 
 
 def delta_text(d: Delta | None, decimals: int = 2) -> str:
@@ -499,70 +530,78 @@ def _first(values: Any, default: Any = None) -> Any:
     return default
 
 
+# deltas.csv's columns (after the comparison group's PAIR_KEYS)
+DELTA_COLUMNS = (
+    "group_label",
+    "row_label",
+    "preset",
+    "reference",
+    "metric",
+    "higher_is_better",
+    "seeds_paired",
+    "delta_mean",
+    "ci_low",
+    "ci_high",
+    "confidence",
+    "tolerance",
+    "seeds_diverged",
+    "seeds_nonfinite",
+    "seeds_untrained",
+    "seeds_conflicting",
+    "seed_sd",
+    "eval_items",
+    "eval_unit",
+    "eval_se",
+    "eval_problem",
+    "verdict",
+)
+
+
 def deltas_frame(
     runs: pd.DataFrame, settings: Settings, deltas: dict[tuple, dict[str, Delta]] | None = None
 ) -> pd.DataFrame:
     """deltas.csv: one row per comparison group and preset, numbers unformatted (`deltas`: the
     report's group_deltas, computed once)."""
-    columns = [
-        *PAIR_KEYS,
-        "group_label",
-        "row_label",
-        "preset",
-        "reference",
-        "metric",
-        "higher_is_better",
-        "seeds_paired",
-        "delta_mean",
-        "ci_low",
-        "ci_high",
-        "confidence",
-        "tolerance",
-        "seeds_diverged",
-        "seeds_nonfinite",
-        "seeds_untrained",
-        "seeds_conflicting",
-        "seed_sd",
-        "eval_items",
-        "eval_unit",
-        "eval_se",
-        "eval_problem",
-        "verdict",
-    ]
     labels = {}  # {comparison group: (group_label, row_label)}
     if not runs.empty:
         for _, r in runs.iterrows():
             key = tuple(r[k] for k in PAIR_KEYS)
             labels.setdefault(key, (r.get("group_label", ""), r.get("row_label", "")))
-    rows = []
     deltas = group_deltas(runs, settings) if deltas is None else deltas
-    for key, found in deltas.items():
-        for preset, d in found.items():
-            rows.append(
-                {
-                    **dict(zip(PAIR_KEYS, key)),
-                    "group_label": labels.get(key, ("", ""))[0],
-                    "row_label": labels.get(key, ("", ""))[1],
-                    "preset": preset,
-                    "reference": settings.reference,
-                    "metric": d.metric,
-                    "higher_is_better": d.higher_is_better,
-                    "seeds_paired": d.n,
-                    "delta_mean": d.mean,
-                    "ci_low": d.low,
-                    "ci_high": d.high,
-                    "confidence": settings.confidence,
-                    "tolerance": d.tolerance,
-                    "seeds_diverged": d.n_diverged,
-                    "seeds_nonfinite": d.n_nonfinite,
-                    "seeds_untrained": d.n_untrained,
-                    "seeds_conflicting": d.n_conflicting,
-                    "seed_sd": d.sd,
-                    "eval_items": d.evidence.items,
-                    "eval_unit": d.evidence.unit if d.evidence.items else None,
-                    "eval_se": d.evidence.se,
-                    "eval_problem": d.evidence.problem,
-                    "verdict": d.verdict,
-                }
-            )
-    return pd.DataFrame(rows, columns=columns)
+    rows = [
+        {
+            **dict(zip(PAIR_KEYS, key)),
+            "group_label": labels.get(key, ("", ""))[0],
+            "row_label": labels.get(key, ("", ""))[1],
+            "reference": settings.reference,
+            "confidence": settings.confidence,
+            **_delta_fields(preset, d),
+        }
+        for key, found in deltas.items()
+        for preset, d in found.items()
+    ]
+    return pd.DataFrame(rows, columns=[*PAIR_KEYS, *DELTA_COLUMNS])
+
+
+def _delta_fields(preset: str, d: Delta) -> dict[str, Any]:
+    ev = d.evidence
+    return {
+        "preset": preset,
+        "metric": d.metric,
+        "higher_is_better": d.higher_is_better,
+        "seeds_paired": d.n,
+        "delta_mean": d.mean,
+        "ci_low": d.low,
+        "ci_high": d.high,
+        "tolerance": d.tolerance,
+        "seeds_diverged": d.n_diverged,
+        "seeds_nonfinite": d.n_nonfinite,
+        "seeds_untrained": d.n_untrained,
+        "seeds_conflicting": d.n_conflicting,
+        "seed_sd": d.sd,
+        "eval_items": ev.items,
+        "eval_unit": ev.unit if ev.items else None,
+        "eval_se": ev.se,
+        "eval_problem": ev.problem,
+        "verdict": d.verdict,
+    }

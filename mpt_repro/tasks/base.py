@@ -112,15 +112,19 @@ class Task:
         model: nn.Module,
         make_optimizer: Callable,
         forward: Callable[[nn.Module], nn.Module] | None = None,
+        broadcast_buffers: bool = True,
     ) -> Trained:
         """Prepare `model` for the precision policy on the task's device, build its optimizer
         (`make_optimizer`, e.g. mpt_repro.optim.optimizer_factory) and its training forward:
         `forward(model)` when given (a module around the model, e.g. one that also computes
-        the loss), wrapped in DDP in a distributed run. Registered as models[name],
-        optimizers[name] and train_models[name]; optimizers are reported in the order added."""
+        the loss), wrapped in DDP in a distributed run (broadcast_buffers: see
+        distributed.wrap_model). Registered as models[name], optimizers[name] and
+        train_models[name]; optimizers are reported in the order added."""
         model = self.policy.prepare_model(model.to(self.device))
         optimizer = self.policy.build_optimizer(model, make_optimizer, name=name)
-        wrapped = distributed.wrap_model(forward(model) if forward else model, self.cfg.distributed)
+        wrapped = distributed.wrap_model(
+            forward(model) if forward else model, self.cfg.distributed, broadcast_buffers
+        )
         self.models[name], self.optimizers[name] = model, optimizer
         self.train_models[name] = wrapped
         return Trained(model, optimizer, wrapped)

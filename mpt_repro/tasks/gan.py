@@ -81,8 +81,10 @@ class GAN(SampledTask):
         # Discriminator first: policy.loss_scale() and the first-optimizer summaries report it.
         # Under DDP the training forwards/backwards go through the wrappers (gradient averaging);
         # the bare networks are what the optimizers, checkpoints, evaluation and samples see.
+        # D runs twice through its wrapper before one backward (real, then fake): its buffers are
+        # broadcast by _d_loss, not by DDP at each forward (distributed.wrap_model says why)
         self.discriminator, self.opt_d, self.train_d = self.add_model(
-            "discriminator", pair.discriminator, make
+            "discriminator", pair.discriminator, make, broadcast_buffers=False
         )
         self.generator, self.opt_g, self.train_g = self.add_model("generator", pair.generator, make)
         # the generator first, as telemetry's layer tables and checkpoints have always listed them
@@ -138,6 +140,7 @@ class GAN(SampledTask):
 
     def _d_loss(self, batch: Any) -> Loss:
         """Discriminator: maximise log D(x) + log(1 - D(G(z))) on one micro-batch."""
+        distributed.sync_buffers(self.discriminator)  # rank 0's statistics, as DDP would give
         real = self._real(batch)
         fake = self.train_g(self._noise(real.shape[0]))
         self._fakes.append(fake)
