@@ -299,3 +299,28 @@ def test_reduce_overhead_captures_the_step_as_a_cuda_graph():
         bs = build_step(cfg, cuda)
         losses[comp] = [float(bs.step().loss) for _ in range(5)]
     assert losses["true"] == pytest.approx(losses["false"], rel=1e-2)
+
+
+# -- mpt-bench bench.baseline=true ---------------------------------------------------------------
+def test_the_baseline_goes_into_the_json_and_its_table():
+    """The worker's baseline on the demo (one round of one step: counts, not times): the JSON's
+    fields, and the printed row (ops of each, the difference, the Trainer's, reads, the ratio)."""
+    from mpt_repro.bench.config import BenchConfig
+    from mpt_repro.bench.results import format_baseline
+    from mpt_repro.bench.step import build_step
+    from mpt_repro.bench.worker import baseline
+
+    cfg = demo("amp")
+    bs = build_step(cfg, CPU)
+    b = BenchConfig(baseline=True, baseline_rounds=2, baseline_steps=1)
+    out = baseline(cfg, bs, b, CPU, lambda *_: None)
+    assert out["bare"] == "autocast FP16 + GradScaler"
+    assert out["suite_ops_per_step"] <= out["bare_ops_per_step"] + LIMIT
+    assert out["suite_host_reads_per_step"] == out["trainer_host_reads_per_step"] == 0
+    assert out["trainer_ops_per_step"] <= out["suite_ops_per_step"] + LIMIT
+    assert len(out["time_ratios"]) == 2
+    assert out["time_ratio_min"] <= out["time_ratio"] <= out["time_ratio_max"]
+    doc = {"device": {"type": "cpu"}, "results": [{"preset": "amp", "detail": {"baseline": out}}]}
+    row = format_baseline(doc).splitlines()[-1]
+    assert row.startswith("| amp | autocast FP16 + GradScaler | ") and row.endswith("(proxy) |")
+    assert format_baseline({"device": {"type": "cpu"}, "results": []}) is None
