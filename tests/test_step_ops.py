@@ -324,3 +324,35 @@ def test_the_baseline_goes_into_the_json_and_its_table():
     row = format_baseline(doc).splitlines()[-1]
     assert row.startswith("| amp | autocast FP16 + GradScaler | ") and row.endswith("(proxy) |")
     assert format_baseline({"device": {"type": "cpu"}, "results": []}) is None
+
+
+# -- adaptive: the layer statistics every F iterations ----------------------------------------
+def test_adaptive_records_statistics_every_F_steps_and_stays_within_1_10x_mixed():
+    """precision.adaptive_update_interval=F (Zhao et al.'s update_per_n_iteration): the layer
+    statistics (aminmax and a norm per layer) are taken in one backward of every F and the scales
+    recomputed from them once (one host read more); the other steps launch about what mixed's
+    do. Over one cycle of F=4 steps on the demo: at most 1.10x mixed's ops."""
+    from mpt_repro.bench.step import build_step
+
+    def names(bs) -> list[str]:
+        seen = []
+
+        class Named(SyncCounter):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                seen.append(func._schema.name.split("::")[-1])
+                return super().__torch_dispatch__(func, types, args, kwargs)
+
+        with Named(CPU):
+            bs.step()
+        return seen
+
+    mixed = build_step(demo("mixed"), CPU)
+    mixed.step()
+    base = len(names(mixed))
+    F = 4
+    bs = build_step(demo("adaptive", f"precision.adaptive_update_interval={F}"), CPU)
+    for _ in range(3):
+        bs.step()
+    cycle = [names(bs) for _ in range(F)]
+    assert sum(1 for step in cycle if "aminmax" in step) == 1  # statistics in one step of F
+    assert sum(len(step) for step in cycle) / F <= 1.10 * base, ([len(s) for s in cycle], base)
