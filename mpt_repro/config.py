@@ -140,6 +140,9 @@ class OptimConfig:
     ema_params: str | None = None
 
 
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+
 @dataclass
 class TrainerConfig:
     device: str = "auto"  # auto | cpu | cuda | cuda:N
@@ -156,10 +159,16 @@ class TrainerConfig:
     # batches with the current weights (0: off). Smoke budgets: a few steps of running averages
     # are meaningless, and an evaluation with them looks broken (loss NaN or 1e6)
     recalibrate_bn: int = field(default=0, metadata=read_when("task", "classification"))
-    # torch.compile the training forward (classification): fewer kernels, fused elementwise ops.
-    # Opt-in: compiling takes minutes, and the hooks of precision=adaptive and of telemetry
-    # cannot be compiled (refused with them)
+    # torch.compile the training step (classification): the forward (the backward follows it)
+    # and the precision step's device regions around the optimizer's kernel (unscale and check,
+    # the non-finite diagnosis, clipping; the masters' copy-back, the skip signal, the loss
+    # scale's update): fewer kernels, fused elementwise ops. Opt-in: compiling takes minutes,
+    # and the hooks of precision=adaptive and of telemetry cannot be compiled (refused with them)
     compile: bool = field(default=False, metadata=read_when("task", "classification"))
+    # torch.compile's mode: default | reduce-overhead (CUDA graphs: the step never reads the
+    # device, so it can be captured and replayed as one launch; GPU only) | max-autotune |
+    # max-autotune-no-cudagraphs
+    compile_mode: str = field(default="default", metadata=read_when("task", "classification"))
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
@@ -314,6 +323,12 @@ def validate_trainer(t: DictConfig, dd: DictConfig) -> None:
         _check(t[key] > 0, f"trainer.{key}", t[key], "must be positive")
     _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
     _check(t.recalibrate_bn >= 0, "trainer.recalibrate_bn", t.recalibrate_bn, "must be >= 0")
+    _check(
+        t.compile_mode in COMPILE_MODES,
+        "trainer.compile_mode",
+        t.compile_mode,
+        f"must be one of {COMPILE_MODES}",
+    )
     # cuda:abc passed this check and failed in torch with a traceback
     _check(
         re.fullmatch(r"auto|cpu|cuda(:\d+)?", str(t.device)) is not None,

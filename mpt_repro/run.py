@@ -66,6 +66,27 @@ def set_backends(t: Any, environ: MutableMapping[str, str] = os.environ) -> None
     torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
 
 
+def step_compile_mode(t: Any) -> str | None:
+    """trainer.compile: torch.compile's mode for the precision step's regions (None: eager).
+    A mode's inductor options (reduce-overhead: CUDA graphs) are also set for the rest of the
+    process, so the model the task compiles (a plain torch.compile) gets them too."""
+    if not t.compile:
+        return None
+    mode = str(t.get("compile_mode", "default"))
+    if mode != "default":
+        import torch._inductor
+        import torch._inductor.config
+
+        for key, value in torch._inductor.list_mode_options(mode).items():
+            node, _, name = key.rpartition(".")
+            setattr(
+                getattr(torch._inductor.config, node) if node else torch._inductor.config,
+                name,
+                value,
+            )
+    return mode
+
+
 def describe_device(device: torch.device) -> dict[str, Any]:
     if device.type == "cuda":
         major, minor = torch.cuda.get_device_capability(device)
@@ -235,7 +256,12 @@ def _build(
     from mpt_repro.tasks import build_task
 
     try:
-        policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+        policy = PrecisionPolicy(
+            cfg.precision,
+            device,
+            paper_loss_scale=cfg.paper_loss_scale,
+            compile_mode=step_compile_mode(cfg.trainer),
+        )
         log.info("precision %s", policy.describe())
         return policy, build_task(cfg, device, policy)
     except BaseException as e:

@@ -43,20 +43,35 @@ class LRSchedule:
         self.base = [float(g.setdefault("initial_lr", float(g["lr"]))) for g in groups]
         self.on_device = self.hold and optimizer.skips == "on_device"
         self._count = 0
+        self._steps = 0  # step() calls (host), for the length of the device table
+        self.total_steps = total_steps
         if self.on_device:
             device = groups[0]["params"][0].device
-            table = [multiplier(i) for i in range(total_steps + 1)]
-            self._table = torch.tensor(table, dtype=torch.float64, device=device)
-            self._count_t = torch.zeros((), dtype=torch.int64, device=device)
-            self._last = total_steps
-            for g, base in zip(groups, self.base):
-                g["lr"] = torch.tensor(base, dtype=torch.float32, device=device)
+            self._count_t = torch.zeros(1, dtype=torch.int64, device=device)
+            self._lrs = torch.tensor(self.base, dtype=torch.float32, device=device)
+            self._lr_views = list(self._lrs.unbind(0))  # each group's "lr", made once
+            self._lr_row = self._lrs.view(1, -1)  # index_select's output, made once
+            self._table = self._lr_table(total_steps)
         self._apply()
+
+    def _lr_table(self, steps: int) -> Tensor:
+        """(steps + 1, groups) FP32 on the device: row i holds each group's LR after i applied
+        updates (base x decay x multiplier(i) in FP64, rounded once). Made at construction and
+        when a plateau decays (log rows): never per step."""
+        rows = [
+            [self.multiplier(i) * (base * self.decay) for base in self.base]
+            for i in range(steps + 1)
+        ]
+        table = torch.tensor(rows, dtype=torch.float64).float()
+        return table.to(self._lrs.device)
 
     def step(self, stepped: Tensor | bool) -> None:
         """After each optimizer step; ``stepped`` is what PrecisionOptimizer.step returned."""
+        self._steps += 1
         if self.on_device:
-            self._count_t = (self._count_t + stepped.to(torch.int64)).clamp(max=self._last)
+            if self._steps >= len(self._table):  # more steps than planned (never in a run)
+                self._table = self._lr_table(2 * self._steps)
+            self._count_t.add_(stepped)
         elif not self.hold or self._applied_on_host(stepped):
             self._count += 1
         self._apply()
@@ -69,6 +84,8 @@ class LRSchedule:
         factor, rows = self.plateau
         if len(self.losses) >= rows and loss > max(self.losses[-rows:]):
             self.decay *= factor
+            if self.on_device:
+                self._table = self._lr_table(max(self.total_steps, self._steps))
             self._apply()
         self.losses = [*self.losses, loss][-rows:]
 
@@ -81,13 +98,11 @@ class LRSchedule:
     def _apply(self) -> None:
         groups = self.optimizer.param_groups
         if self.on_device:
-            # index_select: indexing with a 0-d tensor would read it on the host
-            factor = self._table.index_select(0, self._count_t.reshape(1)).reshape(())
-            for g, base in zip(groups, self.base):
-                if not torch.is_tensor(g["lr"]) or g["lr"].device != factor.device:
-                    g["lr"] = torch.zeros((), dtype=torch.float32, device=factor.device)
-                # FP64 product rounded once, as a float LR would be
-                g["lr"].copy_(factor * (base * self.decay))
+            # index_select: indexing with a device tensor would read it on the host
+            torch.index_select(self._table, 0, self._count_t, out=self._lr_row)
+            for g, lr in zip(groups, self._lr_views):
+                if g["lr"] is not lr:  # first call, or the optimizer's state was loaded
+                    g["lr"] = lr
         else:
             factor = self.multiplier(self._count)
             for g, base in zip(groups, self.base):
@@ -105,6 +120,7 @@ class LRSchedule:
         # checkpoints written before the plateau decay hold the count alone
         self.decay, self.losses = float(sd.get("decay", 1.0)), list(sd.get("losses", []))
         if self.on_device:
+            self._table = self._lr_table(max(self.total_steps, int(sd["applied"])))
             self._count_t.fill_(int(sd["applied"]))
         else:
             self._count = int(sd["applied"])

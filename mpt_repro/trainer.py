@@ -7,8 +7,10 @@ evaluates, checkpoints and notices divergence, and never waits for the GPU betwe
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
+import math
 import random
 import signal
 import time
@@ -443,55 +445,76 @@ class Clock:
 
 
 class DivergenceWatch:
-    """Consecutive non-finite losses, counted on the device (no host sync on ordinary steps).
+    """Consecutive non-finite losses, counted on the host from a copy of each step's loss.
 
-    A run diverges when a streak reaches `patience`, at the step it does: each step's count is
-    copied to host memory without waiting (a pinned buffer on a GPU; on a CPU the copy is
-    immediate) and read once it has landed, at most a step later on a GPU. Under DDP every rank
-    must stop at the same step, so there the streak is checked at log rows, where the ranks
-    already exchange numbers (the run may go on up to trainer.log_every steps past the
-    patience; the longest streak since the last row counts, even one that ended between rows).
+    Each step copies its loss into host memory without waiting (a slot of a pinned buffer on a
+    GPU, with an event that says when it has landed; on a CPU the copy is done at once): one
+    launch a step, nothing computed on the device. The host looks at the values that have landed
+    (reading host memory: no wait for the device) and counts the streak there. A run diverges
+    when a streak reaches `patience`, at the step it does (on a GPU when that step's copy has
+    landed, a step or so later). Under DDP every rank must stop at the same step, so there the
+    streak is checked at log rows, where the ranks already exchange numbers (the run may go on up
+    to trainer.log_every steps past the patience; the longest streak since the last row counts,
+    even one that ended between rows).
     """
+
+    SLOTS = 64  # loss copies in flight before another buffer is added (a GPU running ahead)
 
     def __init__(self, patience: int, device: torch.device):
         self.patience = patience
-        zero = torch.zeros((), dtype=torch.long, device=device)
-        self.streak, self.start = zero.clone(), zero.clone()  # current streak, its first step
-        self.worst, self.worst_start = zero.clone(), zero.clone()
-        # the per-step check (not under DDP): the last count copied to the host, and when
-        self._host: torch.Tensor | None = None
-        self._landed: Any = None  # a CUDA event; None on a CPU (the copy is done at once)
-        if not distributed.is_distributed():
-            self._host = torch.zeros(2, dtype=torch.long, pin_memory=device.type == "cuda")
-            self._landed = torch.cuda.Event() if device.type == "cuda" else None
-        self._pending = False
+        self.streak = self.start = 0  # the current streak and its first step
+        self.worst = self.worst_start = 0  # the longest since the last log row, and its start
+        self._gpu = device.type == "cuda"
+        self._per_step = not distributed.is_distributed()  # raise at the step, not at rows
+        self._slots: list[tuple[torch.Tensor, np.ndarray, int, Any]] = []  # view, array, index
+        self._free: list[int] = []
+        self._in_flight: collections.deque[tuple[int, int]] = collections.deque()  # slot, step
+
+    def _add_slots(self) -> None:
+        buffer = torch.zeros(self.SLOTS, pin_memory=self._gpu)
+        values = buffer.numpy()  # host memory: reading it waits for nothing
+        first = len(self._slots)
+        for i, view in enumerate(buffer.unbind(0)):
+            event = torch.cuda.Event() if self._gpu else None
+            self._slots.append((view, values, i, event))
+        self._free += range(first, len(self._slots))
 
     def add(self, loss: torch.Tensor, step: int) -> None:
-        bad = ~torch.isfinite(loss)
-        self.start = torch.where(bad & (self.streak == 0), step, self.start)
-        self.streak = (self.streak + 1) * bad
-        self.worst_start = torch.where(self.streak > self.worst, self.start, self.worst_start)
-        self.worst = torch.maximum(self.worst, self.streak)
-        if self._host is not None:
-            self._check_copied()
-            if not self._pending:
-                self._host.copy_(torch.stack([self.streak, self.start]), non_blocking=True)
-                if self._landed is not None:
-                    self._landed.record()
-                self._pending = True
-                self._check_copied()  # on a CPU it has landed
+        if not self._free:
+            self._add_slots()
+        k = self._free.pop()
+        view, _, _, event = self._slots[k]
+        view.copy_(loss if loss.dim() == 0 else loss.reshape(()), non_blocking=True)
+        if event is not None:
+            event.record()
+        self._in_flight.append((k, step))
+        self._count_landed(wait=False)
 
-    def _check_copied(self) -> None:
-        """Raise Diverged when the count last copied to the host has landed and reached the
-        patience (reading host memory: no wait for the device)."""
-        if not self._pending or (self._landed is not None and not self._landed.query()):
-            return
-        self._pending = False
-        with torch.autograd.profiler.record_function("host:divergence"):  # host memory, by design
-            streak, start = self._host.tolist()
-        if streak >= self.patience:
+    def _count_landed(self, wait: bool) -> None:
+        """Count the losses whose copies have landed, in step order; `wait`: all of them."""
+        while self._in_flight:
+            k, step = self._in_flight[0]
+            _, values, i, event = self._slots[k]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            self._in_flight.popleft()
+            self._free.append(k)
+            with torch.autograd.profiler.record_function("host:divergence"):  # host memory
+                bad = not math.isfinite(float(values[i]))
+            self._count(bad, step)
+
+    def _count(self, bad: bool, step: int) -> None:
+        if bad and self.streak == 0:
+            self.start = step
+        self.streak = self.streak + 1 if bad else 0
+        if self.streak > self.worst:
+            self.worst, self.worst_start = self.streak, self.start
+        if self._per_step and self.streak >= self.patience:
             raise Diverged(
-                f"loss was non-finite for {streak} consecutive steps from step {start}", start
+                f"loss was non-finite for {self.streak} consecutive steps from step {self.start}",
+                self.start,
             )
 
     def check(self, at_end: bool = False) -> None:
@@ -499,12 +522,12 @@ class DivergenceWatch:
         when the loss is non-finite at the end: a streak that began with fewer than `patience`
         steps left can never reach it, and the run would end `completed` having learned nothing.
         All ranks agree under DDP."""
-        both = torch.stack([self.worst, self.worst_start, self.streak, self.start])
+        self._count_landed(wait=True)
+        worst, start, streak, streak_start = self.worst, self.worst_start, self.streak, self.start
         if distributed.is_distributed():  # the longest streak on any rank, the latest start
-            both = distributed.all_reduce_(both, "max")
-        worst, start, streak, streak_start = (int(v) for v in both.tolist())
-        self.worst.zero_()
-        self.worst_start.zero_()
+            both = torch.tensor([worst, start, streak, streak_start], dtype=torch.long)
+            worst, start, streak, streak_start = distributed.all_reduce_(both, "max").tolist()
+        self.worst = self.worst_start = 0
         if worst >= self.patience:
             raise Diverged(
                 f"loss was non-finite for {worst} consecutive steps from step {start}", start
@@ -517,11 +540,12 @@ class DivergenceWatch:
             )
 
     def state(self) -> dict[str, int]:
+        self._count_landed(wait=True)
         return {k: int(getattr(self, k)) for k in ("streak", "start", "worst", "worst_start")}
 
     def load_state(self, state: dict[str, int]) -> None:
         for k, v in state.items():
-            getattr(self, k).fill_(v)
+            setattr(self, k, int(v))
 
 
 class LogWindow:

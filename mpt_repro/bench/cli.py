@@ -38,10 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     if measured is None:
         return 2
     doc = document(argv, overrides, bench, configs, measured)
-    from mpt_repro.bench.results import describe_run, format_table
+    from mpt_repro.bench.results import describe_run, format_baseline, format_table
 
     print()
     print(format_table(doc))
+    if (against := format_baseline(doc)) is not None:
+        print()
+        print("against the bare loop (bench.baseline=true):")
+        print(against)
     print()
     print(describe_run(doc))
     if bench.write and doc["results"]:

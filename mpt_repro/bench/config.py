@@ -28,6 +28,13 @@ class BenchConfig:
     overhead_steps: int = 20
     overhead_windows: int = 2  # windows of each kind
     instrument: bool = True  # saved-for-backward bytes, host syncs and FLOPs (two extra steps)
+    # the suite's step against the bare loop of the same math, in the same process (BareLoop:
+    # autocast + GradScaler for amp, bare FP32 for fp32, an apex-O2-style loop for mixed): ATen
+    # ops and host reads per step of each, the Trainer's own per step, and the time ratio over
+    # interleaved rounds
+    baseline: bool = False
+    baseline_rounds: int = 5  # interleaved rounds (suite, bare) of the time ratio
+    baseline_steps: int = 10  # steps of each per round
     out_dir: str = "results/bench"  # where the JSON goes
     write: bool = True  # false: print the table only
     timeout_s: int = 3600  # one worker process (one preset, one repeat) at most this long
@@ -45,6 +52,10 @@ HELP = {
     "overhead_steps": "steps per window of the trainer-vs-bare-loop comparison (0: skip)",
     "overhead_windows": "alternating windows of each (trainer, bare loop)",
     "instrument": "also measure saved-for-backward bytes, host syncs and FLOPs (2 extra steps)",
+    "baseline": "also run the bare loop of the same math (autocast+GradScaler, bare FP32, apex "
+    "O2): ops/step, host reads/step, time ratio",
+    "baseline_rounds": "interleaved rounds (suite, bare loop) of the baseline's time ratio",
+    "baseline_steps": "steps of each per baseline round",
     "out_dir": "folder of the JSON result (<experiment>-<device>-<timestamp>.json)",
     "write": "false: print the table, write no file",
     "timeout_s": "limit for one worker process (one preset, one repeat), seconds",
@@ -161,7 +172,14 @@ def _check_bench(b: BenchConfig) -> None:
         raise ConfigError("bench.presets is empty; e.g. bench.presets=[fp32,amp,mixed]")
     if len(set(b.presets)) != len(b.presets):
         raise ConfigError(f"bench.presets lists a preset twice: {b.presets}")
-    for name, low in (("warmup", 1), ("steps", 1), ("repeats", 1), ("overhead_steps", 0)):
+    for name, low in (
+        ("warmup", 1),
+        ("steps", 1),
+        ("repeats", 1),
+        ("overhead_steps", 0),
+        ("baseline_rounds", 1),
+        ("baseline_steps", 1),
+    ):
         if getattr(b, name) < low:
             raise ConfigError(f"bench.{name} must be >= {low} (got {getattr(b, name)})")
     if b.overhead_windows < 1:

@@ -252,8 +252,14 @@ def _copy_ends(name: str, args: tuple, out: Any) -> tuple[torch.Tensor, torch.Te
 
 
 def _device_to_host(name: str, args: tuple, out: Any) -> bool:
+    """A copy from the device to the host that makes the host wait: every one but a
+    `copy_(..., non_blocking=True)` into pinned memory (the trainer's loss copies), which the
+    host reads later, once an event says it has landed."""
     ends = _copy_ends(name, args, out)
-    return ends is not None and ends[0].device.type != "cpu" and ends[1].device.type == "cpu"
+    if ends is None or ends[0].device.type == "cpu" or ends[1].device.type != "cpu":
+        return False
+    non_blocking = name == "copy_" and len(args) > 2 and bool(args[2])
+    return not (non_blocking and ends[1].is_pinned())
 
 
 def _caller() -> str:

@@ -9,7 +9,11 @@ repeats, ratio_fp32, ratio_amp, peak_allocated_bytes, peak_reserved_bytes, mem_r
 saved_bytes_per_sample, saved_ratio_fp32, host_syncs_per_step, ops_per_step, flops_per_sample,
 tflops, mfu,
 joules_per_sample, trainer_overhead, meaningful {field: bool}, error (null or why the preset has
-no figures), detail {everything else the worker measured}.
+no figures), detail {everything else the worker measured}. With bench.baseline=true,
+detail.baseline: bare (what the bare loop is, or null), note (why there is none),
+suite_ops_per_step, bare_ops_per_step, suite_host_reads_per_step, bare_host_reads_per_step,
+trainer_ops_per_step, trainer_host_reads_per_step, time_ratio (suite / bare seconds, median over
+the rounds), time_ratio_min, time_ratio_max, time_ratios.
 """
 
 from __future__ import annotations
@@ -220,4 +224,42 @@ def describe_run(doc: dict) -> str:
             "speed, memory and energy are for a GPU run. Saved bytes, host syncs and FLOPs "
             "count the same on any device."
         )
+    return "\n".join(lines)
+
+
+# -- the baseline table (bench.baseline=true) ---------------------------------------------------
+def format_baseline(doc: dict) -> str | None:
+    """A Markdown table of each preset's step against its bare loop (None without one): ATen
+    ops and host reads per step of each and their difference, the Trainer's per step, and the
+    time ratio suite / bare, median [min-max] over the interleaved rounds ("(proxy)" off a GPU)."""
+    rows = [r for r in doc["results"] if (r.get("detail") or {}).get("baseline")]
+    if not rows:
+        return None
+    gpu = doc["device"]["type"] == "cuda"
+    lines = [
+        "| preset | bare loop | ops/step suite | ops/step bare | + over bare | Trainer ops/step "
+        "| host reads/step suite / bare | time x bare [min-max] |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for row in rows:
+        b = row["detail"]["baseline"]
+        if b.get("bare") is None:
+            lines.append(f"| {row['preset']} | none: {b.get('note')} |" + " |" * 6)
+            continue
+        ours, bare = b["suite_ops_per_step"], b["bare_ops_per_step"]
+        ratio = f"{b['time_ratio']:.3f} [{b['time_ratio_min']:.3f}-{b['time_ratio_max']:.3f}]" + (
+            "" if gpu else " (proxy)"
+        )
+        trainer = b.get("trainer_ops_per_step")
+        cells = [
+            row["preset"],
+            b["bare"],
+            f"{ours:g}",
+            f"{bare:g}",
+            f"{ours - bare:+g}",
+            f"{trainer:g}" if trainer is not None else "n/a",
+            f"{b['suite_host_reads_per_step']:g} / {b['bare_host_reads_per_step']:g}",
+            ratio,
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import itertools
+import statistics
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,9 +38,15 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     the task's own train_batches (its micro-batches: the data's shapes and dtypes are the run's),
     moved there once."""
     from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.run import step_compile_mode
     from mpt_repro.tasks import build_task
 
-    policy = PrecisionPolicy(cfg.precision, device, paper_loss_scale=cfg.paper_loss_scale)
+    policy = PrecisionPolicy(
+        cfg.precision,
+        device,
+        paper_loss_scale=cfg.paper_loss_scale,
+        compile_mode=step_compile_mode(cfg.trainer),
+    )
     task = build_task(cfg, device, policy)
     batch = to_device(next(iter(task.train_batches(0))), device)
     # the first warm-up step: it settles lazily built state (optimizer buffers, autotuning) and
@@ -111,7 +118,14 @@ class TrainerWindows:
         # the loader replaced by the resident batch: the data path is not the trainer's overhead
         task.train_batches = lambda epoch, skip=0: itertools.repeat(bs.batch, spe - skip)
         t.recalibrate_bn = 0  # the evaluations that end the windows: as cheap as can be
+        # the bench times the loop, not whether it learns: a loss that went non-finite on the
+        # resident batch (a tiny synthetic setting at a full-size LR) must not end the
+        # measurement. The watch still copies each loss (its per-step cost is the loop's);
+        # only its verdicts are dropped
+        t.diverge_patience = 2**31 - 1
         self.trainer = Trainer(cfg, task, bs.policy, Path(self._dir.name), is_main=False)
+        self.trainer.divergence.check = _no_verdict
+        self.trainer.policy = _NoVerdict(bs.policy)
 
     def run(self, n: int) -> float:
         """Samples per second over n more steps of Trainer.fit."""
@@ -121,9 +135,72 @@ class TrainerWindows:
         tr.fit()
         return (tr.samples - samples0) / max(tr.clock.total - clock0, 1e-12)
 
+    def count(self, n: int, device: torch.device) -> dict[str, float]:
+        """The Trainer's steps counted one by one (from its on_step_start to its on_step_end:
+        the step, the LR schedules, EMA, divergence watch, log window; the log rows and
+        evaluations after on_step_end are not in it): the median ATen ops and host reads of n
+        more steps, none of which is the window's last (that one logs)."""
+
+        counter = _StepCounter(device)
+        tr = self.trainer
+        tr.callbacks.append(counter)
+        try:
+            tr.total_steps = tr.step + n + 1
+            tr.fit()
+        finally:
+            tr.callbacks.remove(counter)
+            counter.close()
+        rows = [c for c, step in counter.done if step % tr.cfg.trainer.log_every != 0][:n]
+        if not rows:
+            return {"ops_per_step": None, "host_reads_per_step": None}
+        return {
+            "ops_per_step": statistics.median(c.dispatched for c in rows),
+            "host_reads_per_step": statistics.median(c.reads for c in rows),
+        }
+
     def close(self) -> None:
         self.trainer.close()
         self._dir.cleanup()
+
+
+def _no_verdict(at_end: bool = False) -> None:
+    """DivergenceWatch.check for the bench's windows: nothing raised (see TrainerWindows)."""
+
+
+class _NoVerdict:
+    """The precision policy as the bench's Trainer sees it: everything but the scale floor's
+    Diverged verdict (a resident batch may overflow at the floor; the windows go on)."""
+
+    def __init__(self, policy: Any):
+        self._policy = policy
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._policy, name)
+
+    def check_divergence(self) -> None:
+        pass
+
+
+class _StepCounter:
+    """Trainer callback: a SyncCounter around each step (on_step_start to on_step_end)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.counter, self.done = device, None, []
+
+    def on_step_start(self, trainer: Any, step: int) -> None:
+        from mpt_repro.bench.measure import SyncCounter
+
+        self.counter = SyncCounter(self.device)
+        self.counter.__enter__()
+
+    def on_step_end(self, trainer: Any, step: int, result: Any) -> None:
+        self.close()
+        self.done.append((self._last, step))
+
+    def close(self) -> None:
+        if self.counter is not None:
+            self.counter.__exit__(None, None, None)
+            self._last, self.counter = self.counter, None
 
 
 # -- the same math without the suite --------------------------------------------------------------
@@ -132,7 +209,13 @@ class BareLoop:
     torch.autocast, torch.amp.GradScaler (dynamic, or with a growth interval no run reaches for a
     static scale), the suite's own optimizer kind (fused where the suite's is), and for FP16
     weights with a master copy, FP32 masters kept by hand (grads copied in, weights copied out).
-    Classification only (one model, cross-entropy); `why_not` says when it cannot be built."""
+    Classification only (one model, cross-entropy); `why_not` says when it cannot be built.
+
+    What it is for each preset (`kind`): "autocast + GradScaler" (amp, and any FP32-weight
+    preset with a loss scale), "bare FP32" (fp32, tf32: no autocast, no scaler), "autocast" (bf16),
+    "apex O2" (mixed: FP16 model with FP32 batch norm, FP32 master weights kept by hand, the
+    scaler over the masters, as apex's O2 and FP16_Optimizer do), "FP16, no master" (no_master).
+    The master gradients are allocated once and overwritten by each step's copy (no zeroing)."""
 
     def __init__(self, cfg: Any, bs: BenchStep, device: torch.device):
         from mpt_repro import distributed
@@ -183,6 +266,7 @@ class BareLoop:
                 init_scale=scale["final"],  # where the suite's scale settled in warm-up
                 growth_interval=int(cfg.precision.growth_interval) if dynamic else 2**30,
             )
+        self.kind = _bare_kind(policy, self.masters is not None, self.scaler is not None)
         self.autocast = policy.autocast  # torch.autocast in the compute dtype, or nothing
         self.micro = [self._input(mb, task, policy) for mb in bs.batch]  # the task's micro-batches
         self.loss_fn = task.criterion  # the task's own (label smoothing, aux heads)
@@ -196,8 +280,9 @@ class BareLoop:
         return (x.to(policy.storage_dtype) if x.is_floating_point() else x), y
 
     def step(self) -> torch.Tensor:
-        self.opt.zero_grad(set_to_none=self.masters is None)
-        if self.masters:
+        if self.masters is None:
+            self.opt.zero_grad(set_to_none=True)
+        else:  # the masters' gradients are overwritten below: only the model's are dropped
             for p in self.params:
                 p.grad = None
         for x, y in self.micro:  # gradient accumulation: the mean over the micro-batches
@@ -221,6 +306,17 @@ class BareLoop:
             with torch.no_grad():
                 torch._foreach_copy_(self.params, self.masters)
         return loss
+
+
+def _bare_kind(policy: Any, masters: bool, scaler: bool) -> str:
+    """What the bare loop of a preset is, in words (the baseline table's column)."""
+    if policy.storage_dtype != torch.float32:
+        base = "apex O2 (FP16 model, FP32 masters)" if masters else "FP16 weights, no master"
+    elif policy.compute_dtype == torch.float32:
+        base = "bare FP32"
+    else:
+        base = "autocast " + ("FP16" if policy.compute_dtype == torch.float16 else "BF16")
+    return base + (" + GradScaler" if scaler else "")
 
 
 def _zero_momentum(opt: torch.optim.Optimizer) -> None:

@@ -71,6 +71,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out["flops_per_sample"] = out["flops_per_step"] / n
     if repeat == 0 and b.overhead_steps:
         out.update(overhead(cfg, bs, b, device, say))
+    if repeat == 0 and b.baseline:
+        out["baseline"] = baseline(cfg, bs, b, device, say)
     return out
 
 
@@ -172,6 +174,71 @@ def overhead(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[s
         "trainer_samples_per_s": trainer_sps,
         "bare_samples_per_s": bare_sps,
     }
+
+
+def baseline(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[str, Any]:
+    """The suite's step against the bare loop of the same math, in this process, on the same
+    model and batch: ATen ops and host reads of one step of each (the median of 3 counted
+    steps), the Trainer's own per step (the step with its bookkeeping: LR schedule, divergence
+    watch, log window), and the time ratio suite / bare over interleaved rounds (median, min,
+    max)."""
+    from mpt_repro.bench.step import BareLoop, TrainerWindows
+
+    bare = BareLoop(cfg, bs, device)
+    if bare.why_not:
+        return {"bare": None, "note": bare.why_not}
+    say(f"baseline: {bare.kind}, {b.baseline_rounds} rounds x {b.baseline_steps} steps each")
+    bare.step()  # its first step: lazily made state (GradScaler's, the optimizer's)
+    out: dict[str, Any] = {"bare": bare.kind}
+    for who, step in (("suite", bs.step), ("bare", bare.step)):
+        counted = _counted(step, device)
+        out[f"{who}_ops_per_step"] = counted["ops"]
+        out[f"{who}_host_reads_per_step"] = counted["reads"]
+    ratios = _interleaved(bs.step, bare.step, b, device)
+    out.update(
+        time_ratio=statistics.median(ratios),
+        time_ratio_min=min(ratios),
+        time_ratio_max=max(ratios),
+        time_ratios=ratios,
+    )
+    windows = TrainerWindows(cfg, bs, total_steps=20)
+    try:
+        windows.run(2)
+        trainer = windows.count(3, device)
+    finally:
+        windows.close()
+    out["trainer_ops_per_step"] = trainer["ops_per_step"]
+    out["trainer_host_reads_per_step"] = trainer["host_reads_per_step"]
+    return out
+
+
+def _counted(step: Any, device: Any) -> dict[str, float]:
+    """Median ATen ops and host reads of 3 steps, each counted alone."""
+    from mpt_repro.bench.measure import SyncCounter, synchronize
+
+    ops, reads = [], []
+    for _ in range(3):
+        with SyncCounter(device) as counter:
+            step()
+        synchronize(device)
+        ops.append(counter.dispatched)
+        reads.append(counter.reads)
+    return {"ops": statistics.median(ops), "reads": statistics.median(reads)}
+
+
+def _interleaved(suite: Any, bare: Any, b: BenchConfig, device: Any) -> list[float]:
+    """Per round: seconds of b.baseline_steps suite steps over those of as many bare steps,
+    the two alternating (the order flips every round), so drift hits both alike."""
+    from mpt_repro.bench.measure import time_steps
+
+    ratios = []
+    for r in range(b.baseline_rounds):
+        first, second = (suite, bare) if r % 2 == 0 else (bare, suite)
+        t1 = time_steps(first, b.baseline_steps, device)
+        t2 = time_steps(second, b.baseline_steps, device)
+        t_suite, t_bare = (t1, t2) if r % 2 == 0 else (t2, t1)
+        ratios.append(t_suite / t_bare)
+    return ratios
 
 
 def versions() -> dict[str, Any]:

@@ -409,6 +409,9 @@ class AdaptiveScaler(LossScaler):
     """
 
     sync_free = False  # the plan is made on the host from last step's statistics
+    # the largest accumulated scale moves with each plan, but the host sets it: the journal's
+    # rows get it as a host note, not as a device copy
+    moves = False
 
     def __init__(self, cfg, init_scale: float | None, device: torch.device | str = "cpu"):
         super().__init__(cfg, 1.0, device)
@@ -440,6 +443,7 @@ class AdaptiveScaler(LossScaler):
         self._tapes: dict[tuple, _Tape] = {}
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
+        self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -604,10 +608,12 @@ class AdaptiveScaler(LossScaler):
         for cell, g, off, g_out in edges:
             cell.factor = 2.0 ** (groups.value(g_out, 0) - groups.value(g, off))
         self._param_exp = {p: groups.value(g, off) for p, (g, off) in param_exp.items()}
-        self._scale.fill_(
-            2.0
-            ** max([lay.accum for lay in self.layers.values() if lay.accum is not None], default=0)
+        largest = 2.0 ** max(
+            [lay.accum for lay in self.layers.values() if lay.accum is not None], default=0
         )
+        if largest != self._host_scale:  # a launch only when it changes (the host knows it)
+            self._scale.fill_(largest)
+            self._host_scale = largest
 
     def _recompute(self) -> None:
         """Read the recorded gradient statistics and the current weights' (one host sync)."""
@@ -683,7 +689,7 @@ class AdaptiveScaler(LossScaler):
             var_g=mean[1] * p * p if len(mean) > 1 else None,  # none in older checkpoints
         )
 
-    def unscale_(self, grads: Sequence[Tensor]) -> Tensor:
+    def unscale_(self, grads: Sequence[Tensor], found: Tensor) -> None:
         """Each gradient by its own accumulated scale (grouped by scale for the fused kernel)."""
         mine = [
             (p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None
@@ -692,18 +698,23 @@ class AdaptiveScaler(LossScaler):
             raise RuntimeError(
                 "adaptive scaler: the gradients to unscale are not those of its optimizer"
             )
-        by_exp: dict[int, list[Tensor]] = defaultdict(list)
-        for g, e in mine:
-            by_exp[e].append(g)
-        found = torch.zeros(1, device=grads[0].device if grads else "cpu")
-        for e, gs in by_exp.items():
-            inv = torch.full((1,), 2.0**-e, dtype=torch.float32, device=found.device)
-            found = found + unscale_and_check_(gs, inv)
-        return found
+        # each gradient times 2^-e in one multi-tensor multiply (exact: powers of two), then one
+        # check of them all: two launches whatever the number of distinct scales
+        scaled = [(g, 2.0**-e) for g, e in mine if e != 0]
+        if scaled:
+            torch._foreach_mul_([g for g, _ in scaled], [f for _, f in scaled])
+        unscale_and_check_(grads, self._one, found, self._one)
 
-    def _move(self, inf: Tensor) -> None:
+    def _host_scale_now(self) -> float | None:
+        return self._host_scale
+
+    def compile(self, mode: str) -> None:
+        """Nothing to compile: the plan and the cap live on the host (trainer.compile refuses
+        this scaler)."""
+
+    def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
         c = self.cfg
-        self.host_overflow = bool(inf)  # the host read this scaler costs per step (sync_free)
+        self.host_overflow = bool(found)  # the host read this scaler costs per step (sync_free)
         if self.host_overflow:
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
@@ -714,10 +725,8 @@ class AdaptiveScaler(LossScaler):
                 self.growth_tracker = 0
                 self.cap_exp += 1
 
-    def _at_floor(self) -> Tensor:
-        # at the floor: a cap of 1 (the cap lives on the host); torch.full fills on the device,
-        # where torch.tensor(...) would copy from host memory and wait for the device's queue
-        return torch.full((), self.cap_exp == 0, dtype=torch.bool, device=self.device)
+    def _host_at_floor(self) -> bool | None:
+        return self.cap_exp == 0  # at the floor: a cap of 1 (the cap lives on the host)
 
     # -- reporting and checkpoints -----------------------------------------------------------
     def layer_scales(self) -> dict[str, float]:
@@ -773,6 +782,7 @@ class AdaptiveScaler(LossScaler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
+        self._host_scale = self.scale
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
         self.growth_tracker = int(sd.get("host_growth_tracker", 0))
         self.updates, self.fallback_steps, self.force = (

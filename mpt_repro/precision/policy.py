@@ -45,6 +45,7 @@ class PrecisionPolicy:
         cfg,
         device: str | torch.device = "cpu",
         paper_loss_scale: float | None = None,
+        compile_mode: str | None = None,
     ):
         from mpt_repro.precision.validate import validate_precision
 
@@ -52,6 +53,8 @@ class PrecisionPolicy:
         self.cfg = cfg
         self.device = torch.device(device)
         self.paper_loss_scale = paper_loss_scale
+        # trainer.compile: torch.compile's mode for the step's device regions (None: eager)
+        self.compile_mode = compile_mode
         self.name = cfg.name
         self.dtype_name = _enum_name(cfg.compute_dtype)
         self.compute_dtype = DTYPES[self.dtype_name]
@@ -201,7 +204,9 @@ class PrecisionPolicy:
             group.members += 1
             group.scaler.attach(model, names, opt_params)
         hooks = [h for c in self.converters if (h := c.step_hook(model)) is not None]
-        popt = PrecisionOptimizer(name, torch_opt, names, params, master, group, hooks)
+        popt = PrecisionOptimizer(
+            name, torch_opt, names, params, master, group, hooks, self.compile_mode
+        )
         self.optimizers[name] = popt
         return popt
 
@@ -211,7 +216,9 @@ class PrecisionPolicy:
         if self.per_loss_scale or self._shared is None:
             scaler = build_scaler(self.scaling_kind, self.cfg, self._init_scale, self.device)
             scaler.floor_sources = [c.scale_floor for c in self.converters]
-            group = ScaleGroup(scaler)
+            if self.compile_mode is not None:
+                scaler.compile(self.compile_mode)
+            group = ScaleGroup(scaler, exclusive=self.per_loss_scale)
             if not self.per_loss_scale:
                 self._shared = group
             return group
