@@ -129,6 +129,7 @@ def test_no_scaling_figures_equal_what_telemetry_counted_on_the_tensors(diagnost
         assert c.overflow <= counted[kind]["overflow"] <= c.overflow + c.at_risk
 
 
+@pytest.mark.slow
 def test_the_advised_static_scale_counted_by_telemetry_on_the_same_run(tmp_path, advice):
     """The same seeded FP32 run again, with telemetry told to show the advised scale: telemetry's
     own scaled counts (taken on the tensors) must equal the static-scale prediction, and nothing
@@ -262,6 +263,7 @@ def test_a_telemetry_run_counted_as_a_duplicate_still_gets_its_advice(tmp_path, 
     assert str(tmp_path / "runs" / "b_telemetry_run") in report
 
 
+@pytest.mark.slow
 def test_advice_starts_its_own_diagnostic_run_on_a_custom_model(tmp_path):
     """`mpt-advise experiment=... model=custom ...` trains the diagnostic run, then advises; the
     same command again reuses the finished run."""

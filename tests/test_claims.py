@@ -110,6 +110,7 @@ def test_mpt_report_shows_the_claims_whose_runs_it_finds(tmp_path):
     assert "no_scaling − fp32 top1" in row["Evidence"]
 
 
+@pytest.mark.slow
 def test_the_runner_makes_the_runs_of_the_claims_it_is_given(tmp_path):
     """`--tiny` (budget=smoke, seed 0) for two claims: the demo's two sweeps (telemetry for fp32
     and mixed only), then the table with a row and a reason each."""

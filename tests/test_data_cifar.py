@@ -81,7 +81,7 @@ def test_a_missing_or_broken_folder_names_the_layout(tmp_path) -> None:
 @pytest.mark.parametrize(
     "data,precision",
     [
-        ("real", "fp32"),
+        pytest.param("real", "fp32", marks=pytest.mark.slow),  # ResNet-50: a minute
         # FP16 arithmetic is 10-100x slower on a CPU: a ResNet-50 smoke run takes a minute or two
         pytest.param("real", "mixed", marks=pytest.mark.slow),
         pytest.param("synthetic", "mixed", marks=pytest.mark.slow),

@@ -270,6 +270,7 @@ MLP = [
 ]
 
 
+@pytest.mark.slow
 def test_two_processes_compute_what_one_process_computes(tmp_path: Path) -> None:
     one, two = tmp_path / "one", tmp_path / "two"
     launch(MLP, 1, one)

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import conftest
+import pytest
 from conftest import MPT_RUN, ROOT, read_run
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf
@@ -74,6 +75,7 @@ def rows(run_dir: Path) -> list[tuple[str, str, str]]:
     ]
 
 
+@pytest.mark.slow
 def test_killed_two_process_run_resumes_to_identical_metrics(tmp_path: Path) -> None:
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     torchrun_mpt_run(whole)
@@ -123,6 +125,7 @@ def test_slurm_launcher_config_composes() -> None:
     assert launcher["submitit_folder"] == "results/runs/.submitit/%j"  # under the sweep dir
 
 
+@pytest.mark.slow
 def test_sweep_through_submitit_local_executor(tmp_path: Path) -> None:
     proc = subprocess.run(
         [

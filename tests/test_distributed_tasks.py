@@ -104,6 +104,7 @@ def lm_runs(tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
+@pytest.mark.slow
 def test_lm_two_processes_compute_what_one_process_computes(lm_runs):
     a, b = read_run(lm_runs["one"]), read_run(lm_runs["two"])
     assert a["status"] == b["status"] == "completed" and a["steps"] == b["steps"] == 6

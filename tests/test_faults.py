@@ -135,6 +135,7 @@ def test_overwrite_with_data_that_cannot_be_opened_keeps_the_finished_run(copy_o
     assert not list(copy_of.glob("previous-*"))
 
 
+@pytest.mark.slow
 def test_overwrite_moves_the_finished_run_aside(copy_of) -> None:
     old = (copy_of / "run.json").read_bytes()
     proc = run_cli(*SMOKE, "overwrite=true", run_dir=copy_of)
@@ -158,6 +159,7 @@ def test_an_unreadable_record_is_moved_aside_and_the_run_starts(copy_of) -> None
     assert "cannot be read (not valid JSON" in log_text(copy_of)
 
 
+@pytest.mark.slow
 def test_an_unreadable_record_beside_a_checkpoint_offers_resume(copy_of) -> None:
     (copy_of / "run.json").write_text('["not", "a", "record"]')
     line = one_line_error(run_cli(*SMOKE, run_dir=copy_of, check=False))
@@ -205,6 +207,7 @@ def test_a_directory_in_use_is_refused_with_its_holder(copy_of) -> None:
 
 
 # -- checkpoints ---------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_a_corrupt_last_checkpoint_resumes_from_the_one_before(copy_of) -> None:
     ckpt = copy_of / "checkpoints"
     shutil.copy(ckpt / "last.pt", ckpt / "previous.pt")
@@ -217,6 +220,7 @@ def test_a_corrupt_last_checkpoint_resumes_from_the_one_before(copy_of) -> None:
     assert f"resuming from the one before it, {ckpt / 'previous.pt'}" in log
 
 
+@pytest.mark.slow
 def test_no_readable_checkpoint_is_one_message_with_the_way_out(copy_of) -> None:
     (copy_of / "checkpoints" / "last.pt").write_bytes(b"\x80\x04 not a checkpoint")
     rewrite_record(copy_of, status="interrupted", reason="stopped by SIGTERM", metrics=None)

@@ -332,6 +332,7 @@ def _console_script_shims(tmp_path: Path) -> str:
     return str(shims)
 
 
+@pytest.mark.slow
 def test_readme_custom_model_commands_run_as_written(tmp_path):
     """Every command of "What does mixed precision do to my model?", with a mypkg.nets:make_net
     of the shape the README describes, at budget=smoke and seeds 0,1 (not 0,1,2) to stay fast."""

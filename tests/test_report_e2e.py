@@ -32,6 +32,7 @@ def records(runs: Path) -> dict[str, dict]:
     return {str(p.relative_to(runs)): json.loads(p.read_text()) for p in runs.rglob("run.json")}
 
 
+@pytest.mark.slow
 def test_small_sweep_then_report_and_rerun_is_a_no_op(tmp_path):
     settings = dict(
         BUDGET="smoke",
