@@ -87,7 +87,9 @@ def run_sweeps(plan: dict[tuple, set[int]], runs_dir: Path, dry_run: bool) -> li
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     for key, seeds in plan.items():
         args = command(key, seeds, runs_dir)
-        shown = shlex.join(["mpt-run", *args[1:]])
+        # as typed from the checkout: no path of this machine in the page
+        where = os.path.relpath(runs_dir, ROOT) if runs_dir.is_relative_to(ROOT) else runs_dir
+        shown = shlex.join(["mpt-run", *args[1:-1], f"paths.runs_dir={where}"])
         print(f"+ {shown}", flush=True)
         if dry_run:
             continue

@@ -159,3 +159,6 @@ def test_the_readme_s_make_reproduce_claims_runs_the_script(tmp_path):
     experiments = {c.runs.experiment for c in load_claims() if c.runs is not None}
     assert {s.split()[3].removeprefix("experiment=") for s in sweeps} == experiments
     assert not (tmp_path / "runs").exists()  # a dry run runs nothing
+    plan = subprocess.run([sys.executable, str(SCRIPT), "--dry-run"], capture_output=True,
+                          text=True, check=True).stdout  # fmt: skip
+    assert "paths.runs_dir=results/claims/runs\n" in plan  # as typed in the checkout (the page)
