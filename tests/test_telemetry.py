@@ -64,6 +64,19 @@ def test_histogram_bins_and_fractions_are_exact():
     assert f["underflow"] == 4 / 22 and f["zero"] == 3 / 22 and f["overflow"] == 3 / 22
 
 
+def test_the_histogram_box_gives_shares_of_the_nonzero_finite_values_and_says_so():
+    """mpt-advise's denominator (the nonzero finite values), named in the box: of the 22 values
+    above, 3 are zero and 2 non-finite, so 4 underflows are 4/17 (4/22 of all once read as the
+    share FP16 loses, beside the advice's larger figure of the same gradients)."""
+    from mpt_repro.telemetry.figures import _histogram_text
+
+    text = _histogram_text(nx.count_dict(nx.tensor_counts(_known_tensor()).tolist()), 1.0)
+    assert "of the 17 nonzero finite:" in text
+    assert f"lost in FP16 (< 2^-24): {100 * 4 / 17:.2f}%" in text
+    assert f"overflow: {100 * 2 / 17:.3f}%" in text  # 70000 twice; the inf is non-finite
+    assert f"non-finite: {100 * 2 / 22:.3f}% of all" in text
+
+
 def test_scaled_fractions_apply_the_scale_and_divide_by_recovers_true_values():
     x = _known_tensor()
     c = nx.count_dict(nx.tensor_counts(x, scale=2.0**10).tolist())

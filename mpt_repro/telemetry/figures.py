@@ -101,24 +101,32 @@ def _fp16_ranges(ax, left: float, right: float) -> None:
 
 
 def _histogram_text(total: dict, scale: float) -> str:
-    f = nx.fractions_of(total)
+    """The box beside a histogram. Its shares are of the nonzero finite values, the denominator
+    mpt-advise uses (a tensor's zeros are no value FP16 could lose), and it says so."""
+    numel = int(total["numel"])
+    finite = numel - int(total["zero"]) - int(total["nan"]) - int(total["inf"])
+
+    def share(key: str) -> float:
+        count = total[key] - (total["inf"] if key.startswith("overflow") else 0)  # inf: below
+        return 100 * count / finite if finite else 0.0
+
     text = (
-        f"values: {total['numel']:,}\nzero: {100 * f['zero']:.1f}%\n"
-        f"lost in FP16 (< 2^-24): {100 * f['underflow']:.2f}%\nsubnormal: "
-        f"{100 * f['subnormal']:.2f}%\n"
-        f"overflow: {100 * f['overflow']:.3f}%"
+        f"values: {numel:,}, zero: {100 * total['zero'] / max(numel, 1):.1f}%\n"
+        f"of the {finite:,} nonzero finite:\n"
+        f"lost in FP16 (< 2^-24): {share('underflow'):.2f}%\n"
+        f"subnormal: {share('subnormal'):.2f}%\noverflow: {share('overflow'):.3f}%"
     )
     if scale != 1.0:
         text += (
-            f"\nwith loss scale {scale:g}: lost {100 * f['underflow_scaled']:.2f}%, "
-            f"overflow {100 * f['overflow_scaled']:.3f}%"
+            f"\nwith loss scale {scale:g}: lost {share('underflow_scaled'):.2f}%, "
+            f"overflow {share('overflow_scaled'):.3f}%"
         )
-    if f["nan"] or f["inf"]:
-        text += f"\nnon-finite: {100 * (f['nan'] + f['inf']):.3f}%"
+    if total["nan"] or total["inf"]:
+        text += f"\nnon-finite: {100 * (total['nan'] + total['inf']) / max(numel, 1):.3f}% of all"
     return text
 
 
-def draw_heatmap(path: Path, samples: list[dict]) -> None:
+def draw_heatmap(path: Path, samples: list[dict], heading: str = "") -> None:
     """Layers x sampled steps: the fraction of values FP16 would lose, per panel."""
     plt = _plt()
     layers: list[str] = []
@@ -137,16 +145,19 @@ def draw_heatmap(path: Path, samples: list[dict]) -> None:
                     row.append(float("nan"))
                 elif kind == "lost":
                     row.append(100 * nx.lost_fraction(e) if r["stepped"] else float("nan"))
-                else:
-                    row.append(100 * nx.fractions_of(e)[key])
+                else:  # of the nonzero finite values, as the histograms' box and mpt-advise
+                    finite = e["numel"] - e["zero"] - e["nan"] - e["inf"]
+                    row.append(100 * e[key] / finite if finite else float("nan"))
             rows.append(row)
         return rows
 
-    panels = [("act", "underflow", "activation grads < 2^-24 (%)")]
+    panels = [("act", "underflow", "activation grads < 2^-24 (% of nonzero)")]
     if scaled:
-        panels.append(("act", "underflow_scaled", "activation grads, loss-scaled, < 2^-24 (%)"))
+        panels.append(
+            ("act", "underflow_scaled", "activation grads, loss-scaled, < 2^-24 (% of nonzero)")
+        )
     panels += [
-        ("weight", "underflow", "weight grads < 2^-24 (%)"),
+        ("weight", "underflow", "weight grads < 2^-24 (% of nonzero)"),
         ("lost", "", "updates lost in FP16 weights (%)"),
     ]
     height = max(3.0, 0.16 * len(layers) + 1.5)
@@ -167,6 +178,7 @@ def draw_heatmap(path: Path, samples: list[dict]) -> None:
         ax.set_yticks(range(0, len(layers), ltick))
         ax.set_yticklabels(layers[::ltick] if ax is axes[0][0] else [], fontsize=6)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    fig.suptitle(heading or "What FP16 would lose, per layer and sampled step", fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -198,7 +210,8 @@ def draw_figures(
         title = f"{what}, all layers, {len(samples)} sampled steps ({run_dir.name})"
         draw_histogram(out_dir / fname, total, title, scale)
         written.append(out_dir / fname)
-    draw_heatmap(out_dir / FIGURES[2], samples)
+    heading = f"What FP16 would lose, per layer and sampled step ({run_dir.name})"
+    draw_heatmap(out_dir / FIGURES[2], samples, heading)
     written.append(out_dir / FIGURES[2])
     return written
 
