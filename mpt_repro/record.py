@@ -118,16 +118,32 @@ def now_iso() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 
 
+def _torchvision_version() -> str | None:
+    """torchvision.__version__, read from its version.py: importing torchvision loads
+    torch._dynamo (2 s of CPU), which a run of a model without torchvision never needs."""
+    import importlib.util
+    import re
+
+    try:
+        spec = importlib.util.find_spec("torchvision")
+        folder = Path(next(iter(spec.submodule_search_locations or [])))
+        found = re.search(
+            r"^__version__ = ['\"]([^'\"]+)", (folder / "version.py").read_text(), re.M
+        )
+        if found:
+            return found.group(1)
+        import torchvision
+
+        return torchvision.__version__
+    except Exception:  # noqa: BLE001 - torchvision is optional at run time for non-vision tasks
+        return None
+
+
 def versions() -> dict[str, str | None]:
     import hydra
     import torch
 
-    try:
-        import torchvision
-
-        tv = torchvision.__version__
-    except Exception:  # torchvision is optional at run time for non-vision tasks
-        tv = None
+    tv = _torchvision_version()
     return {
         "python": platform.python_version(),
         "torch": torch.__version__,

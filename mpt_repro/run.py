@@ -63,7 +63,12 @@ def set_backends(t: Any, environ: MutableMapping[str, str] = os.environ) -> None
         # torch.use_deterministic_algorithms); it reads this when it makes its first handle
         environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
     torch.backends.cudnn.benchmark = t.cudnn_benchmark and not t.deterministic
-    torch.use_deterministic_algorithms(t.deterministic, warn_only=True)
+    wanted = bool(t.deterministic)
+    # only a change is applied: the call imports torch._inductor (3.4 s of CPU a run here)
+    if torch.are_deterministic_algorithms_enabled() != wanted or (
+        wanted and not torch.is_deterministic_algorithms_warn_only_enabled()
+    ):
+        torch.use_deterministic_algorithms(wanted, warn_only=True)
 
 
 def step_compile_mode(t: Any) -> str | None:

@@ -626,6 +626,7 @@ def test_a_folder_that_cannot_be_written_is_refused_naming_it(tmp_path: Path) ->
     assert "cannot write /proc/mpt-results" in line and "paths.runs_dir=DIR" in line
 
 
+@pytest.mark.slow
 def test_a_bad_data_root_changes_nothing_and_says_nothing_was_moved(finished, tmp_path) -> None:
     """overwrite=true over a finished run with a mistyped data folder: the run stays as it was,
     no previous-<time>/ appears, and no log line claims its files were moved."""

@@ -124,6 +124,7 @@ def test_a_second_ctrl_c_stops_a_stuck_step_at_once(tmp_path: Path) -> None:
     assert rec["hint"] == "run the same command again to start it afresh"
 
 
+@pytest.mark.slow
 def test_sigterm_during_the_final_evaluation_interrupts_and_resume_evaluates_again(
     tmp_path: Path,
 ) -> None:

@@ -120,6 +120,7 @@ def test_vgg16_caffe_variant_has_the_prototxt_fillers():
     assert torch.all(next(m for m in tv.modules() if isinstance(m, torch.nn.Conv2d)).bias == 0)
 
 
+@pytest.mark.slow
 def test_the_recipe_is_in_run_json_and_a_non_default_one_in_the_run_directory(tmp_path: Path):
     run_cli(
         "experiment=alexnet",

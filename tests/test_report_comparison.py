@@ -210,6 +210,7 @@ def test_variant_names_are_canonical_and_paste_into_a_shell():
     )
 
 
+@pytest.mark.slow
 def test_a_sweep_job_lands_where_the_single_run_did(tmp_path):
     """`a:b` is escaped by Hydra in a sweep (`a\\:b`) and not in a single run: one folder."""
     common = ["experiment=demo", "budget=smoke", "optim.grad_clip_params=conv:x",
@@ -237,6 +238,7 @@ def test_a_sweep_job_lands_where_the_single_run_did(tmp_path):
     assert (tmp_path / dirs[0] / "report" / "report.md").exists()
 
 
+@pytest.mark.slow
 def test_your_own_model_runs_under_its_own_name(tmp_path):
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")])}
     args = ["experiment=demo", "budget=smoke", "model=custom", f"paths.runs_dir={tmp_path}",

@@ -131,6 +131,7 @@ RESUME_SETTINGS = (
 )
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_identical_metrics(tmp_path: Path) -> None:
     whole, broken = tmp_path / "whole", tmp_path / "broken"
     run_cli("experiment=demo", "budget=paper", *RESUME_SETTINGS, run_dir=whole, timeout=600)
@@ -262,6 +263,7 @@ def test_same_seed_gives_same_initial_weights_under_every_preset() -> None:
             assert torch.equal(a.to(b.dtype), b), preset
 
 
+@pytest.mark.slow
 def test_resume_leaves_a_diverged_run_alone(tmp_path: Path) -> None:
     args = (
         "experiment=demo",

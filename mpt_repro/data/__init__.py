@@ -128,10 +128,17 @@ def register_dataset(name: str) -> Callable:
 
 def build_image_data(data_cfg: Any) -> ImageData:
     import importlib
+    import importlib.util
     import pkgutil
 
-    for mod in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{mod.name}")
+    # the module named like the data set first (digits, synthetic, imagenet): importing every
+    # module of the package loads torchvision, and with it torch._dynamo (2 s of CPU a run)
+    own = f"{__name__}.{data_cfg.name}"
+    if data_cfg.name not in DATASETS and importlib.util.find_spec(own) is not None:
+        importlib.import_module(own)
+    if data_cfg.name not in DATASETS:  # a module that registers another name (cifar: cifar10)
+        for mod in pkgutil.iter_modules(__path__):
+            importlib.import_module(f"{__name__}.{mod.name}")
     if data_cfg.name not in DATASETS:
         raise ConfigError(
             f"data.name={data_cfg.name!r} is not a known image data set; known: {sorted(DATASETS)}"

@@ -34,7 +34,6 @@ from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
-from torchvision.ops import box_iou
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -149,6 +148,8 @@ def _sample_crop(w: int, h: int, boxes: torch.Tensor, lo: float | None, hi: floa
         crop = torch.tensor([[x0 * w, y0 * h, (x0 + cw) * w, (y0 + ch) * h]])
         if len(boxes) == 0:
             return crop[0]  # nothing to constrain (Caffe: no box satisfies; image kept whole)
+        from torchvision.ops import box_iou  # torchvision.ops loads torch._dynamo: 2 s a run
+
         iou = box_iou(crop, boxes)[0]
         ok = torch.ones_like(iou, dtype=torch.bool)
         if lo is not None:

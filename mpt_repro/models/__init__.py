@@ -38,14 +38,33 @@ def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
     """
     from mpt_repro.identity import is_custom_model
 
-    _load_all()
-    if is_custom_model(model_cfg):  # your own model: its name is yours, its factory the target
+    custom = is_custom_model(model_cfg)
+    _load("custom" if custom else str(model_cfg.name))
+    if custom:  # your own model: its name is yours, its factory the target
         return MODELS["custom"](model_cfg, **data_info)
     if model_cfg.name not in MODELS:
         raise ConfigError(
             f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}"
         )
     return MODELS[model_cfg.name](model_cfg, **data_info)
+
+
+def _load(name: str) -> None:
+    """Register the builder of model `name`: the module whose source registers it is imported
+    alone (importing every module loads torchvision, and with it torch._dynamo: 2 s of CPU a
+    run of a model that needs neither); every module when no source names it."""
+    import importlib
+    import re
+    from pathlib import Path
+
+    if name in MODELS:
+        return
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        if re.search(rf"@register_model\(\"{re.escape(name)}\"\)", path.read_text()):
+            importlib.import_module(f"{__name__}.{path.stem}")
+            if name in MODELS:
+                return
+    _load_all()
 
 
 def _load_all() -> None:
