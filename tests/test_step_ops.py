@@ -99,18 +99,13 @@ def test_amp_launches_what_gradscaler_launches_and_little_more():
 def test_the_trainer_adds_at_most_5_ops_a_step_and_reads_only_at_log_rows(preset):
     """Trainer.fit around the same step: LR schedule (2 ops on the device when skips hold it),
     divergence watch (one copy of the loss), log window (one add)."""
-    from mpt_repro.bench.step import TrainerWindows, build_step
+    from mpt_repro.bench.step import build_step, trainer_ops
 
     cfg = demo(preset)
     bs = build_step(cfg, CPU)
     bs.step()
     step_ops = counted(bs.step)[0]
-    windows = TrainerWindows(cfg, bs, total_steps=20)
-    try:
-        windows.run(2)
-        trainer = windows.count(3, CPU)
-    finally:
-        windows.close()
+    trainer = trainer_ops(cfg, bs, CPU)
     assert trainer["ops_per_step"] <= step_ops + LIMIT, (trainer, step_ops)
     assert trainer["host_reads_per_step"] == 0
 

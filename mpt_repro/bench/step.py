@@ -163,6 +163,17 @@ class TrainerWindows:
         self._dir.cleanup()
 
 
+def trainer_ops(cfg: Any, bs: Any, device: torch.device) -> dict[str, float]:
+    """Trainer.fit's ATen ops and host reads per step around the step `bs`: two warm-up steps,
+    then three counted (the bench's baseline and the tests ask the same)."""
+    windows = TrainerWindows(cfg, bs, total_steps=20)
+    try:
+        windows.run(2)
+        return windows.count(3, device)
+    finally:
+        windows.close()
+
+
 def _no_verdict(at_end: bool = False) -> None:
     """DivergenceWatch.check for the bench's windows: nothing raised (see TrainerWindows)."""
 

@@ -182,7 +182,7 @@ def baseline(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[s
     steps), the Trainer's own per step (the step with its bookkeeping: LR schedule, divergence
     watch, log window), and the time ratio suite / bare over interleaved rounds (median, min,
     max)."""
-    from mpt_repro.bench.step import BareLoop, TrainerWindows
+    from mpt_repro.bench.step import BareLoop, trainer_ops
 
     bare = BareLoop(cfg, bs, device)
     if bare.why_not:
@@ -201,12 +201,7 @@ def baseline(cfg: Any, bs: Any, b: BenchConfig, device: Any, say: Any) -> dict[s
         time_ratio_max=max(ratios),
         time_ratios=ratios,
     )
-    windows = TrainerWindows(cfg, bs, total_steps=20)
-    try:
-        windows.run(2)
-        trainer = windows.count(3, device)
-    finally:
-        windows.close()
+    trainer = trainer_ops(cfg, bs, device)
     out["trainer_ops_per_step"] = trainer["ops_per_step"]
     out["trainer_host_reads_per_step"] = trainer["host_reads_per_step"]
     return out
