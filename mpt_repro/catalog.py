@@ -27,13 +27,40 @@ CONF_DIR = Path(__file__).resolve().parent / "conf"
 
 
 def conf_dir() -> Path:
-    """The config folder mpt-run composes from."""
+    """The suite's own config folder."""
     return CONF_DIR
 
 
+def conf_dirs() -> list[Path]:
+    """The config folders mpt-run composes from, in Hydra's search order: the suite's, then each
+    plugin's (mpt_repro.registry.config_dir, or hydra.searchpath on the command line)."""
+    from mpt_repro import registry
+
+    return [CONF_DIR, *registry.config_dirs()]
+
+
+def group_files(group: str) -> dict[str, Path]:
+    """{option: its file} of a config group over every config folder (the first one wins)."""
+    return _group_files(tuple(conf_dirs()), group)
+
+
+@lru_cache(maxsize=256)
+def _group_files(folders: tuple[Path, ...], group: str) -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for folder in folders:
+        for path in sorted((folder / group).glob("*.yaml")):
+            found.setdefault(path.stem, path)
+    return dict(sorted(found.items()))
+
+
+def config_file(group: str, name: str) -> Path:
+    """Where option `name` of `group` is (a path in conf/ that does not exist if nowhere)."""
+    return group_files(group).get(name) or CONF_DIR / group / f"{name}.yaml"
+
+
 def options(group: str) -> list[str]:
-    """The options of a config group, from its folder in conf/ (e.g. the budgets or presets)."""
-    return sorted(p.stem for p in (CONF_DIR / group).glob("*.yaml") if not p.stem.startswith("_"))
+    """The options of a config group, from its folders (e.g. the budgets or presets)."""
+    return [name for name in group_files(group) if not name.startswith("_")]
 
 
 def model_options() -> list[str]:
@@ -45,7 +72,7 @@ def option_schemas(group: str) -> dict[str, str]:
     each option's file names it (`- /schema/<group>@_here_: <name>` in its defaults)."""
     found = {}
     for name in options(group):
-        for entry in _load(CONF_DIR / group / f"{name}.yaml").get("defaults") or []:
+        for entry in _load(config_file(group, name)).get("defaults") or []:
             if isinstance(entry, dict):
                 for key, value in entry.items():
                     if key.startswith(f"/schema/{group}"):
@@ -57,8 +84,8 @@ def recipes(experiment: str) -> list[str]:
     """The recipes an experiment has: public (the experiment file's own settings) and every
     recipe R with a conf/experiment_recipe/<experiment>_<R>.yaml (e.g. nvcaffe)."""
     known = options("recipe")
-    files = (CONF_DIR / "experiment_recipe").glob(f"{experiment}_*.yaml")
-    return sorted({"public"} | {r for p in files if (r := p.stem[len(experiment) + 1 :]) in known})
+    files = [s for s in group_files("experiment_recipe") if s.startswith(f"{experiment}_")]
+    return sorted({"public"} | {r for stem in files if (r := stem[len(experiment) + 1 :]) in known})
 
 
 def _load(path: Path) -> dict[str, Any]:
@@ -69,7 +96,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def _group(name: str) -> dict[str, Path]:
-    return {p.stem: p for p in sorted((conf_dir() / name).glob("*.yaml"))}
+    return group_files(name)
 
 
 # ---------------------------------------------------------------- presets
@@ -136,7 +163,7 @@ def preset_order(
     def config_of(name: str):
         if name in configs:
             return configs[name]
-        path = conf_dir() / "precision" / f"{name}.yaml"
+        path = config_file("precision", name)
         return _cached_preset(str(path)) if path.exists() else None
 
     return sorted(names, key=lambda n: preset_sort_key(n, config_of(n)))
@@ -169,7 +196,7 @@ def experiments() -> dict[str, Experiment]:
         choice = _data_override(path)
         data = data_option(choice, "paper")
         name = str(body.get("experiment_name") or stem)
-        data_file = conf_dir() / "data" / f"{data}.yaml"
+        data_file = config_file("data", data)
         data_name = str(_load(data_file).get("name") or data) if data_file.exists() else data
         task = str(body.get("task") or "classification")
         out[name] = Experiment(name, task, data, stem, data_name, choice)
@@ -182,7 +209,7 @@ def data_option(choice: str, budget: str) -> str:
     experiment picks its data by budget so (translation: `_translation_${budget}`) because Hydra
     refuses a group override in a file chosen by interpolation, such as experiment_budget/."""
     name = choice.replace("${budget}", budget)
-    path = conf_dir() / "data" / f"{name}.yaml"
+    path = config_file("data", name)
     if name.startswith("_") and path.exists():
         for entry in _load(path).get("defaults") or []:
             if isinstance(entry, str) and entry != "_self_":
@@ -198,7 +225,7 @@ def budget_data(experiment: str, budget: str) -> str | None:
         return None
     option = data_option(found.data_choice, budget)
     # a budget without an alias file (one Hydra would refuse): the recipe's, not a missing name
-    return option if (conf_dir() / "data" / f"{option}.yaml").exists() else found.data
+    return option if (config_file("data", option)).exists() else found.data
 
 
 def _data_override(path: Path) -> str:
@@ -211,7 +238,7 @@ def _data_override(path: Path) -> str:
                 if key.split()[-1].strip("/") == "data":
                     data = str(value)
         elif isinstance(entry, str) and entry != "_self_":
-            parent = conf_dir() / "experiment" / f"{entry.removeprefix('/experiment/')}.yaml"
+            parent = config_file("experiment", entry.removeprefix("/experiment/"))
             if parent.exists():
                 data = _data_override(parent) or data
     return data
@@ -239,7 +266,7 @@ def budgets() -> dict[str, Budget]:
     """Budget name -> Budget, for every conf/budget/*.yaml. A budget trims the recipe when its
     file sets anything besides `budget:` or an experiment has a delta file for it
     (conf/experiment_budget/<experiment>_<budget>.yaml)."""
-    deltas = {p.stem for p in (conf_dir() / "experiment_budget").glob("*.yaml")}
+    deltas = set(group_files("experiment_budget"))
     out = {}
     for stem, path in _group("budget").items():
         body = _load(path)
@@ -259,7 +286,7 @@ def full_recipe(budget: str, experiment: str | None = None) -> bool:
         return False
     if experiment is not None:
         stem = experiments()[experiment].file if experiment in experiments() else experiment
-        if (conf_dir() / "experiment_budget" / f"{stem}_{budget}.yaml").exists():
+        if (config_file("experiment_budget", f"{stem}_{budget}")).exists():
             return False
     return not found.trims
 
@@ -275,11 +302,11 @@ def data_root(experiment: str, budget: str) -> tuple[str, bool] | None:
     found = experiments().get(experiment)
     if found is None or not found.data:
         return None
-    data_file = conf_dir() / "data" / f"{found.data}.yaml"
+    data_file = config_file("data", found.data)
     if not data_file.exists() or "root" not in _load(data_file):
         return None
     var = "LM_ROOT" if found.data == "corpus" else f"{found.data.upper()}_ROOT"
-    delta = conf_dir() / "experiment_budget" / f"{found.file}_{budget}.yaml"
+    delta = config_file("experiment_budget", f"{found.file}_{budget}")
     data = _load(delta).get("data") if delta.exists() else None
     embedded = isinstance(data, dict) and ("root" in data or "name" in data)
     return var, embedded or budget_data(experiment, budget) != found.data

@@ -26,11 +26,14 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from mpt_repro.cmdline import expand_home, syntax_problem
+from mpt_repro.cmdline import expand_home, syntax_problem, with_plugin_configs
 from mpt_repro.config import CONF_DIR, check_command_line, register_configs
-from mpt_repro.errors import FinishedRun, Interrupted, UserError, describe
+from mpt_repro.errors import ConfigError, FinishedRun, Interrupted, UserError, describe
 
-register_configs()
+try:
+    register_configs()  # the schemas of every plugin's options, before Hydra composes
+except ConfigError:
+    pass  # a plugin that cannot be imported: main() says so, with exit status 2
 log = logging.getLogger("mpt_repro")
 PROG = "mpt-run"
 # HYDRA_FULL_ERROR=1 as the user set it: unexpected errors then raise with their traceback
@@ -261,8 +264,16 @@ def main() -> None:
     if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
         argv = ["--help" if a == "--help-all" else a for a in argv]
     # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
-    argv = sys.argv[1:] = expand_home(argv)
-    problem = syntax_problem(argv) or check_command_line(argv)
+    argv = expand_home(argv)
+    problem = syntax_problem(argv)
+    if problem is None:
+        try:  # the plugins (mpt_repro/registry.py) and their config folders
+            register_configs()
+            argv = with_plugin_configs(argv)
+        except ConfigError as e:
+            problem = str(e)
+    sys.argv[1:] = argv
+    problem = problem or check_command_line(argv)
     if problem is not None:
         print(f"{PROG}: error: {problem}", file=sys.stderr)
         sys.exit(2)

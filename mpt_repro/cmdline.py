@@ -106,3 +106,33 @@ def _parse_message(arg: str) -> str:
         "space, '=', '~', '$', brackets or quotes must be quoted for Hydra inside the shell's "
         f"quotes, e.g. '{key}=\"{value}\"'"
     )
+
+
+SEARCH_PATH_KEY = "hydra.searchpath"
+
+
+def with_plugin_configs(argv: list[str]) -> list[str]:
+    """argv with every plugin's config folder on Hydra's search path (mpt_repro/registry.py
+    config_dir), after the folders the user named in hydra.searchpath=[...]; those are
+    registered in turn, so that the catalog (the options `mpt-run --help` lists, the checks of
+    a budget's files) sees the user's experiments as Hydra does. A `pkg://` entry is Hydra's
+    alone."""
+    from mpt_repro import registry
+
+    typed: list[str] = []
+    rest = []
+    for arg in argv:
+        key, eq, value = arg.partition("=")
+        if eq and key.lstrip("+") == SEARCH_PATH_KEY:
+            typed += [v.strip().strip("'\"") for v in value.strip().strip("[]").split(",")]
+        else:
+            rest.append(arg)
+    for entry in typed:
+        if entry.startswith("file://"):
+            registry.config_dir(entry.removeprefix("file://"))
+    entries = [e for e in typed if e] + [
+        f"file://{d}" for d in registry.config_dirs() if f"file://{d}" not in typed
+    ]
+    if not entries:
+        return list(argv)
+    return [*rest, f"{SEARCH_PATH_KEY}=[{','.join(entries)}]"]

@@ -32,16 +32,11 @@ from typing import Any
 from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
+from mpt_repro import registry
 from mpt_repro.catalog import CONF_DIR, options, recipes  # noqa: F401  (re-exported)
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision.config import PrecisionConfig
-from mpt_repro.schema import (
-    OPTION_SCHEMAS,
-    read_when,
-    register_option_schemas,
-    require,
-    schema_of,
-)
+from mpt_repro.schema import read_when, register_option_schemas, require, schema_of
 from mpt_repro.telemetry.config import TelemetryConfig
 
 _check = require  # the checks below read as sentences: _check(ok, key, value, "must be ...")
@@ -52,16 +47,6 @@ def option_name(value: Any) -> str:
     return str(getattr(value, "name", value))
 
 
-def known_tasks() -> list[str]:
-    """The task names the registry knows (importing the tasks registers them; needs torch)."""
-    from mpt_repro.tasks import registered
-
-    return registered()
-
-
-# the task kinds validate() accepts without importing the registry (tests/test_config_reads.py
-# keeps it equal to mpt_repro.tasks.registered())
-TASKS = ("classification", "detection", "gan", "language_model", "speech", "translation")
 OPTIMIZERS = ("sgd", "adam", "adamw", "adagrad", "rmsprop", "rmsprop_tf")
 SCHEDULES = ("constant", "step", "multistep", "poly", "cosine", "exponential")
 _MOMENTUM = ("rmsprop", "rmsprop_tf", "sgd")
@@ -360,7 +345,13 @@ def validate_run(cfg: DictConfig) -> None:
         f"must be one of experiment={cfg.experiment_name}'s recipes: {', '.join(have)} "
         "(conf/experiment_recipe/ holds them; docs/recipes.md)",
     )
-    _check(cfg.task in TASKS, "task", cfg.task, f"must be one of {list(TASKS)}")
+    kinds = registry.task_kinds()  # the plugins' (mpt_repro/registry.py), imported without torch
+    _check(
+        cfg.task in kinds,
+        "task",
+        cfg.task,
+        f"must be a task a plugin registers: one of {kinds} (docs/adding-an-experiment.md)",
+    )
     runs_dir = str(cfg.paths.runs_dir or "").strip()
     _check(
         bool(runs_dir) and Path(runs_dir).resolve() != Path(Path(runs_dir).resolve().anchor),
@@ -400,15 +391,15 @@ def check_budget_file(cfg: DictConfig) -> None:
     if catalog.full_recipe(budget) or experiment not in catalog.experiments():
         return
     stem = catalog.experiments()[experiment].file
-    if (CONF_DIR / "experiment_budget" / f"{stem}_{budget}.yaml").exists():
+    if catalog.config_file("experiment_budget", f"{stem}_{budget}").exists():
         return
     if catalog.data_root(experiment, budget) is None:  # no folder to read: the budget's trim holds
         return
     raise ConfigError(
         f"budget={budget} has no conf/experiment_budget/{stem}_{budget}.yaml: it would train "
-        f"experiment={experiment}'s whole recipe on its whole data set. Add the file (an ImageNet "
-        f"experiment: `defaults: [_imagenet_{budget}, _self_]`, as "
-        f"conf/experiment_budget/alexnet_{budget}.yaml), or run budget=paper."
+        f"experiment={experiment}'s whole recipe on its whole data set. Add the file (a paper "
+        f"experiment lists a shared trim, `defaults: [_<shared>_{budget}, _self_]`, as its "
+        "neighbours' files in conf/experiment_budget/ do), or run budget=paper."
     )
 
 
@@ -448,7 +439,8 @@ def to_plain(cfg: DictConfig) -> dict:
 # model.kwargs (model=custom's factory arguments).
 def extension_points() -> list[str]:
     fields = _schema_fields(Config, "")
-    return sorted({k for k, hint in fields if _origin(hint) is dict and k not in OPTION_SCHEMAS})
+    groups = registry.option_schemas()
+    return sorted({k for k, hint in fields if _origin(hint) is dict and k not in groups})
 
 
 def check_command_line(argv: list[str]) -> str | None:
@@ -497,7 +489,11 @@ def _parse(args: list[str]) -> list | None:
 
 
 def _groups() -> set[str]:
-    return {p.name for p in CONF_DIR.iterdir() if p.is_dir()}
+    from mpt_repro.catalog import conf_dirs
+
+    return {
+        p.name for folder in conf_dirs() if folder.is_dir() for p in folder.iterdir() if p.is_dir()
+    }
 
 
 def _origin(hint: Any) -> Any:
@@ -511,9 +507,9 @@ def _schema_fields(cls: type, prefix: str) -> list[tuple[str, Any]]:
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key, hint = prefix + f.name, hints[f.name]
-        if hint is Any and f.name in OPTION_SCHEMAS:
+        if hint is Any and f.name in registry.option_schemas():
             seen: dict[str, Any] = {}
-            for schema in OPTION_SCHEMAS[f.name].values():
+            for schema in registry.option_schemas()[f.name].values():
                 seen.update(_schema_fields(schema, key + "."))
             out.append((key, dict))
             out += list(seen.items())
@@ -531,7 +527,7 @@ def _schema_has(key: str) -> bool:
     parts = key.split(".")
     for i in range(len(parts) - 1, 0, -1):
         prefix = ".".join(parts[:i])
-        if prefix in OPTION_SCHEMAS:
+        if prefix in registry.option_schemas():
             return False  # a group with a schema per option: every key of it is listed
         if prefix in fields and _origin(fields[prefix]) in (dict, list, Any):
             return True  # under a free-form mapping, or an item of a list
@@ -648,26 +644,48 @@ def check_overrides_are_read(cfg: DictConfig, overrides: list[str]) -> None:
         key = o.key_or_group
         if o.is_delete() or key in groups or "/" in key or key.split(".")[0] == "hydra":
             continue
-        field_ = _schema_field(cfg, key)
+        field_, owner = _schema_field(cfg, key)
         rule = field_.metadata.get("read_when") if field_ is not None else None
         if rule and selected_kind(cfg, rule[0]) not in rule[1]:
             raise ConfigError(_unread_message(key, rule, cfg))
+        listed = field_ is not None and field_.metadata.get("read_if_listed")
+        if listed and field_.name not in getattr(owner, "reads", ()):
+            raise ConfigError(_unlisted_message(key, field_.name, cfg))
 
 
-def _schema_field(cfg: DictConfig, key: str) -> dataclasses.Field | None:
-    """The schema field `key` names, walking down from the root: every part must be a field of
-    its parent's schema (a `+key` Hydra added to a schema that lacks it is refused); below a
-    free-form mapping (model.kwargs) anything goes (None)."""
-    node, found = cfg, None
+def _schema_field(cfg: DictConfig, key: str) -> tuple[dataclasses.Field | None, type | None]:
+    """The schema field `key` names and the schema that holds it, walking down from the root:
+    every part must be a field of its parent's schema (a `+key` Hydra added to a schema that
+    lacks it is refused); below a free-form mapping (model.kwargs) anything goes (None)."""
+    node, found, owner = cfg, None, None
     for part in key.split("."):
         schema = schema_of(node) if isinstance(node, DictConfig) else None
         if schema is None:
-            return None  # a free-form mapping: its keys are the user's
+            return None, None  # a free-form mapping: its keys are the user's
         fields = {f.name: f for f in dataclasses.fields(schema)}
         if part not in fields:
             raise ConfigError(not_a_setting(key, cfg))
-        found, node = fields[part], node.get(part)
-    return found
+        found, owner, node = fields[part], schema, node.get(part)
+    return found, owner
+
+
+def _unlisted_message(key: str, name: str, cfg: DictConfig) -> str:
+    """A base schema's field that the run's option does not read (schema.read_if_listed)."""
+    from mpt_repro import catalog
+
+    group = key.split(".")[0]
+    schemas = registry.option_schemas().get(group, {})
+    readers = [
+        option
+        for option, schema in catalog.option_schemas(group).items()
+        if name in getattr(schemas.get(schema), "reads", ())
+    ]
+    return (
+        f"{key} would change nothing in this run: its {group} ({option_name(cfg[group].name)}) "
+        f"does not read it (read by {group}={', '.join(readers) or 'none'}; this run is "
+        f"experiment={cfg.experiment_name}). Remove {key}=... from the command line, or choose "
+        "settings that read it."
+    )
 
 
 def _unread_message(key: str, rule: tuple[str, tuple[str, ...]], cfg: DictConfig) -> str:
@@ -686,7 +704,7 @@ def options_with_field(group: str, field_name: str) -> list[str]:
     """The options of `group` whose schema has `field_name`."""
     from mpt_repro import catalog
 
-    schemas = OPTION_SCHEMAS.get(group, {})
+    schemas = registry.option_schemas().get(group, {})
     return [
         option
         for option, name in catalog.option_schemas(group).items()
@@ -705,13 +723,13 @@ def not_a_setting(
 
     group, _, rest = key.partition(".")
     leaf = rest.split(".")[0]
-    if group not in OPTION_SCHEMAS:
+    if group not in registry.option_schemas():
         return f"{key} is not a setting of this run"
     have = options_with_field(group, leaf)
     if cfg is not None and group in cfg:
         mine = [option_name(cfg[group].name)]
     else:  # the options whose schema is the one that refused the key
-        names = {n for n, c in OPTION_SCHEMAS[group].items() if c is schema}
+        names = {n for n, c in registry.option_schemas()[group].items() if c is schema}
         mine = [o for o, n in catalog.option_schemas(group).items() if n in names]
     used = f"{group}={' or '.join(mine)}" if mine else f"this run's {group}"
     if not have:

@@ -35,8 +35,10 @@ def preflight(argv: list[str]) -> str | None:
     """Why the command line cannot run (one message), or None."""
     from hydra._internal.utils import get_args_parser
 
+    from mpt_repro.cmdline import with_plugin_configs
+
     try:
-        args, _ = get_args_parser().parse_known_args(argv)
+        args, _ = get_args_parser().parse_known_args(with_plugin_configs(argv))
     except SystemExit:  # a malformed flag: Hydra says so itself
         return None
     if any(getattr(args, flag, None) for flag in NO_JOB_FLAGS):

@@ -17,7 +17,7 @@ import re
 import textwrap
 from typing import Any
 
-from mpt_repro.catalog import CONF_DIR, options
+from mpt_repro.catalog import CONF_DIR, config_file, options
 
 # The groups a user chooses from, in the order a command line names them (conf/<group>/);
 # the others (experiment_budget, experiment_recipe, schema) are composed by mpt-run itself
@@ -51,7 +51,7 @@ def short_help() -> str:
         lines += ["", f"{group}="]
         for name in options(group):
             mark = "*" if defaults.get(group) == name else " "
-            lines.append(_entry(f" {mark}{name}", _summary(CONF_DIR / group / f"{name}.yaml")))
+            lines.append(_entry(f" {mark}{name}", _summary(config_file(group, name))))
     lines += ["", "Common settings (key=value; the default in brackets):"]
     for key in COMMON_KEYS:
         default, text = field_help(key)

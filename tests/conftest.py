@@ -123,9 +123,9 @@ def option_config(group: str, option: str | None = None, **fields):
     from omegaconf import OmegaConf
 
     from mpt_repro import catalog
-    from mpt_repro.schema import OPTION_SCHEMAS
+    from mpt_repro.registry import option_schemas
 
     if option is None:
         option = "custom" if fields.get("target") else fields["name"]
-    schema = OPTION_SCHEMAS[group][catalog.option_schemas(group)[option]]
+    schema = option_schemas()[group][catalog.option_schemas(group)[option]]
     return OmegaConf.structured(schema(**fields))

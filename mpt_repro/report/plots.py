@@ -353,10 +353,15 @@ def curves_figure(
     return fig
 
 
-# tasks whose paper figure is the training perplexity, drawn as exp(logged training loss): each
-# train row's loss is the mean over trainer.log_every steps, so its exp is the perplexity the TF
-# translation tutorial prints (exp of the mean loss over its 200-step checkpoints)
-TRAIN_PERPLEXITY_FIGURES = {"translation": "the paper's Figure 4"}
+def train_figure(task: str) -> str | None:
+    """The paper's figure that is a task's training perplexity (its plugin's TaskReport), drawn
+    as exp(logged training loss): each train row's loss is the mean over trainer.log_every steps,
+    so its exp is the perplexity the TF translation tutorial prints (exp of the mean loss over
+    its 200-step checkpoints)."""
+    from mpt_repro import registry
+
+    report = registry.report_of(task) if task in registry.task_kinds() else None
+    return report.train_figure if report is not None else None
 
 
 def train_perplexity_figure(
@@ -471,10 +476,9 @@ def experiment_plots(
         )
         written.append(_save(fig, folder / f"{stem}_curves.png"))
         task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
-        if task in TRAIN_PERPLEXITY_FIGURES:
-            fig = train_perplexity_figure(
-                curves.train, curves.diverged, setting, TRAIN_PERPLEXITY_FIGURES[task]
-            )
+        figure = train_figure(task) if task else None
+        if figure:
+            fig = train_perplexity_figure(curves.train, curves.diverged, setting, figure)
             written.append(_save(fig, folder / f"{stem}_train_perplexity.png"))
 
         fig = loss_scale_figure(curves, styles, setting)

@@ -7,8 +7,9 @@ show the same strings.
 
 Nothing here lists presets, experiments, budgets or tasks: the paper's tables take their rows from
 paper_reference.csv, the presets come from the records (ordered by what they do), budgets from
-conf/budget/, and every task the records name gets a table (a task without a presentation of its
-own gets the generic one: every numeric final metric per preset).
+conf/budget/, and every task the records name gets a table, as its plugin presents it
+(mpt_repro/registry.py TaskReport: a task without one gets the generic view, every numeric final
+metric per preset; the paper's Tables 2 and 3 are built by the plugins that name them).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 
 import pandas as pd
 
-from mpt_repro import catalog
+from mpt_repro import catalog, registry
 from mpt_repro.paper import (
     cite,
     claims_for,
@@ -355,20 +356,6 @@ DELTA_NOTE = (
 )
 
 
-# the metric Table 2 compares, as the detection task writes it: VOC2007 11-point mAP@0.5, in %
-DETECTION_METRIC = "map"
-PER_CLASS_AP = "per_class_ap"  # metrics_detail.per_class_ap: {class name: AP in %}
-
-
-# The paper's own headings of Table 2's columns (papers.md §1, Table 2), and the preset of ours that
-# each one is: text, not numbers; the numbers are in paper_reference.csv
-TABLE2_HEADINGS = {
-    "fp32": "Baseline",
-    "no_scaling": "MP without loss-scale",
-    "mixed": "MP with loss-scale",
-}
-
-
 def versus_paper(entry: pd.Series, group: pd.Series | None, column: str, ok: bool) -> str:
     """Our result against one paper cell: a signed difference of means, or, where the paper
     reports an outcome ("diverges"), whether ours did the same; n/c where not comparable."""
@@ -387,78 +374,6 @@ def versus_paper(entry: pd.Series, group: pd.Series | None, column: str, ok: boo
     return ""
 
 
-def table2(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
-    """Paper Table 2 (PASCAL VOC 2007 test mAP): the paper's three columns (FP32 baseline, mixed
-    without loss scaling, mixed with loss scaling) beside ours, every preset that ran, with
-    "diverged at step N" where a run diverged; per-class AP in a second table."""
-    ref = paper_table("table2")
-    paper_rows = list(dict.fromkeys(ref["row"]))
-    columns = list(dict.fromkeys(ref["column"]))
-    own = agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])
-    conf = _confidence(ref)
-    tables = []
-    for (budget, data, device), part in by_setting(agg[own]):
-        presets = preset_order(part["precision"], part)
-        ok = {r: comparable(budget, data, r) for r in paper_rows}
-        rows = [
-            _table2_row(
-                ref[ref["row"] == r].set_index("column"),
-                group,
-                presets,
-                ok[r] and not changed(group),
-                conf,
-            )
-            | _delta_cells(deltas, group, 1)
-            for r in paper_rows
-            for group in group_rows(part, r, own_model_only=True) or [Row("", {}, ())]
-        ]
-        meaning = ", ".join(f"{TABLE2_HEADINGS.get(c, c)} = our {c}" for c in columns)
-        notes = [
-            f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, mAP (%) on "
-            "PASCAL VOC 2007 test, VGG-16 backbones; ours: VOC2007 11-point mAP@0.5 (%), the "
-            "metric of the paper's era. Paper columns: "
-            f"{meaning}. `vs paper`: our mean minus the paper's value.",
-            DELTA_NOTE,
-        ]
-        notes += [n for r in paper_rows for n in claim_notes(r)]
-        if not any(ok.values()):
-            notes.append(
-                f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
-                "difference with the paper is shown."
-            )
-        tables.append(
-            Table(
-                slugify("table2", budget, data, device),
-                "Table 2: PASCAL VOC 2007 detection, mAP (%)",
-                caption(budget, data, device, paper_rows[0], part),
-                pd.DataFrame(rows),
-                notes,
-            )
-        )
-        detail = per_class_table(runs, paper_rows, budget, data, device)
-        if detail is not None:
-            tables.append(detail)
-    return tables
-
-
-def _table2_row(
-    entries: pd.DataFrame, group: Row, presets: list[str], ok: bool, conf: str
-) -> dict[str, str]:
-    """One model's row: the paper's columns, ours per preset, ours against each paper column."""
-    col = f"metric_{DETECTION_METRIC}"
-    paper_label = entries["row_label"].iloc[0]
-    row = {"Model": group.label.replace(entries["row"].iloc[0], paper_label, 1) or paper_label}
-    for column, e in entries.iterrows():
-        row[f"paper: {TABLE2_HEADINGS.get(column, column)} [{conf}]"] = (
-            e["outcome"] or e["value_text"]
-        )
-    for p in presets:
-        row[f"ours {p}"] = result_cell(group.presets.get(p), col, 1)
-    for column, e in entries.iterrows():
-        row[f"{column} vs paper"] = versus_paper(e, group.presets.get(column), col, ok)
-    return row
-
-
 def _delta_cells(deltas: Deltas, group: Row, decimals: int) -> dict[str, str]:
     """mixed's paired difference to fp32 with its interval, and the verdict."""
     delta = _delta(deltas, group, "mixed")
@@ -466,119 +381,6 @@ def _delta_cells(deltas: Deltas, group: Row, decimals: int) -> dict[str, str]:
         "Δ mixed − fp32 (ours, 95% CI)": delta_text(delta, decimals),
         "mixed vs fp32": delta.verdict if delta else "",
     }
-
-
-def per_class_table(
-    runs: pd.DataFrame, experiments: list[str], budget: str, data: str, device: str
-) -> Table | None:
-    """Per-class AP (mean over completed seeds) from metrics_detail.per_class_ap: one row per
-    class, one column per experiment and preset."""
-    if "metrics_detail" not in runs:
-        return None
-    part = runs[
-        runs["experiment"].isin(experiments)
-        & (runs["subject"] == runs["experiment"])
-        & (runs["budget"] == budget)
-        & (runs["data"] == data)
-        & (runs["device"] == device)
-        & (runs["status"] == "completed")
-    ]
-    values: dict[tuple[str, str], dict[str, list[float]]] = {}
-    for _, run in part.iterrows():
-        detail = run["metrics_detail"]
-        per_class = detail.get(PER_CLASS_AP) if isinstance(detail, dict) else None
-        if not isinstance(per_class, dict):
-            continue
-        cell = values.setdefault((run["row_label"], run["precision"]), {})
-        for name, ap in per_class.items():
-            if isinstance(ap, (int, float)) and not isinstance(ap, bool) and math.isfinite(ap):
-                cell.setdefault(str(name), []).append(float(ap))
-    if not values:
-        return None
-    presets = preset_order({p for _, p in values}, part)
-    labels = sorted({label for label, _ in values})
-    columns = [(e, p) for e in labels for p in presets if (e, p) in values]
-    classes = list(dict.fromkeys(c for key in columns for c in values[key]))
-    rows = []
-    for name in classes:
-        row = {"Class": name}
-        for e, p in columns:
-            aps = values[(e, p)].get(name, [])
-            row[f"{e} {p}"] = fmt_stat(
-                sum(aps) / len(aps) if aps else None,
-                pd.Series(aps).std() if len(aps) > 1 else None,
-                len(aps),
-                1,
-            )
-        rows.append(row)
-    return Table(
-        slugify("table2_per_class", budget, data, device),
-        "Table 2 detail: per-class AP (%)",
-        caption(budget, data, device, experiments[0], part),
-        pd.DataFrame(rows),
-        ["Means over completed seeds; a diverged run has no AP."],
-    )
-
-
-# the task whose runs Table 3 shows (the paper's DeepSpeech 2 rows are not experiments of ours:
-# they are reference values beside our runs, labelled as such)
-SPEECH_TASK = "speech"
-SPEECH_METRICS = ("cer", "wer")  # run.json metrics of the speech task, in percent
-OUR_DATA_DIFFERS = "paper; our data differs"
-
-
-def table3(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
-    """Paper Table 3 (speech recognition, CER %) rebuilt: the paper's rows labelled as the paper's
-    (its data are Baidu's own, so never comparable with ours), then one row per comparison group
-    of our speech runs: CER and WER per preset, and mixed's paired difference to fp32 (lower is
-    better)."""
-    ref = paper_table("table3")
-    conf = _confidence(ref)
-    tables = []
-    for (budget, data, device), part in by_setting(agg[agg["task"] == SPEECH_TASK]):
-        presets = preset_order(["fp32", "mixed", *part["precision"]], part)
-        # the paper's rows in its order (groupby without sorting keeps the file's)
-        rows = [
-            _table3_paper_row(entries, presets, conf)
-            for _, entries in ref.groupby("row", sort=False)
-        ]
-        for experiment in sorted(part["experiment"].unique()):
-            for group in group_rows(part, experiment):
-                rows.append(_table3_row(group, data, presets, deltas))
-        tables.append(
-            Table(
-                slugify("table3", budget, data, device),
-                "Table 3: speech recognition, character error rate (%, lower is better)",
-                caption(budget, data, device, part=part),
-                pd.DataFrame(rows).fillna(""),
-                [
-                    f"Paper values ({ref['source'].iloc[0]} of Micikevicius et al. 2018, "
-                    f"[{conf}]): DeepSpeech 2 trained on Baidu's internal data (English "
-                    "evaluated on WSJ eval '92, Mandarin on an internal test set), the mixed "
-                    "column in pseudo FP16. Those data are not public: our runs use other data, "
-                    "so only our mixed against our fp32 can be judged, never our CER against "
-                    "the paper's.",
-                    DELTA_NOTE,
-                ],
-            )
-        )
-    return tables
-
-
-def _table3_paper_row(entries: pd.DataFrame, presets: list[str], conf: str) -> dict[str, str]:
-    row = {"Model": f"paper: {entries['row_label'].iloc[0]}", "Data": OUR_DATA_DIFFERS}
-    values = dict(zip(entries["column"], entries["value_text"]))
-    for p in presets:
-        row[f"CER {p}"] = f"{values[p]} [{conf}]" if p in values else ""
-    return row
-
-
-def _table3_row(group: Row, data: str, presets: list[str], deltas: Deltas) -> dict[str, str]:
-    row = {"Model": f"ours: {group.label}", "Data": data}
-    for metric in SPEECH_METRICS:
-        for p in presets:
-            row[f"{metric.upper()} {p}"] = result_cell(group.presets.get(p), f"metric_{metric}", 2)
-    return row | _delta_cells(deltas, group, 2)
 
 
 # ---------------------------------------------------------------- every task's own table
@@ -736,46 +538,47 @@ def claim_notes(experiment: str) -> list[str]:
     ]
 
 
-@dataclass(frozen=True)
-class Presentation:
-    """How a task's table looks: a title, a file slug and a view (one primary-metric column per
-    preset, or every final metric per preset)."""
-
-    title: str
-    slug: str
-    view: Callable[..., list[Table]] = all_metrics_table
-
-
-# Presentation only: a task missing here still gets a table (the generic view, PRESENTATION
-# default). The paper rows of classification and detection are Tables 1 and 2, above.
-PRESENTATION = {
-    "classification": Presentation(
-        "Other classification experiments (primary metric)", "classification", metric_table
-    ),
-    "language_model": Presentation("Language model: perplexity per preset", "lm", metric_table),
-    "gan": Presentation("GAN: what ran, final losses", "gan"),
-    # every final metric: perplexity (the paper's Figure 4 metric) and BLEU beside it
-    "translation": Presentation("Machine translation: perplexity and BLEU per preset", "mt"),
-    "detection": Presentation("Other detection experiments (every final metric)", "detection"),
+# how each view lays a task's runs out (a plugin's TaskReport names one)
+VIEWS: dict[str, Callable[..., list[Table]]] = {
+    "primary": metric_table,
+    "metrics": all_metrics_table,
 }
 
 
 def task_tables(agg: pd.DataFrame, paper_rows: set[str], deltas: Deltas) -> list[Table]:
-    """One table (per setting) for every task the records name, the paper's own rows left out
-    (a custom model trained with a paper experiment's recipe is not the paper's row: it is here)."""
+    """One table (per setting) for every task the records name, as its plugin presents it
+    (mpt_repro/registry.TaskReport; a task without one gets the generic view: every numeric final
+    metric per preset), the paper's own rows left out (a custom model trained with a paper
+    experiment's recipe is not the paper's row: it is here)."""
     tables = []
     paper_own = agg["experiment"].isin(paper_rows) & (agg["subject"] == agg["experiment"])
     for task in sorted(agg["task"].dropna().unique()):
-        if task == SPEECH_TASK:  # its runs are Table 3's
+        shown = _task_report(task)
+        if shown.view == "paper":  # its runs are all in the paper's table (paper_tables)
             continue
         part = agg[(agg["task"] == task) & ~paper_own]
         if part.empty:
             continue
-        shown = PRESENTATION.get(
-            task, Presentation(f"{task}: every final metric per preset", slugify(task))
-        )
-        tables += shown.view(part, shown.title, shown.slug, deltas, notes_for=claim_notes)
+        view = VIEWS.get(shown.view, all_metrics_table)
+        tables += view(part, shown.title, shown.slug, deltas, notes_for=claim_notes)
     return tables
+
+
+def _task_report(task: str) -> registry.TaskReport:
+    found = registry.report_of(task) if task in registry.task_kinds() else None
+    return found or registry.TaskReport(f"{task}: every final metric per preset", slugify(task))
+
+
+def paper_tables(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
+    """The paper's tables (beyond Table 1) that plugins build beside their runs: Table 2 for
+    detection, Table 3 for speech; in the order of the paper's table ids."""
+    reports = [registry.report_of(kind) for kind in registry.task_kinds()]
+    builders = sorted(
+        (r.paper_reference[0] if r.paper_reference else "", r.paper_table)
+        for r in reports
+        if r is not None and r.paper_table
+    )
+    return [t for _, target in builders for t in registry.resolve(target)(agg, runs, deltas)]
 
 
 # ---------------------------------------------------------------- cost
@@ -906,17 +709,20 @@ def paper_reference_table(name: str, title: str) -> Table:
 
 
 def reference_tables() -> list[Table]:
-    """The paper's Tables 2 and 3 as printed, and its qualitative claims, labelled."""
+    """The paper's tables as printed (those the plugins name: Tables 2 and 3), and its
+    qualitative claims, labelled."""
     claims = paper_table("claim")
     rows = [
         {"Subject": c["row_label"], "Preset": c["column"], "Claim": c["outcome"], "Source": cite(c)}
         for _, c in claims.iterrows()
     ]
+    printed = sorted(
+        r.paper_reference
+        for r in (registry.report_of(kind) for kind in registry.task_kinds())
+        if r is not None and r.paper_reference
+    )
     return [
-        paper_reference_table("table2", "Paper Table 2: detection mAP, PASCAL VOC 2007 test"),
-        paper_reference_table(
-            "table3", "Paper Table 3: speech recognition CER as printed (the paper's own data)"
-        ),
+        *(paper_reference_table(name, title) for name, title in printed),
         Table(
             "claims_paper",
             "The paper's qualitative claims",
@@ -935,8 +741,7 @@ def all_tables(agg: pd.DataFrame, runs: pd.DataFrame, settings=None, deltas=None
     deltas = group_deltas(runs, settings) if deltas is None else deltas
     return [
         *table1(agg, deltas),
-        *table2(agg, runs, deltas),
-        *table3(agg, deltas),
+        *paper_tables(agg, runs, deltas),
         *task_tables(agg, paper_rows, deltas),
         *deltas_table(agg, deltas, settings),
         *cost_table(agg),

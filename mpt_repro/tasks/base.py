@@ -53,17 +53,6 @@ from mpt_repro.tasks.loops import (  # noqa: F401  (micro_batches: part of the t
     train_step,
 )
 
-TASKS: dict[str, type[Task]] = {}
-
-
-def register_task(name: str) -> Callable[[type], type]:
-    def add(cls: type) -> type:
-        TASKS[name] = cls
-        cls.name = name
-        return cls
-
-    return add
-
 
 class Trained(NamedTuple):
     """What add_model gives a task for one model."""

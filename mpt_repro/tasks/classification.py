@@ -19,7 +19,7 @@ from mpt_repro.identity import is_custom_model
 from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
-from mpt_repro.tasks.base import Loss, SampledTask, register_task
+from mpt_repro.tasks.base import Loss, SampledTask
 
 
 def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
@@ -37,7 +37,6 @@ def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
     return torch.compile(model)
 
 
-@register_task("classification")
 class Classification(SampledTask):
     primary_metric = "top1"
     higher_is_better = True

@@ -28,7 +28,7 @@ from mpt_repro.errors import ConfigError
 from mpt_repro.evidence import Evaluation
 from mpt_repro.metrics.voc_eval import IOU_THRESHOLD, evaluate_detections
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, SampledTask, register_task
+from mpt_repro.tasks.base import Loss, SampledTask
 
 # The input geometry each detector expects from the data pipeline (see the models' docstrings).
 GEOMETRY = {"ssd300": "warp", "faster_rcnn_vgg16": "shorter_side"}
@@ -68,7 +68,6 @@ def caffe_param_groups(factory: Any, name: str) -> Any:
     return make
 
 
-@register_task("detection")
 class Detection(SampledTask):
     primary_metric = "map"
     higher_is_better = True

@@ -32,7 +32,7 @@ from mpt_repro.data.sampling import build_epoch_loaders
 from mpt_repro.evidence import Ratio
 from mpt_repro.models.dcgan import sample_noise
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, Phase, SampledTask, register_task
+from mpt_repro.tasks.base import Loss, Phase, SampledTask
 
 GRID_SAMPLES = 64  # fixed-noise samples in the grid (8 x 8)
 # rank r's noise seed is seed + 1 + r x this: rank 0 keeps the one-process stream
@@ -52,7 +52,6 @@ def frozen(module: nn.Module) -> Iterator[None]:
             p.requires_grad_(flag)
 
 
-@register_task("gan")
 class GAN(SampledTask):
     # The generator's loss on fixed noise against the current discriminator. Lower means G fools
     # this D more; it is NOT a measure of image quality (see the module docstring).

@@ -27,7 +27,7 @@ from mpt_repro.errors import ConfigError
 from mpt_repro.evidence import Ratio
 from mpt_repro.models.lstm_lm import Hidden, LogUniformSampler
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, StepResult, Task, register_task
+from mpt_repro.tasks.base import Loss, StepResult, Task
 
 # Full-softmax evaluation computes the logits this many rows at a time, so a 793K-word
 # vocabulary does not need (seq_len x batch) x 793K logits at once.
@@ -70,7 +70,6 @@ def block_key(targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
     return ((targets + 1) * weights[: targets.shape[0], None]).sum(0) % KEY_PRIME
 
 
-@register_task("language_model")
 class LanguageModel(Task):
     primary_metric = "perplexity"
     higher_is_better = False

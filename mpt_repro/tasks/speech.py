@@ -45,7 +45,7 @@ from mpt_repro.data.speech import (
 from mpt_repro.errors import DataError
 from mpt_repro.evidence import DROPPED_PREFIX, Evaluation, Ratio, text_key
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, SampledTask, StepResult, register_task
+from mpt_repro.tasks.base import Loss, SampledTask, StepResult
 
 
 def edit_counts(references: list[str], hypotheses: list[str]) -> dict[str, list[int]]:
@@ -123,7 +123,6 @@ def speech_loaders(data: Any, d: Any, batch: int, seed: int, device: torch.devic
     return EpochLoaders(sampler, train, evaluated, shard)
 
 
-@register_task("speech")
 class Speech(SampledTask):
     primary_metric = "cer"
     higher_is_better = False

@@ -46,7 +46,7 @@ from mpt_repro.errors import DataError
 from mpt_repro.evidence import Bleu, Ratio, bleu_statistics, text_key
 from mpt_repro.models.lstm_lm import LogUniformSampler
 from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, Task, chunked, register_task
+from mpt_repro.tasks.base import Loss, Task, chunked
 
 
 class _LossForward(nn.Module):
@@ -81,7 +81,6 @@ def load_data(cfg: Any) -> ParallelData:
     return load_parallel(d, m.source_vocab_size, m.target_vocab_size, buckets)
 
 
-@register_task("translation")
 class Translation(Task):
     primary_metric = "perplexity"
     higher_is_better = False
