@@ -139,7 +139,7 @@ LOADER = ("num_workers", "pin_memory")  # the fields of a data set read through 
 @dataclass
 class ImageData(DataSchema):
     """The fields every image data set carries (the experiments set them whatever the data set:
-    an ImageNet experiment on data=synthetic keeps its shape)."""
+    a paper experiment on made-up images keeps its shape)."""
 
     num_classes: int = field(default=10, metadata=read_if_listed())
     channels: int = field(default=1, metadata=read_if_listed())

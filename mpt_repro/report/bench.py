@@ -40,10 +40,10 @@ def _number(x) -> float | None:
     return float(x)
 
 
-def _significant(digits: int, scale: float = 1.0) -> Callable[[Any], str]:
+def _significant(figures: int, scale: float = 1.0) -> Callable[[Any], str]:
     def fmt(x) -> str:
         value = _number(x)
-        return "" if value is None else f"{value / scale:.{digits}g}"
+        return "" if value is None else f"{value / scale:.{figures}g}"
 
     return fmt
 

@@ -570,8 +570,8 @@ def _task_report(task: str) -> registry.TaskReport:
 
 
 def paper_tables(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
-    """The paper's tables (beyond Table 1) that plugins build beside their runs: Table 2 for
-    detection, Table 3 for speech; in the order of the paper's table ids."""
+    """The paper's tables (beyond Table 1) that plugins build beside their runs (their
+    TaskReport's paper_table), in the order of the paper's table ids."""
     reports = [registry.report_of(kind) for kind in registry.task_kinds()]
     builders = sorted(
         (r.paper_reference[0] if r.paper_reference else "", r.paper_table)
