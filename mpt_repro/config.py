@@ -2,7 +2,8 @@
 
 Every YAML file in conf/ is merged onto these dataclasses, so a misspelled key or a value of the
 wrong type is refused before any work starts. The model and data groups have one schema per
-option (mpt_repro/schema.py): a key another option reads does not exist in this run's. Then:
+option (registered by its plugin, mpt_repro/registry.py): a key another option reads does not
+exist in this run's. Then:
 
 - `check_command_line` refuses a key no schema has, with or without a leading `+` (Hydra would
   add a `+key` silently, and the run would ignore it), suggesting the nearest one;
@@ -198,7 +199,7 @@ class Config:
     paper_loss_scale: float | None = field(
         default=None, metadata=read_when("precision.loss_scaling", "paper")
     )
-    data: Any = MISSING  # an option of conf/data/ with its own schema (mpt_repro/schema.py)
+    data: Any = MISSING  # an option of conf/data/ with its own schema (its plugin's)
     model: Any = MISSING  # an option of conf/model/ with its own schema
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)

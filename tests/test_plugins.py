@@ -119,9 +119,7 @@ def test_the_builtin_experiments_are_plugins_named_by_entry_points() -> None:
     section = pyproject.split('[project.entry-points."mpt_repro.experiments"]')[1].split("\n[")[0]
     named = set(re.findall(r'= "(mpt_repro\.experiments\.\w+)"', section))
     modules = {p.stem for p in (ROOT / "mpt_repro" / "experiments").glob("*.py")}
-    registering = {
-        f"mpt_repro.experiments.{m}" for m in modules if "registry import" in _source(m)
-    }
+    registering = {f"mpt_repro.experiments.{m}" for m in modules if "registry import" in _source(m)}
     assert named == registering  # every plugin module is named, and nothing else
     assert set(registry.plugin_modules()) >= named
     # the tasks the experiment files use are exactly the ones the plugins register
@@ -170,3 +168,12 @@ def test_the_core_names_no_experiment_model_or_data_set() -> None:
     for path in CORE:
         found = _code_words(path) & names
         assert not found, f"{path.relative_to(ROOT)} names {sorted(found)}"
+
+
+def test_the_readme_shows_the_commands_this_module_runs() -> None:
+    """README's own-experiment commands are the doc's, which the sweep above runs as written."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("### Your own experiment, not only your own model")[1]
+    block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M).group(1)
+    assert [line for line in block.splitlines() if line.strip()] == doc_commands()
+    assert "docs/adding-an-experiment.md" in section.split("\n## ")[0]
