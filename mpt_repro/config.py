@@ -228,6 +228,7 @@ def validate(cfg: DictConfig) -> None:
         schema = schema_of(cfg[group])
         if schema is not None:
             schema.check(cfg[group], cfg)
+    check_data_folder(cfg)
     validate_optim(cfg.optim)
     validate_trainer(cfg.trainer, cfg.distributed)
     validate_run(cfg)
@@ -237,6 +238,23 @@ def validate(cfg: DictConfig) -> None:
     validate_precision(cfg.precision, cfg.paper_loss_scale)
     validate_optimizer_state(cfg.precision, cfg.optim)  # FP16 state an eps would turn into 0/0
     validate_telemetry(cfg.telemetry)
+
+
+def check_data_folder(cfg: DictConfig) -> None:
+    """A data set read from a folder (its schema's needs_root) without data.root is refused
+    here, before torch loads, with the two ways to run: its folder, or made-up data. The loader
+    is data.name's, so its own schema decides (a budget may switch an option's data.name to an
+    embedded stand-in: the DCGAN's smoke runs read the digits)."""
+    name = option_name(cfg.data.name)
+    schema = registry.option_schemas()["data"].get(name) or schema_of(cfg.data)
+    if not getattr(schema, "needs_root", False) or cfg.data.root:
+        return
+    raise ConfigError(
+        f"data {name} is read from a folder and data.root is not set: download it and pass "
+        f"data.root=DIR (README.md, \"Data\", gives each layout), or run "
+        f"experiment={cfg.experiment_name} on made-up inputs of the same shape with "
+        "data=synthetic (it measures speed and memory, not accuracy)"
+    )
 
 
 def validate_optim(o: DictConfig) -> None:

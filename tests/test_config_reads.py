@@ -233,3 +233,44 @@ def test_budget_names_come_from_conf() -> None:
     )
     with pytest.raises(ConfigError, match="budget.name"):
         config.validate(compose(["experiment=demo", "budget.name=huge"]))
+
+
+@pytest.mark.parametrize(
+    "overrides, data",
+    [
+        (["experiment=cifar10", "budget=smoke"], "cifar10"),
+        (["experiment=resnet50", "budget=smoke"], "imagenet"),
+        (["experiment=ssd", "budget=smoke"], "voc"),
+        (["experiment=speech", "budget=smoke"], "librispeech"),
+        (["experiment=translation", "budget=paper"], "wmt15_enfr"),
+        (["experiment=demo", "data=imagefolder"], "imagefolder"),
+    ],
+)
+def test_a_folder_data_set_without_its_folder_is_refused_with_both_ways_to_run(
+    overrides, data
+) -> None:
+    message = refusal(*overrides)
+    assert message is not None, overrides
+    assert f"data {data} is read from a folder and data.root is not set" in message
+    assert "data.root=DIR" in message and "data=synthetic" in message
+
+
+def test_a_stand_in_or_made_up_data_needs_no_folder() -> None:
+    # the DCGAN's smoke budget reads the embedded digits through its image-folder option;
+    # translation's smoke budget the embedded Bible; the LM's the embedded corpus
+    for experiment in ("dcgan", "translation", "lstm_lm"):
+        assert refusal(f"experiment={experiment}", "budget=smoke") is None, experiment
+    assert refusal("experiment=cifar10", "budget=smoke", "data=synthetic") is None
+
+
+def test_the_folder_refusal_comes_before_torch_loads() -> None:
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from mpt_repro.preflight import preflight; "
+        "m = preflight(['experiment=cifar10', 'budget=smoke']); "
+        "print('torch' in sys.modules, 'data=synthetic' in m)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "True"]
