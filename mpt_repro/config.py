@@ -251,7 +251,7 @@ def check_data_folder(cfg: DictConfig) -> None:
         return
     raise ConfigError(
         f"data {name} is read from a folder and data.root is not set: download it and pass "
-        f"data.root=DIR (README.md, \"Data\", gives each layout), or run "
+        f'data.root=DIR (README.md, "Data", gives each layout), or run '
         f"experiment={cfg.experiment_name} on made-up inputs of the same shape with "
         "data=synthetic (it measures speed and memory, not accuracy)"
     )
