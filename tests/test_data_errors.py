@@ -3,6 +3,7 @@ processes, and corpus files that are not UTF-8. The tests write the bad files th
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 
@@ -297,3 +298,40 @@ def test_mpt_run_records_the_skipped_files_in_run_json(tmp_path):
     data = read_run(tmp_path / "run")["data"]
     assert data["skipped_files"] == 1 and data["skipped_paths"] == [str(bad)]
     assert data["train_size"] == 11
+
+
+def test_the_digits_are_scikit_learns_split_read_without_importing_it() -> None:
+    """data=digits reads scikit-learn's file with numpy and the kept split (no 2.4 s import of
+    scikit-learn at each run's start); the tensors equal load_digits + train_test_split's."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    import torch
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    from mpt_repro.data.digits import digits, sklearn_split
+
+    raw = load_digits()
+    images = (raw.images.astype(np.float32) / 16.0 - 0.5) / 0.5
+    x_train, x_val, y_train, y_val = train_test_split(
+        images, raw.target, test_size=0.2, random_state=0, stratify=raw.target
+    )
+    data = digits(None)
+    for ours, theirs in (
+        (data.train.tensors[0], torch.from_numpy(x_train).unsqueeze(1)),
+        (data.train.tensors[1], torch.from_numpy(y_train).long()),
+        (data.eval.tensors[0], torch.from_numpy(x_val).unsqueeze(1)),
+        (data.eval.tensors[1], torch.from_numpy(y_val).long()),
+    ):
+        assert torch.equal(ours, theirs)
+    from mpt_repro.data.digits import SPLIT_FILE
+
+    assert json.loads(SPLIT_FILE.read_text()) == sklearn_split()  # the file is what it says
+    code = (
+        "import sys; from mpt_repro.data.digits import digits; digits(None); "
+        "print('sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
