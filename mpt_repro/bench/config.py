@@ -105,12 +105,20 @@ def _show(value: Any) -> str:
 
 
 def _groups(conf_dir: str) -> str:
+    """The options of the groups a bench varies: the suite's and every plugin's (conf_dir: a
+    folder of the caller's instead)."""
     from pathlib import Path
+
+    from mpt_repro import catalog
 
     lines = []
     for group in ("experiment", "data", "model", "precision"):
         folder = Path(conf_dir) / group
-        names = sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
+        names = (
+            catalog.options(group)
+            if Path(conf_dir) == catalog.CONF_DIR
+            else sorted(p.stem for p in folder.glob("*.yaml") if not p.stem.startswith("_"))
+        )
         lines.append(
             textwrap.fill(
                 ", ".join(names),
@@ -198,9 +206,11 @@ def compose(overrides: list[str], preset: str) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from mpt_repro.cmdline import with_plugin_configs
     from mpt_repro.config import check_command_line, register_configs, validate
 
     register_configs()
+    overrides = with_plugin_configs(list(overrides))  # an experiment plugin's config folder
     problem = check_command_line(list(overrides))  # mpt-run's refusals: typos, stray `+key=`
     if problem:
         raise ConfigError(problem)

@@ -208,11 +208,14 @@ def describe_run(doc: dict) -> str:
     d, c = doc["device"], doc["config"]
     b = c["bench"]
     suite = c["suite"]
+    # the input size where the data has one (images; a corpus or speech has none)
+    size = suite["data"].get("image_size")
     lines = [
         f"{suite['experiment_name']} ({suite['model']['name']}"
         + (f" {suite['model']['variant']}" if suite["model"].get("variant") else "")
-        + f"), data={suite['data']['name']}, batch {doc.get('batch')}, image "
-        f"{suite['data']['image_size']} px; device {d['type']}: {d['name']}; "
+        + f"), data={suite['data']['name']}, batch {doc.get('batch')}"
+        + (f", image {size} px" if size else "")
+        + f"; device {d['type']}: {d['name']}; "
         f"{b['warmup']} warm-up + {b['steps']} timed steps x {b['repeats']} repeats "
         "(fresh process per preset and repeat, interleaved)",
         f"torch {doc['versions'].get('torch')}, commit {doc.get('commit') or 'unknown'}"
