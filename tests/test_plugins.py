@@ -177,3 +177,19 @@ def test_the_readme_shows_the_commands_this_module_runs() -> None:
     block = re.search(r"^```bash\n(.*?)^```", section, re.S | re.M).group(1)
     assert [line for line in block.splitlines() if line.strip()] == doc_commands()
     assert "docs/adding-an-experiment.md" in section.split("\n## ")[0]
+
+
+def test_mpt_bench_measures_the_own_experiment(toy: Path, tmp_path: Path) -> None:
+    """The doc's mpt-bench command, with fewer steps: the table has both presets, and the
+    device-free proxies (bytes saved for backward) show mixed's FP16 activations."""
+    block = DOC.read_text().split("The benchmark takes it the same way")[1]
+    command = re.search(r"^```bash\n(mpt-bench .*?)\n```", block, re.S | re.M).group(1)
+    quick = (
+        f"{command} bench.warmup=1 bench.steps=2 bench.overhead_steps=0 bench.out_dir={tmp_path}"
+    )
+    done = run_in(toy, f"PYTHONPATH=$PWD MPT_PLUGINS=toyreg {quick}")
+    assert done.returncode == 0, done.stderr[-3000:]
+    (written,) = tmp_path.glob("toyreg-*.json")
+    rows = {r["preset"]: r for r in json.loads(written.read_text())["results"]}
+    assert set(rows) == {"fp32", "mixed"}
+    assert rows["mixed"]["saved_bytes_per_sample"] < rows["fp32"]["saved_bytes_per_sample"]
