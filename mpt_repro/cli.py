@@ -56,8 +56,14 @@ _sweep_jobs: list[tuple[str, int, bool]] = []  # (overrides, exit status, finish
 _sweep_dir: list[Path] = []  # the sweep's folder, as its jobs saw it
 
 
-@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
-def _main(cfg: DictConfig) -> None:
+# the configuration of a single run was composed, checked and validated by preflight (cli.main
+# hands it on through run_checked): the job does not check it again
+_checked: list[bool] = [False]
+
+
+def _job(cfg: DictConfig) -> None:
+    """One job: a single run, or one of a sweep's (Hydra calls it in the job's directory, with
+    its log file open)."""
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
@@ -66,10 +72,11 @@ def _main(cfg: DictConfig) -> None:
     try:
         from mpt_repro.config import check_overrides_are_read
 
-        check_overrides_are_read(cfg, list(hc.overrides.task))  # before torch is even imported
+        if not _checked[0]:  # a sweep's job: composed by Hydra's sweeper, checked here
+            check_overrides_are_read(cfg, list(hc.overrides.task))  # before torch loads
         from mpt_repro.run import run
 
-        record = run(cfg, run_dir)
+        record = run(cfg, run_dir, validated=_checked[0])
     except BaseException as e:  # noqa: BLE001 - every ending gets its message and status
         if isinstance(e, SystemExit):
             raise
@@ -91,6 +98,35 @@ def _main(cfg: DictConfig) -> None:
     if hc.mode == RunMode.MULTIRUN:
         _sweep_jobs.append((_typed(hc.overrides.task), 0, False))
     _report_end(record, run_dir, Path(cfg.paths.runs_dir))
+
+
+_main = hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")(_job)
+
+
+def run_checked(composed: DictConfig) -> None:
+    """A single run on the configuration preflight composed and checked: Hydra's own single-run
+    path (hydra.run: run_job makes the run directory, opens the log file and calls the job),
+    without composing twice more (Hydra's main composes once to learn the mode, once to run)."""
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.utils import run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict, read_write
+
+    with read_write(composed), open_dict(composed):
+        composed.hydra.mode = RunMode.RUN
+    _checked[0] = True
+    try:
+        done = run_job(
+            hydra_context=HydraContext(config_loader=None, callbacks=Callbacks(composed)),
+            task_function=_job,
+            config=composed,
+            job_dir_key="hydra.run.dir",
+            job_subdir_key=None,
+            configure_logging=True,
+        )
+    finally:
+        _checked[0] = False
+    _ = done.return_value  # raises what the job raised, as Hydra's run does
 
 
 def _typed(overrides: list[str]) -> str:
@@ -237,6 +273,12 @@ def _to_log_file(e: BaseException, message: str, with_traceback: bool) -> None:
         handler.handle(record)
 
 
+def _plain_run(argv: list[str]) -> bool:
+    """A command line of overrides alone (no -m, no Hydra flag such as --cfg or -cp): the run
+    preflight composed is the one Hydra would compose."""
+    return all(not a.startswith("-") for a in argv)
+
+
 def version() -> str:
     from importlib.metadata import PackageNotFoundError
     from importlib.metadata import version as dist_version
@@ -291,7 +333,10 @@ def main() -> None:
     _show_tracebacks = user_full_error == "1"
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
-        _main()
+        from mpt_repro.preflight import CHECKED
+
+        single = CHECKED[0] if len(CHECKED) == 1 and _plain_run(argv) else None
+        run_checked(single) if single is not None else _main()
         failure = _sweep_failure()
         if failure is not None:
             raise failure

@@ -29,6 +29,9 @@ LOG_FILE = "mpt-run.log"  # Hydra's job log (conf/config.yaml hydra.job.name)
 # the run directories this command will create: {run dir: the first of its folders that did not
 # exist}; a job refused after Hydra created its directory removes it again (remove_if_new)
 NEW_DIRECTORIES: dict[str, Path] = {}
+# a single run's configuration as composed and checked here, Hydra's node included: mpt-run
+# hands it to the job (cli.run_checked) instead of composing it twice more
+CHECKED: list[Any] = []
 
 
 def preflight(argv: list[str]) -> str | None:
@@ -59,15 +62,19 @@ def preflight(argv: list[str]) -> str | None:
             config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
         ):
             seen: dict[tuple, list[str]] = {}
+            CHECKED.clear()
             for job in jobs:
                 try:
                     cfg = compose("config", overrides=job, return_hydra_config=True)
                 except Exception as e:  # noqa: BLE001 - every composition error gets its line
                     return composition_message(e, job)
+                composed = cfg.copy()  # check_job takes the Hydra node away
                 problem = duplicate(seen, job_dir(cfg, not args.multirun), job)
                 problem = problem or check_job(cfg, job, single=not args.multirun)
                 if problem:
                     return problem
+                if not args.multirun:
+                    CHECKED.append(composed)
     finally:
         GlobalHydra.instance().clear()
     return None

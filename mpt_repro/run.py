@@ -110,9 +110,11 @@ def describe_device(device: torch.device) -> dict[str, Any]:
     }
 
 
-def run(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train one configuration into run_dir; return the final run record."""
-    validate(cfg)  # before any work: bad values are refused with the key's name
+def run(cfg: DictConfig, run_dir: Path, validated: bool = False) -> dict[str, Any]:
+    """Train one configuration into run_dir; return the final run record. validated: mpt-run's
+    start-up check has validated this very configuration (it is not checked twice)."""
+    if not validated:
+        validate(cfg)  # before any work: bad values are refused with the key's name
     set_backends(cfg.trainer)  # before CUDA starts (cuBLAS reads its workspace setting then)
     # One process per device under torchrun/SLURM: join the group first; rank 0 then decides
     # for all (the run directory, whether there is anything to do, whether this is a resume),
