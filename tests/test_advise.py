@@ -505,3 +505,16 @@ def test_a_default_scale_that_overflows_is_no_candidate(tmp_path, diagnostic):
     assert r.default.total.overflow > 0 and "paper" not in r.losses
     assert not r.default_enough and r.chosen.recipe.key == "dynamic"
     assert "(the experiment's static scale 1.07374e+09) overflows" in markdown(advice)
+
+
+def test_the_diagnostic_run_lands_beside_the_run_it_repeats(tmp_path):
+    """README: telemetry overrides name a folder of their own, beside the run without them (so
+    the diagnostic run never finds that run finished), in the same seed folder."""
+    from mpt_repro.advise.launch import diagnostic_overrides, planned_run_dir
+
+    user = ["experiment=demo", "budget=smoke", f"paths.runs_dir={tmp_path}"]
+    diagnostic = planned_run_dir(diagnostic_overrides(user, 300, None))
+    plain = planned_run_dir([*user, "precision=fp32", "trainer.max_steps=300"])
+    assert diagnostic.parent == plain.parent == tmp_path / "demo" / "fp32-smoke" / "seed0"
+    assert plain.name == "trainer.max_steps=300"
+    assert diagnostic.name == "telemetry=diagnostic,telemetry.every=15,trainer.max_steps=300"
