@@ -7,7 +7,7 @@ Starts `tensorboard --logdir LOGDIR` on a free local port, waits until it has lo
 then has headless Chromium render and screenshot these pages into --out:
 
     scalars.png          the time-series dashboard (the run list: experiment/precision-budget/seedN)
-    hparams.png          the HParams table (precision, experiment, seed, budget, device first)
+    hparams.png          the HParams table (loss scaling, model, precision, status, variant)
     custom_scalars.png   one chart per experiment and budget with its presets side by side
 
 It needs a Chromium-family browser on the PATH (or --browser): on Debian/Ubuntu

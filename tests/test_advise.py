@@ -106,7 +106,7 @@ def test_the_markdown_shows_the_json_figures(advice):
         row = next(line for line in text.splitlines() if line.startswith(f"| {p['title']} (`"))
         cells = [c.strip() for c in row.strip("|").split("|")]
         preset = next(w for w in p["command"].split() if w.startswith("precision="))
-        assert cells[0].endswith(f"(`{preset}`)")  # the preset it runs as, by its mpt-run name
+        assert f"(`{preset}`" in cells[0]  # the preset it runs as, by its mpt-run name
         assert cells[2] == pct(p["network"]["act"]["lost"]["fraction"])
         assert cells[5] == pct(p["network"]["weight"]["lost"]["fraction"])
         assert cells[-1] == p["verdict"]
@@ -389,3 +389,132 @@ def test_a_negative_margin_advises_the_overflow_bound_and_says_why(monkeypatch):
         "- margin -12 binades: no single scale does both; the advised scale is the overflow "
         "bound, and the layers below need their own: **2^4 = 16**"
     )
+
+
+# ------------------------------------------------------------------ issue 37
+def test_layers_are_named_by_path_and_class_as_the_model_names_them(diagnostic, advice, tmp_path):
+    """The demo CNN is a Sequential: `0.0` alone says nothing; the advice says `0.0 Conv2d`, the
+    class of the module at that path in the model the run built."""
+    from omegaconf import OmegaConf
+
+    from mpt_repro.models import build_model
+    from mpt_repro.telemetry.records import layer_labels, read_records
+
+    model_cfg = OmegaConf.create(read_run(diagnostic)["config"]["model"])
+    modules = dict(build_model(model_cfg, num_classes=10, channels=1).named_modules())
+    expected = {name: f"{name} {type(modules[name]).__name__}" for name in advice.evidence.layers}
+    assert expected["0.0"] == "0.0 Conv2d" and expected["0.1"] == "0.1 BatchNorm2d"
+    assert {n: lay.label for n, lay in advice.evidence.layers.items()} == expected
+    assert layer_labels(read_records(diagnostic / "telemetry.jsonl")) == expected
+    data = to_json(advice)
+    assert data["layer_labels"] == expected
+    # the table's worst layers and the verdicts name them so; the JSON keys stay the paths
+    from mpt_repro.advise.render import markdown
+
+    text = markdown(advice)
+    worst = advice.prediction("no_scaling").worst_layers(1)[0][0]
+    assert f"| {expected[worst]} (" in text or f", {expected[worst]} (" in text
+    assert set(data["predictions"][0]["layers"]) == set(expected)
+
+
+def test_a_record_written_before_the_class_was_recorded_reads_with_paths(tmp_path, diagnostic):
+    """Older telemetry.jsonl files have no "module" per layer: the advice and the heatmap fall
+    back to the path."""
+    from mpt_repro.telemetry.figures import draw_figures
+    from mpt_repro.telemetry.records import layer_labels, read_records
+
+    run_dir = _copy(diagnostic, tmp_path)
+    path = run_dir / "telemetry.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        for entry in r["layers"].values():
+            assert entry.pop("module")  # the real writer recorded it
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    advice = build_advice(run_dir)
+    assert {lay.label for lay in advice.evidence.layers.values()} == set(advice.evidence.layers)
+    assert layer_labels(read_records(path)) == {n: n for n in advice.evidence.layers}
+    assert len(draw_figures(run_dir, out_dir=tmp_path / "figures")) == 3
+
+
+def _with_paper_scale(diagnostic: Path, tmp_path: Path, scale: float | None) -> Path:
+    """The diagnostic run as if its experiment stated the paper's loss scale (as SSD's 8 or the
+    LM's 128 do): plain precision=mixed is then that static scale, not dynamic scaling."""
+    run_dir = _copy(diagnostic, tmp_path)
+    record = read_run(run_dir)
+    record["config"]["paper_loss_scale"] = scale
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def test_plain_mixed_is_recommended_when_nothing_measured_does_better(advice):
+    """demo: dynamic scaling and the §3.2 static scale both lose nothing: the tie goes to the
+    default, and "Run it" is plain precision=mixed."""
+    from mpt_repro.advise.recommend import recommend
+    from mpt_repro.advise.render import markdown
+
+    r = recommend(advice)
+    assert r.losses["dynamic"] == r.losses["static"] == 0.0 < r.losses["no_scaling"]
+    assert r.default.recipe.key == "dynamic" and r.chosen is r.default and r.default_enough
+    text = markdown(advice)
+    assert (
+        "**Plain `precision=mixed` (dynamic loss scaling) is enough**: no FP16 recipe with" in text
+    )
+    (command,) = [line for line in text.splitlines() if line.startswith("- Run it:")]
+    assert command.endswith(" precision=mixed`") and "loss_scaling" not in command
+    assert to_json(advice)["recommendation"]["default_enough"] is True
+
+
+@pytest.mark.parametrize("keep", [0.99, 0.9999])
+def test_a_paper_scale_default_is_enough_only_within_the_margin_of_the_best(
+    tmp_path, diagnostic, keep
+):
+    """An experiment whose plain mixed is a static scale of 1 (AlexNet's paper_loss_scale): it
+    loses what no_scaling loses (0.07% here), the best loses nothing. Within half the tolerance
+    (0.5% at keep 0.99) the default is enough; at keep 0.9999 (margin 0.005%) dynamic scaling is
+    recommended, ahead of the static scale it ties with."""
+    from mpt_repro.advise.recommend import recommend
+    from mpt_repro.advise.render import markdown
+
+    advice = build_advice(_with_paper_scale(diagnostic, tmp_path, 1.0), keep)
+    paper = advice.predictions[0]
+    assert paper.recipe.key == "paper" and paper.shift == 0
+    assert paper.overrides() == ["precision=mixed"]
+    r = recommend(advice)
+    assert r.default is paper and r.best.recipe.key == "dynamic"
+    assert 0 < r.losses["paper"] == r.losses["no_scaling"] < 0.005
+    text = markdown(advice)
+    if keep == 0.99:
+        assert r.default_enough and r.chosen is paper
+        assert (
+            "is enough**: it loses" in text and "within 0.50% (0.5 x the 1.00% tolerance)" in text
+        )
+    else:
+        assert not r.default_enough and r.chosen is r.best
+        assert "**Use dynamic loss scaling**" in text
+        assert "precision=mixed precision.loss_scaling=dynamic`" in text
+
+
+def test_a_default_scale_that_overflows_is_no_candidate(tmp_path, diagnostic):
+    """A static scale that overflows skips those steps for ever: never recommended, even as the
+    default."""
+    from mpt_repro.advise.recommend import recommend
+    from mpt_repro.advise.render import markdown
+
+    advice = build_advice(_with_paper_scale(diagnostic, tmp_path, 2.0**30))
+    r = recommend(advice)
+    assert r.default.total.overflow > 0 and "paper" not in r.losses
+    assert not r.default_enough and r.chosen.recipe.key == "dynamic"
+    assert "(the experiment's static scale 1.07374e+09) overflows" in markdown(advice)
+
+
+def test_the_diagnostic_run_lands_beside_the_run_it_repeats(tmp_path):
+    """README: telemetry overrides name a folder of their own, beside the run without them (so
+    the diagnostic run never finds that run finished), in the same seed folder."""
+    from mpt_repro.advise.launch import diagnostic_overrides, planned_run_dir
+
+    user = ["experiment=demo", "budget=smoke", f"paths.runs_dir={tmp_path}"]
+    diagnostic = planned_run_dir(diagnostic_overrides(user, 300, None))
+    plain = planned_run_dir([*user, "precision=fp32", "trainer.max_steps=300"])
+    assert diagnostic.parent == plain.parent == tmp_path / "demo" / "fp32-smoke" / "seed0"
+    assert plain.name == "trainer.max_steps=300"
+    assert diagnostic.name == "telemetry=diagnostic,telemetry.every=15,trainer.max_steps=300"

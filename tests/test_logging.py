@@ -26,7 +26,9 @@ from mpt_repro.runlog.closing import closing_block
 from mpt_repro.runlog.console import RunProgress
 from mpt_repro.runlog.hparams import (
     KEY_HPARAMS,
+    STATUSES,
     hparams_summaries,
+    run_hparams,
     summary_scalars,
     write_run_summary,
 )
@@ -102,19 +104,26 @@ def test_run_names_read_experiment_preset_budget_seed(tensorboard):
     assert sorted(wait_for_runs(url, 2)) == ["demo/fp32-smoke/seed0", "demo/no_scaling-smoke/seed0"]
 
 
-def test_hparams_show_the_comparison_keys_first(tensorboard):
+def test_hparams_show_the_readable_columns_first(tensorboard):
+    """The HParams table displays the first five hyperparameters the backend sends (it sorts them
+    by `differs`, then by name) and the first five metrics: the readable columns (issue 37), not
+    what the run name (its Trial ID) already says, and no status as a number."""
     url, _ = tensorboard
     wait_for_runs(url, 2)
     experiment = get(url, "data/plugin/hparams/experiment", {"experimentName": ""})
     hparams = experiment["hparamInfos"]
-    # the HParams table shows its first five columns; TensorBoard orders by `differs`, then name
-    assert {h["name"] for h in hparams[:5]} == set(KEY_HPARAMS)
-    assert all(h.get("differs") for h in hparams[:5])
+    assert [h["name"] for h in hparams[:5]] == [
+        "loss_scaling", "model", "precision", "status", "variant",
+    ]  # fmt: skip
+    assert set(KEY_HPARAMS) == {h["name"] for h in hparams[:5]}
+    assert all(h.get("differs") for h in hparams[:5]) and not hparams[5].get("differs")
     precision = next(h for h in hparams if h["name"] == "precision")
     assert precision["domainDiscrete"] == list(catalog.presets())  # every preset, in display order
+    status = next(h for h in hparams if h["name"] == "status")
+    assert status["type"] == "DATA_TYPE_STRING" and status["domainDiscrete"] == list(STATUSES)
     tags = [m["name"]["tag"] for m in experiment["metricInfos"]]
-    for tag in ("run/status_code", "run/samples_per_s", "run/peak_memory_mib"):
-        assert tag in tags
+    assert "run/status_code" not in tags  # it showed as `0.0000` among the first five metrics
+    assert tags[:2] == ["run/samples_per_s", "run/peak_memory_mib"]
     assert {"run/loss_scale_final", "run/loss_scale_min", "run/skipped_steps"} <= set(tags)
     assert "final/top1" in tags and "final/perplexity" in tags  # every task's metrics
 
@@ -143,15 +152,14 @@ def test_hparams_values_and_outcomes(tensorboard):
     assert fp32["hparams"]["device"].startswith("cpu")
     assert fp32["hparams"]["loss_scaling"] == "none"  # the enum's name, not "LossScaling.none"
     values = {m["name"]["tag"]: m["value"] for m in fp32["metricValues"]}
-    assert values["run/status_code"] == 0
     assert values["final/top1"] == pytest.approx(done["metrics"]["top1"])
     assert values["run/samples_per_s"] == pytest.approx(done["samples_per_s"], rel=1e-6)
     assert values["run/peak_memory_mib"] == pytest.approx(done["peak_memory_bytes"] / 2**20)
     assert values["run/loss_scale_final"] == done["loss_scale"]["final"]
     assert fp32["sessions"][0]["status"] == "STATUS_SUCCESS"
     diverged = by_name["demo/no_scaling-smoke/seed0"]
+    assert diverged["hparams"]["status"] == "diverged"
     values = {m["name"]["tag"]: m["value"] for m in diverged["metricValues"]}
-    assert values["run/status_code"] == 1
     assert values["run/diverged_at_step"] == div["diverged_at_step"]
     assert "final/top1" not in values  # a diverged run has no final metrics: blank, not zero
     assert diverged["sessions"][0]["status"] == "STATUS_FAILURE"
@@ -187,9 +195,19 @@ def test_interrupted_run_has_no_session_end_and_a_later_outcome_wins():
     stopped = interrupted_v1(real_record("completed"), 4)
     tags = [p.value[0].tag for p in hparams_summaries(cfg, stopped, all_metric_names())]
     assert metadata.SESSION_END_INFO_TAG not in tags  # it goes on after resume=true
-    assert summary_scalars(stopped)["run/status_code"] == 3
+    assert run_hparams(cfg, stopped)["status"] == "interrupted"
     # written at the run's last step: the resumed run's outcome (step 6) is the last value
     assert summary_scalars(real_record("completed"))["run/steps"] == 6 > stopped["steps"]
+
+
+def test_a_run_that_applied_no_step_says_so_in_its_status():
+    """cifar10 mixed at the smoke budget skips every step: its metrics are the untrained
+    model's, and HParams showed it as a plain completed run (issue 37)."""
+    cfg = compose(["experiment=demo", "budget=smoke"])
+    record = real_record("completed")
+    assert run_hparams(cfg, record)["status"] == "completed"
+    untrained = finish(record, "completed", skipped_steps=record["steps"])
+    assert run_hparams(cfg, untrained)["status"] == "completed, no step applied" in STATUSES
 
 
 # ---------------------------------------------------------------- console

@@ -19,7 +19,7 @@ from mpt_repro.telemetry import TelemetryCallback, TelemetryConfig
 from mpt_repro.telemetry import numerics as nx
 from mpt_repro.telemetry.figures import FIGURES
 from mpt_repro.telemetry.figures import main as figures_main
-from mpt_repro.telemetry.records import read_records
+from mpt_repro.telemetry.records import layer_labels, read_records
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -436,6 +436,9 @@ def test_two_models_get_prefixed_layer_names_and_their_own_scale(tmp_path):
         "generator",
         "discriminator",
     }
+    # each layer's class beside its prefixed path (issue 37: `generator.bn BatchNorm1d`)
+    assert rec["layers"]["generator.bn"]["module"] == "BatchNorm1d"
+    assert layer_labels([rec])["discriminator.fc3"] == "discriminator.fc3 Linear"
 
 
 def test_a_resumed_run_keeps_the_last_line_of_a_step(tmp_path):

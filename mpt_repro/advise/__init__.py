@@ -9,7 +9,8 @@ histograms of one diagnostic run (telemetry=diagnostic), by the paper's own §3.
 
 Modules: evidence (read the run), formats (FP16/BF16/E4M3/E5M2 windows on a histogram), scale
 (the §3.2 static scale and the layers it does not serve), predict (each recipe and its verdict),
-render (Markdown, JSON), plots (exponent ranges per layer), launch (the diagnostic run), cli.
+recommend (which recipe to run, and whether plain precision=mixed is enough), render (Markdown,
+JSON), plots (exponent ranges per layer), launch (the diagnostic run), cli.
 Imported on first use (PEP 562): `mpt-advise --help` loads no torch.
 """
 

@@ -49,9 +49,16 @@ class LayerEvidence:
     nonfinite: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
     updates_lost: int = 0
     updates_nonzero: int = 0
+    module: str | None = None  # its class (`Conv2d`); None in records older than the field
 
     def hist(self, kind: str) -> Hist:
         return pooled(self.samples[kind])
+
+    @property
+    def label(self) -> str:
+        """The layer as its model names it: path and class (`features.3 Conv2d`, `0.0 Conv2d`),
+        the path alone from an older record."""
+        return f"{self.name} {self.module}" if self.module else self.name
 
 
 @dataclass
@@ -64,6 +71,11 @@ class RunEvidence:
     layers: dict[str, LayerEvidence]
     loss_scales: list[float]  # the loss scale the captured gradients carried, per sample
     tops: list[int | None]  # per sampled step, the top bin of all its gradients (None: none)
+
+    def layer_label(self, layer: str) -> str:
+        """A layer's readable name (LayerEvidence.label); the name itself when unknown."""
+        found = self.layers.get(layer)
+        return found.label if found is not None else layer
 
     def network(self, kind: str) -> Hist:
         """The whole network's histogram of one kind (run.json's `<kind>_grad_histogram`)."""
@@ -144,6 +156,7 @@ def _read_run_json(run_dir: Path) -> dict:
 
 
 def _add_sample(layer: LayerEvidence, entry: dict, stepped: bool) -> None:
+    layer.module = entry.get("module") or layer.module
     for kind in KINDS:
         if kind in entry:
             e = entry[kind]

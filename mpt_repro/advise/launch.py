@@ -115,7 +115,9 @@ def run_diagnostic(
         problem = refusal(args)
     if problem:
         raise AdviceError(problem)
-    print(f"mpt-advise: diagnostic run: mpt-run {shlex.join(args)}", file=sys.stderr)
+    # where it lands: beside the run it repeats, in the folder its telemetry overrides name
+    print(f"mpt-advise: diagnostic run into {run_dir}: mpt-run {shlex.join(args)}",
+          file=sys.stderr)  # fmt: skip
     cmd = [sys.executable, "-m", "mpt_repro.cli", *args]
     if capture:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True)

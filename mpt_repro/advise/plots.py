@@ -76,7 +76,7 @@ def _panel(ax, rows: list[tuple[str, str, dict]], title: str, relative: bool) ->
     right = max(highs + [2 if relative else 18]) + 2
     ax.set_xlim(left, right)
     ax.set_yticks(range(len(rows)))
-    ax.set_yticklabels([f"{layer} {kind}" for layer, kind, _ in rows], fontsize=7)
+    ax.set_yticklabels([f"{label} {kind}" for label, kind, _ in rows], fontsize=7)
     ax.invert_yaxis()  # input layers at the top
     ax.set_title(title, fontsize=9)
     ax.set_xlabel("binades below the tensor's largest value" if relative else "log2 |gradient|")
@@ -90,12 +90,10 @@ def draw(evidence: RunEvidence, scale_log2: int, path: Path) -> Path:
     matplotlib.use("Agg")  # files only, never a display
     import matplotlib.pyplot as plt
 
-    names = list(evidence.layers)
-    recorded = [(n, k, evidence.layers[n].hist(k)) for n in names for k in KINDS]
-    scaled = [(n, k, {e + scale_log2: c for e, c in h.items()}) for n, k, h in recorded]
-    per_tensor = [
-        (n, k, relative_to_top(evidence, n, k)) for n, k in ((n, k) for n in names for k in KINDS)
-    ]
+    rows = [(lay.label, n, k) for n, lay in evidence.layers.items() for k in KINDS]
+    recorded = [(label, k, evidence.layers[n].hist(k)) for label, n, k in rows]
+    scaled = [(label, k, {e + scale_log2: c for e, c in h.items()}) for label, k, h in recorded]
+    per_tensor = [(label, k, relative_to_top(evidence, n, k)) for label, n, k in rows]
     height = min(3.5 + 0.22 * len(recorded), 60)
     fig, axes = plt.subplots(1, 3, figsize=(18, height), sharey=True)
     _panel(axes[0], recorded, "as recorded (FP32 values)", relative=False)

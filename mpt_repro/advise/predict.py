@@ -38,6 +38,11 @@ _TENSORWISE = (
 _E4M3 = ("precision.fp8.errors.format=e4m3", "precision.fp8.weight_grads.format=e4m3")
 _STATIC = ("precision=mixed", "precision.loss_scaling=static", "precision.static_scale={scale}")
 
+# plain `precision=mixed` where the experiment states the paper's constant (paper_loss_scale: SSD's
+# 8, the LM's 128): a static scale; elsewhere it scales dynamically and is the "dynamic" recipe
+PAPER = Recipe("paper", "FP16, master copy, the experiment's static scale", fm.FP16, "static",
+               True, ("precision=mixed",))  # fmt: skip
+
 RECIPES = (
     Recipe("dynamic", "FP16, master copy, dynamic scaling", fm.FP16, "dynamic", True,
            ("precision=mixed", "precision.loss_scaling=dynamic")),
@@ -65,6 +70,11 @@ class Prediction:
     first_skip: int | None = None  # the sampled step by which the first of them happened
     needs: list[LayerNeed] = field(default_factory=list)
     verdict: str = ""
+    labels: dict[str, str] = field(default_factory=dict)  # layer -> `0.0 Conv2d` (path + class)
+
+    def shown(self, layer: str) -> str:
+        """A layer as the advice prints it: path and class where the record has the class."""
+        return self.labels.get(layer, layer)
 
     @property
     def total(self) -> fm.RangeCounts:
@@ -159,18 +169,37 @@ def dynamic_scale(evidence: RunEvidence) -> tuple[int | None, int, int | None]:
     return (k if any(t is not None for t in evidence.tops) else None), skips, first
 
 
+def paper_scale(evidence: RunEvidence) -> float | None:
+    """The static scale plain `precision=mixed` applies in the run's experiment (its
+    paper_loss_scale); None where it scales dynamically."""
+    value = (evidence.record.get("config") or {}).get("paper_loss_scale")
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+    return float(value) if ok else None
+
+
+def default_recipe(evidence: RunEvidence) -> str:
+    """The key of the recipe plain `precision=mixed` runs in the run's experiment."""
+    return "dynamic" if paper_scale(evidence) is None else "paper"
+
+
 def predict_all(evidence: RunEvidence, keep: float) -> Advice:
-    """The §3.2 static scale of the run's gradients, and each recipe's prediction."""
+    """The §3.2 static scale of the run's gradients, and each recipe's prediction (plain
+    `precision=mixed` first where it is a static scale of its own)."""
     grads = gradients(evidence)
     static = static_scale(grads, keep)
     dyn, skips, first_skip = dynamic_scale(evidence)
     shifts = {"dynamic": dyn, "static": static.advised, "none": 0, "per_tensor": None}
+    paper = paper_scale(evidence)
+    known = paper is not None and static.advised is not None  # and there are gradients
     out = []
-    for recipe in RECIPES:
-        shift = shifts[recipe.scaling]
+    for recipe in ((PAPER,) if known else ()) + RECIPES:
+        # the paper's scales are powers of two (1, 8, 128): counted exactly; another would be
+        # counted at the nearest power of two
+        shift = round(math.log2(paper)) if recipe is PAPER else shifts[recipe.scaling]
         if recipe.window is fm.FP16 and shift is None:
             continue  # no gradients at all: nothing to scale
         p = _assemble(recipe, shift, count(evidence, recipe.window, shift))
+        p.labels = {name: lay.label for name, lay in evidence.layers.items()}
         if recipe.scaling == "dynamic":
             p.skips, p.first_skip = skips, first_skip
         if not recipe.master:
@@ -223,17 +252,19 @@ def verdict(p: Prediction, static: StaticScale, keep: float) -> str:
     lost = max(c.fraction("lost") for c in p.kinds.values())
     if total.overflow:
         layer = max(p.layers, key=lambda n: p.layers[n].overflow)
-        return f"not advised: overflow in layer {layer} (gradients above {fmt.max_finite:g})"
+        return (
+            f"not advised: overflow in layer {p.shown(layer)} (gradients above {fmt.max_finite:g})"
+        )
     if not p.recipe.master and p.updates_lost > tol:
         return f"loses {pct(p.updates_lost)} of updates without a master copy"
     if lost > tol and fmt is fm.FP16 and p.recipe.scaling == "none":
         return f"needs scaling >= 2^{static.k_under}: loses {pct(lost)} of gradients without"
     if lost > tol and fmt is fm.FP16:
-        names = ", ".join(n.layer for n in p.needs[:3]) or "no single layer"
+        names = ", ".join(n.shown for n in p.needs[:3]) or "no single layer"
         return f"loses {pct(lost)} of gradients at 2^{p.shift}; own scale needed: {names}"
     if lost > tol:
         worst = p.worst_layers(1)[0][0]
-        return f"not advised: loses {pct(lost)} of gradients (worst: layer {worst})"
+        return f"not advised: loses {pct(lost)} of gradients (worst: layer {p.shown(worst)})"
     if total.at_risk and p.recipe.scaling in ("static", "none"):
         return f"safe while the largest gradient stays below {fmt.max_finite:g} / 2^{p.shift}"
     return "safe"

@@ -7,17 +7,27 @@ import shlex
 
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KIND_NAMES, KINDS, RunEvidence
-from mpt_repro.advise.predict import Advice, Prediction, lower_lr, pct, scale_text
+from mpt_repro.advise.predict import Advice, Prediction, default_recipe, lower_lr, pct, scale_text
+from mpt_repro.advise.recommend import (
+    MARGIN,
+    Recommendation,
+    loss,
+    recommend,
+    what,
+    worst_kind,
+)
 from mpt_repro.advise.scale import gradients
 
 # Overrides of the diagnostic run that a run of a recipe does not repeat: the recipe sets its own
-# precision, telemetry observes only, and a diagnostic run is cut short.
-_NOT_REPEATED = ("precision", "telemetry", "trainer.max_steps")
+# precision, telemetry observes only, a diagnostic run is cut short, and overwrite/resume were
+# said of the diagnostic run's folder, not of the new run's.
+_NOT_REPEATED = ("precision", "telemetry", "trainer.max_steps", "overwrite", "resume")
 
 
-def run_command(evidence: RunEvidence, prediction: Prediction) -> str:
-    """The mpt-run command of a recipe: the diagnostic run's own overrides, less precision,
-    telemetry and trainer.max_steps, plus the recipe's."""
+def run_command(evidence: RunEvidence, prediction: Prediction, plain: bool = False) -> str:
+    """The mpt-run command of a recipe: the diagnostic run's own overrides, less _NOT_REPEATED,
+    plus the recipe's (plain: `precision=mixed` alone, for the
+    recipe it runs by default)."""
     lr = lower_lr(evidence)  # a run that diverged: not its learning rate again
     dropped = _NOT_REPEATED + (("optim.lr",) if lr is not None else ())
     keep = [
@@ -27,7 +37,8 @@ def run_command(evidence: RunEvidence, prediction: Prediction) -> str:
     ]
     if lr is not None:
         keep.append(f"optim.lr={lr:g}")
-    return shlex.join(["mpt-run", *keep, *prediction.overrides()])
+    recipe = ["precision=mixed"] if plain else prediction.overrides()
+    return shlex.join(["mpt-run", *keep, *recipe])
 
 
 def _scale_cell(p: Prediction) -> str:
@@ -63,11 +74,13 @@ def recipe_table(advice: Advice) -> list[str]:
         "| subnormal | overflow | updates lost | worst layers (lost) | verdict |"
     )
     lines = [head, "|" + "---|" * 11]
+    default = default_recipe(advice.evidence)
     for p in advice.predictions:
-        worst = ", ".join(f"{n} ({_layer_cell(c)})" for n, c in p.worst_layers())
+        worst = ", ".join(f"{p.shown(n)} ({_layer_cell(c)})" for n, c in p.worst_layers())
         upd = "0 (master copy)" if p.recipe.master else pct(p.updates_lost)
         # the preset it runs as, so that `no_scaling` is found by the name mpt-run knows
-        cells = [f"{p.recipe.title} (`{p.recipe.overrides[0]}`)", _scale_cell(p)]
+        plain = ", its default here" if p.recipe.key == default else ""
+        cells = [f"{p.recipe.title} (`{p.recipe.overrides[0]}`{plain})", _scale_cell(p)]
         cells += _kind_cells(p.kinds["act"]) + _kind_cells(p.kinds["weight"])
         cells += [upd, worst or "none", p.verdict]
         lines.append("| " + " | ".join(cells) + " |")
@@ -102,9 +115,71 @@ def static_lines(advice: Advice) -> list[str]:
         f"{_kept(kept)} of the nonzero gradients (bins e >= {-24 - s.advised})."
     )
     static = advice.prediction("static")
-    if static is not None:
-        lines.append(f"- Run it: `{run_command(advice.evidence, static)}`")
+    if static is not None:  # the recommendation above says whether to prefer it
+        lines.append(f"- This scale as a run: `{run_command(advice.evidence, static)}`")
     return lines
+
+
+def recommendation_lines(advice: Advice) -> list[str]:
+    """Which recipe to run and whether plain `precision=mixed` is enough (recommend.py's rule),
+    with the command to run it."""
+    r = recommend(advice)
+    if r is None:
+        if advice.evidence.record.get("status") == "diverged":
+            return ["None: the diagnostic run diverged (above); run it again first."]
+        return ["None: no nonzero gradient was recorded."]
+    chosen, default = r.chosen, r.default
+    shares = {k: pct(v) for k, v in r.losses.items()}
+    lost = (
+        f"{shares[chosen.recipe.key]} of its {KIND_NAMES[worst_kind(chosen)]} (the kind that "
+        "loses more)"
+        if r.losses[chosen.recipe.key]
+        else "no gradient"
+    )
+    if r.default_enough and chosen is r.best:
+        head = (
+            f"**Plain `precision=mixed` ({what(default)}) is enough**: no FP16 recipe with a "
+            f"master copy measured here loses fewer gradients. It loses {lost}"
+        )
+    elif r.default_enough:
+        head = (
+            f"**Plain `precision=mixed` ({what(default)}) is enough**: it loses {lost}, within "
+            f"{pct(r.margin)} ({MARGIN:g} x the {pct(r.tolerance)} tolerance) of the best "
+            f"measured, {what(r.best)} ({shares[r.best.recipe.key]})"
+        )
+    else:
+        was = shares.get(default.recipe.key)
+        head = (
+            f"**Use {what(chosen)}**: it loses {lost}, where plain `precision=mixed` "
+            f"({what(default)}) "
+            + (f"loses {was}, more than {pct(r.margin)} above it" if was else "overflows")
+        )
+    others = [
+        f"{what(p)} loses {shares[p.recipe.key]}" for p in _candidates(advice, r) if p is not chosen
+    ]
+    lines = [head + (f"; the others measured: {', '.join(others)}." if others else ".")]
+    if loss(chosen) > r.tolerance:
+        lines.append(_beyond(advice, r))
+    lines.append(f"- Run it: `{run_command(advice.evidence, chosen, plain=chosen is default)}`")
+    return lines
+
+
+def _candidates(advice: Advice, r: Recommendation) -> list[Prediction]:
+    return [p for p in advice.predictions if p.recipe.key in r.losses]
+
+
+def _beyond(advice: Advice, r: Recommendation) -> str:
+    """What to do when even the recommended recipe loses more than the tolerance."""
+    needs = ", ".join(n.shown for n in r.chosen.needs[:3])
+    text = f"That is more than the {pct(r.tolerance)} tolerance: " + (
+        f"layers {needs} would need a scale of their own (`precision=adaptive`, docs/adaptive.md)"
+        if needs
+        else "no single layer is to blame"
+    )
+    bf16 = advice.prediction("bf16")
+    if bf16 is not None and loss(bf16) < loss(r.chosen):
+        text += f"; BF16 (`precision=bf16`, on hardware that has it) loses {pct(loss(bf16))}"
+    return text + "."
 
 
 def _kept(c: fm.RangeCounts) -> str:
@@ -130,7 +205,7 @@ def needs_lines(advice: Advice) -> list[str]:
     for n in p.needs:
         bounds = f"2^{n.own.k_under} <= s <= 2^{n.own.k_over}"
         lost = pct(n.lost) + (f", {n.at_risk} values may overflow" if n.at_risk else "")
-        lines.append(f"| {n.layer} | {lost} | {bounds} | {n.need} |")
+        lines.append(f"| {n.shown} | {lost} | {bounds} | {n.need} |")
     return lines
 
 
@@ -212,6 +287,7 @@ def markdown(advice: Advice, level: int = 2, figure: str | None = None) -> str:
     """The whole advice of one run; `level` is the heading level of its title."""
     h = "#" * level
     parts = [f"{h} Precision advice: {advice.evidence.label}", "", *header_lines(advice), ""]
+    parts += [f"{h}# Recommendation", "", *recommendation_lines(advice), ""]
     parts += [f"{h}# Recipes", "", *recipe_table(advice), ""]
     parts += [f"{h}# Loss scale (paper §3.2)", "", *static_lines(advice), ""]
     parts += [f"{h}# Layers that need FP32 or their own scale", "", *needs_lines(advice), ""]
@@ -240,7 +316,9 @@ def _prediction_json(advice: Advice, p: Prediction) -> dict:
         "updates": {"lost": p.updates[0], "nonzero": p.updates[1], "fraction": p.updates_lost},
         "skips": p.skips,
         "first_skip_by_step": p.first_skip,
-        "needs": [{"layer": n.layer, "lost": n.lost, "need": n.need} for n in p.needs],
+        "needs": [
+            {"layer": n.layer, "label": n.shown, "lost": n.lost, "need": n.need} for n in p.needs
+        ],
         "verdict": p.verdict,
         "command": run_command(advice.evidence, p),
     }
@@ -253,6 +331,8 @@ def to_json(advice: Advice) -> dict:
         "run_dir": str(ev.run_dir),
         "label": ev.label,
         "sampled_steps": ev.steps,
+        # the keys of every "layers" below are module paths; these are how the advice names them
+        "layer_labels": {name: lay.label for name, lay in ev.layers.items()},
         "histograms": {k: {str(e): c for e, c in sorted(ev.network(k).items())} for k in KINDS},
         "static_scale": {
             "keep": s.keep,
@@ -263,4 +343,21 @@ def to_json(advice: Advice) -> dict:
             "advised_scale": 2.0**s.advised if s.advised is not None else None,
         },
         "predictions": [_prediction_json(advice, p) for p in advice.predictions],
+        "recommendation": _recommendation_json(advice),
+    }
+
+
+def _recommendation_json(advice: Advice) -> dict | None:
+    r = recommend(advice)
+    if r is None:
+        return None
+    return {
+        "recipe": r.chosen.recipe.key,
+        "best": r.best.recipe.key,
+        "default": r.default.recipe.key,
+        "default_enough": r.default_enough,
+        "losses": r.losses,
+        "margin": r.margin,
+        "tolerance": r.tolerance,
+        "command": run_command(advice.evidence, r.chosen, plain=r.chosen is r.default),
     }

@@ -71,6 +71,11 @@ class LayerNeed:
     at_risk: int  # its values that may exceed 65504 there (or do)
     own: StaticScale  # its own §3.2 bounds
     need: str  # "a per-layer scale 2^k" or "FP32 (or BF16)"
+    label: str = ""  # the layer as its model names it (`3.1 Linear`); "" : its path
+
+    @property
+    def shown(self) -> str:
+        return self.label or self.layer
 
 
 def layer_needs(evidence: RunEvidence, k: int, keep: float) -> list[LayerNeed]:
@@ -89,5 +94,6 @@ def layer_needs(evidence: RunEvidence, k: int, keep: float) -> list[LayerNeed]:
             need = f"a per-layer scale 2^{own.advised}"
         else:
             need = "FP32 (or BF16): its gradients span more than FP16's range"
-        needs.append(LayerNeed(name, counts.fraction("lost"), risky, own, need))
+        label = evidence.layer_label(name)
+        needs.append(LayerNeed(name, counts.fraction("lost"), risky, own, need, label))
     return needs

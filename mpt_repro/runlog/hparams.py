@@ -1,8 +1,17 @@
 """The HParams entry of a run, written at its end however it ended: an explicit experiment config
-(the hyperparameters precision, experiment, seed, budget and device marked to show first, then
-the run's status, model, variant and the loss scaling that ran) and the run's outcome as metrics
-(samples/s, peak memory, final and minimum loss scale, skipped steps, a status code, the final
+(the hyperparameters, the five TensorBoard shows by default marked as differing: the loss scaling
+that ran, the model, the precision, the run's status as text and its variant) and the run's
+outcome as metrics (samples/s, peak memory, final and minimum loss scale, skipped steps, the final
 evaluation). docs/report.md, "TensorBoard".
+
+How TensorBoard's HParams dashboard (2.x) picks what it shows: its backend sorts the experiment's
+hyperparameters by `differs` (true first), then by name (backend_context.py,
+_sort_and_reduce_to_hparams_limit); its table then displays the first five of them and the first
+five metrics in the experiment's order, the others are one checkbox away (tf-hparams-query-pane,
+_computeHParams: `Math.min(5, ...)`; `hparamsLimit` only caps what is loaded, at 1000). So five
+hyperparameters can be shown by default, no more: the ones the run name does not already say.
+The run name (the table's Trial ID) is `study/precision-budget/seedN[/variant]`, so the
+experiment, budget and seed are in every row.
 """
 
 from __future__ import annotations
@@ -13,19 +22,27 @@ from collections.abc import Mapping
 from enum import Enum
 from typing import Any
 
-from mpt_repro.record import normalised_status
+from mpt_repro.record import no_step_applied, normalised_status
 from mpt_repro.runlog.metrics import job_variant
 
-# the hyperparameters runs are compared by, shown first (in this order where TensorBoard keeps it)
-KEY_HPARAMS = ("precision", "experiment", "seed", "budget", "device")
-# status code metric: what each outcome is, as a number TensorBoard can sort and filter by
-STATUS_CODES = {"completed": 0, "diverged": 1, "failed": 2, "interrupted": 3}
+# the hyperparameters TensorBoard shows by default (marked `differs`; it orders them by name):
+# what the run name does not say, and the comparison's subject
+KEY_HPARAMS = ("precision", "status", "loss_scaling", "model", "variant")
+# the status hyperparameter's values, its domain (a checkbox filter in the dashboard); "completed,
+# no step applied": every optimizer step was skipped, the metrics are the untrained model's. There
+# is no numeric status metric any more (it showed as `0.0000` among the first metrics): the text
+# filters and sorts as well, and the session status says success or failure.
+STATUSES = (
+    "completed",
+    "completed, no step applied",
+    "diverged",
+    "failed",
+    "interrupted",
+    "running",
+    "unknown",
+)
 SUMMARY_METRICS = {
     # tag: (display name, description)
-    "run/status_code": (
-        "status",
-        "0 completed, 1 diverged, 2 failed, 3 interrupted (resume=true continues it)",
-    ),
     "run/samples_per_s": ("samples/s", "training throughput, evaluation time excluded"),
     "run/peak_memory_mib": ("peak memory (MiB)", "CUDA allocator peak; host max RSS on a CPU"),
     "run/loss_scale_final": ("final loss scale", "1 for presets without loss scaling"),
@@ -54,7 +71,7 @@ def run_hparams(cfg: Any, record: Mapping[str, Any]) -> dict[str, Any]:
         "seed": str(int(cfg.seed)),
         "budget": cfg.budget.name,
         "device": label,
-        "status": str(normalised_status(record) or "unknown"),
+        "status": status_text(record),
         "model": cfg.model.name,  # a custom model's own name
         "variant": job_variant(cfg) or "(none)",  # the other overrides: the run's folder
         "task": _plain(cfg.task),
@@ -67,6 +84,14 @@ def run_hparams(cfg: Any, record: Mapping[str, Any]) -> dict[str, Any]:
         "master_weights": bool(precision.get("master_weights")),
         "world_size": int((record.get("distributed") or {}).get("world_size") or 1),
     }
+
+
+def status_text(record: Mapping[str, Any]) -> str:
+    """The run's outcome as the HParams table shows it (one of STATUSES)."""
+    status = normalised_status(record)
+    if no_step_applied(record):
+        return "completed, no step applied"
+    return status if status in STATUSES else "unknown"
 
 
 def _plain(value: Any) -> str:
@@ -93,8 +118,8 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
     """The HParams plugin's three summaries: the experiment config (hyperparameter list, domains,
     metric list), this run's session start (its values) and end (its status). The five key
     hyperparameters are flagged `differs`: TensorBoard sorts those first and its HParams table
-    shows the first five by default (torch's add_hparams flags none, so they sorted by name and
-    `precision`/`seed` fell out of view)."""
+    shows the first five by default (see the module docstring; torch's add_hparams flags none, so
+    they sorted by name and the readable columns fell out of view)."""
     from tensorboard.compat.proto.summary_pb2 import Summary
     from tensorboard.plugins.hparams import metadata, plugin_data_pb2
 
@@ -120,7 +145,7 @@ def _experiment(values: dict[str, Any], metric_names: list[str]) -> Any:
     for precision, experiment and budget), and every metric the runs report."""
     from tensorboard.plugins.hparams import api_pb2
 
-    domains = _known_names()
+    domains = {**_known_names(), "status": list(STATUSES)}
     infos = []
     for name, value in values.items():
         if isinstance(value, bool):
@@ -181,11 +206,9 @@ def _session_status(status: str | None):
 def summary_scalars(record: Mapping[str, Any]) -> dict[str, float]:
     """The outcome of a run as the HParams metrics (tags of SUMMARY_METRICS and final/<metric>);
     a value the record lacks (a diverged run has no final metrics) is left out, not zero."""
-    status = normalised_status(record)
     scale = record.get("loss_scale") or {}
     memory = record.get("peak_memory_bytes")
     values = {
-        "run/status_code": STATUS_CODES.get(status),
         "run/samples_per_s": record.get("samples_per_s"),
         "run/peak_memory_mib": memory / 2**20 if _finite(memory) else None,
         "run/loss_scale_final": scale.get("final"),

@@ -329,9 +329,7 @@ class TelemetryCallback:
             found.setdefault(layer, {})[kind] = entry
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}
-        # model (forward) order, so figures read input to output; unnamed optimizer params last
-        order = [lay.name for lay in self._layers.layers if lay.name in found]
-        layers = {layer: found[layer] for layer in order + [k for k in found if k not in order]}
+        layers = self._in_model_order(found)
         record = {
             "step": step,
             "mode": cap.mode,
@@ -355,6 +353,16 @@ class TelemetryCallback:
                 "headroom_log2": math.log2(nx.FP16_MAX / bwd[i]) if bwd[i] > 0 else None,
             }
         return record
+
+    def _in_model_order(self, found: dict[str, dict]) -> dict[str, dict]:
+        """The layers' entries in model (forward) order, so figures read input to output, unnamed
+        optimizer params last; each hooked module's entry names its class ("module": "Conv2d"),
+        so a reader can show `features.3 Conv2d` where the path alone is `0.0` in a Sequential."""
+        order = [lay for lay in self._layers.layers if lay.name in found]
+        for lay in order:
+            found[lay.name]["module"] = type(lay.module).__name__
+        names = [lay.name for lay in order]
+        return {layer: found[layer] for layer in names + [k for k in found if k not in names]}
 
     @staticmethod
     def _blame(labels: list[tuple[str, str]]) -> tuple[str, str]:

@@ -20,7 +20,7 @@ from collections import Counter
 from pathlib import Path
 
 from mpt_repro.telemetry import numerics as nx
-from mpt_repro.telemetry.records import add_entries, network_counts, read_records
+from mpt_repro.telemetry.records import add_entries, layer_labels, network_counts, read_records
 
 FIGURES = (
     "telemetry_act_grad_hist.png",
@@ -160,6 +160,8 @@ def draw_heatmap(path: Path, samples: list[dict], heading: str = "") -> None:
         ("weight", "underflow", "weight grads < 2^-24 (% of nonzero)"),
         ("lost", "", "updates lost in FP16 weights (%)"),
     ]
+    labels = layer_labels(samples)
+    names = [labels[layer] for layer in layers]  # path and class: `0.0 Conv2d`
     height = max(3.0, 0.16 * len(layers) + 1.5)
     fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels), height), squeeze=False)
     for ax, (kind, key, title) in zip(axes[0], panels):
@@ -176,7 +178,7 @@ def draw_heatmap(path: Path, samples: list[dict], heading: str = "") -> None:
         ax.set_xticklabels([str(s) for s in steps[::tick]], fontsize=7, rotation=45)
         ltick = max(1, len(layers) // 60)
         ax.set_yticks(range(0, len(layers), ltick))
-        ax.set_yticklabels(layers[::ltick] if ax is axes[0][0] else [], fontsize=6)
+        ax.set_yticklabels(names[::ltick] if ax is axes[0][0] else [], fontsize=6)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
     fig.suptitle(heading or "What FP16 would lose, per layer and sampled step", fontsize=10)
     fig.tight_layout()

@@ -3,13 +3,17 @@
 One JSON line per sampled or probe step:
   {"step", "mode": "sample"|"probe", "stepped", "loss",
    "loss_scale": {model: s}, "scale_shown": {model: s},
-   "layers": {layer: {"act": ENTRY, "weight": ENTRY, "lost": {"lost", "nonzero", "numel"}}},
+   "layers": {layer: {"act": ENTRY, "weight": ENTRY, "lost": {"lost", "nonzero", "numel"},
+                      "module": class name}},
    "nonfinite": LOCATION|null, "overflow": LOCATION|null, ["least_headroom": {...}]}
 ENTRY = {"hist": {"lo": first exponent, "counts": [...]}, "numel", "zero", "nan", "inf",
          "underflow", "subnormal", "overflow",
          "underflow_scaled", "subnormal_scaled", "overflow_scaled"} (raw counts).
 LOCATION = {"layer", "pass": "forward"|"backward",
             "where": "output"|"grad_output"|"grad_input", "value"}.
+`layer` is the module's path in its model (`features.3`, `0.0` in a Sequential); "module", its
+class (`Conv2d`), is absent from records written before it was added and for optimizer parameters
+no module owns: layer_label falls back to the path.
 A resumed run appends again the steps after its last checkpoint: the last line of a step wins.
 """
 
@@ -54,6 +58,25 @@ def read_records(path: Path, strict: bool = False) -> list[dict]:
             continue
         by_key[(r["step"], str(r["mode"]))] = r
     return [by_key[k] for k in sorted(by_key, key=lambda k: (k[0], k[1]))]
+
+
+def layer_label(layer: str, entry: dict | None) -> str:
+    """A layer as its model names it, path and class (`features.3 Conv2d`, `0.0 Conv2d`): a
+    Sequential's indices alone do not say which layer is meant. The path alone when the record
+    has no class (older records)."""
+    module = (entry or {}).get("module")
+    return f"{layer} {module}" if module else layer
+
+
+def layer_labels(records: Iterable[dict]) -> dict[str, str]:
+    """{layer: layer_label} over every layer of the records (the last record that names a layer's
+    class wins)."""
+    labels: dict[str, str] = {}
+    for r in records:
+        for layer, entry in r.get("layers", {}).items():
+            if layer not in labels or entry.get("module"):
+                labels[layer] = layer_label(layer, entry)
+    return labels
 
 
 def add_entries(entries: Iterable[dict]) -> dict | None:
