@@ -606,12 +606,19 @@ def loss_scaling_text(cfg: DictConfig) -> str:
     p = cfg.precision
     if kind == "static":
         value = cfg.paper_loss_scale if option_name(p.loss_scaling) == "paper" else p.static_scale
-        return f"static {value:g}" if value is not None else "static"
+        return f"static {scale_text(value)}" if value is not None else "static"
     if kind == "dynamic":
-        return f"dynamic from {p.init_scale:g}"
+        return f"dynamic from {scale_text(p.init_scale)}"
     if kind == "adaptive":
         return "adaptive (per layer)"
     return kind
+
+
+def scale_text(value: float) -> str:
+    """A loss scale as a reader checks it against 2^k: 1048576, not 1.04858e+06 (HParams, the
+    report); 0.5 and 1e+20 as they are."""
+    value = float(value)
+    return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:g}"
 
 
 def skip_ending(cfg: DictConfig) -> str:

@@ -44,6 +44,7 @@ def planned_run_dir(overrides: list[str]) -> Path:
     from hydra.core.global_hydra import GlobalHydra
     from omegaconf import OmegaConf
 
+    from mpt_repro.cmdline import with_plugin_configs
     from mpt_repro.config import CONF_DIR, register_configs
     from mpt_repro.preflight import composition_message
 
@@ -54,7 +55,9 @@ def planned_run_dir(overrides: list[str]) -> Path:
             config_dir=str(CONF_DIR), version_base="1.3", job_name="mpt-run"
         ):
             try:
-                cfg = compose("config", overrides=overrides, return_hydra_config=True)
+                cfg = compose(
+                    "config", overrides=with_plugin_configs(overrides), return_hydra_config=True
+                )
             except Exception as e:  # noqa: BLE001 - every composition error gets its one line
                 raise AdviceError(composition_message(e).removeprefix("error: ")) from None
             return Path(str(OmegaConf.select(cfg, "hydra.run.dir")))
