@@ -122,3 +122,47 @@ def test_each_ending_has_one_line_and_its_status(error, code, words) -> None:
 def test_an_unexpected_error_points_at_its_traceback() -> None:
     message, status = explain(ValueError("bad value\nline two"), RUN)
     assert status == 1 and message.startswith("error: ValueError: bad value (traceback: ")
+
+
+# counts, in a real mpt-run process, how often the configuration is composed and validated
+COUNTING = """
+import sys
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+import mpt_repro.config as config
+counts = {"composed": 0, "validated": 0}
+load, validate = ConfigLoaderImpl.load_configuration, config.validate
+def counted_load(self, *a, **k):
+    counts["composed"] += 1
+    return load(self, *a, **k)
+def counted_validate(cfg):
+    counts["validated"] += 1
+    return validate(cfg)
+ConfigLoaderImpl.load_configuration = counted_load
+config.validate = counted_validate
+sys.argv = ["mpt-run", *sys.argv[1:]]
+from mpt_repro.cli import main
+try:
+    main()
+finally:
+    print("COUNTS", counts["composed"], counts["validated"], file=sys.stderr)
+"""
+
+
+@pytest.mark.parametrize("multirun", [False, True])
+def test_a_run_composes_and_validates_its_configuration_once(tmp_path, multirun) -> None:
+    """A single run: composed and validated once, by the start-up check, whose configuration
+    the job receives (Hydra's main would compose it twice more). A sweep's job is composed by
+    the check and by Hydra's sweeper: the check must see every job before the first starts."""
+    args = ["experiment=demo", "budget=smoke", "trainer.max_steps=1", f"paths.runs_dir={tmp_path}"]
+    args = ["-m", *args, "seed=0"] if multirun else args
+    done = subprocess.run(
+        [sys.executable, "-c", COUNTING, *args], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    (record,) = tmp_path.rglob("run.json")
+    assert '"status": "completed"' in record.read_text()
+    composed, validated = map(int, done.stderr.split("COUNTS")[1].split())
+    # a sweep (the path left to Hydra): the check composes each job, Hydra's main composes for
+    # the mode and for the sweep, its launcher composes each job twice (the sweep's config, then
+    # the job's); the job validates what the launcher composed
+    assert (composed, validated) == ((1, 1) if not multirun else (5, 2))
