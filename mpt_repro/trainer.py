@@ -127,6 +127,7 @@ class Trainer:
                 self.task.metric_names,
                 resume=resumed,
                 compare_group=comparison_group(self.cfg),
+                train_loss=self.task.train_loss_name,
             )
             self.writer = self.metrics.writer
         self._call("on_fit_start")
@@ -264,7 +265,7 @@ class Trainer:
         precision = self.policy.scalars()
         row = {
             "epoch": self._epoch_float(),
-            "loss": loss,
+            self.task.train_loss_name: loss,
             "lr": lr,
             "loss_scale": precision["loss_scale"],
             "skipped_steps": precision["skipped_steps"],
@@ -280,7 +281,10 @@ class Trainer:
             for layer, scale in precision.get("layer_scales", {}).items():
                 self.writer.add_scalar(f"loss_scale_layer/{layer}", scale, self.step)
         progress.update(
-            self.step, loss=loss, samples_s=round(samples_per_s), scale=row["loss_scale"]
+            self.step,
+            **{self.task.train_loss_name: loss},
+            samples_s=round(samples_per_s),
+            scale=row["loss_scale"],
         )
 
     def _epoch_float(self) -> float:

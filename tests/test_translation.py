@@ -329,6 +329,25 @@ def test_smoke_runs_record_perplexity_and_bleu(runs) -> None:
     assert bible["data"]["root"] is None
 
 
+def test_the_sampled_training_loss_is_named_apart_from_the_evaluation_loss(runs) -> None:
+    """Training optimises a sampled softmax (16 candidates), evaluation scores the full one:
+    metrics.csv and TensorBoard never put the two under one name."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run_dir = next(p.parent for p in sorted(runs.rglob("run.json")))
+    with open(run_dir / "metrics.csv") as f:
+        rows = list(csv.DictReader(f))
+    train = [r for r in rows if r["split"] == "train"]
+    evals = [r for r in rows if r["split"] == "eval"]
+    assert train and evals
+    assert all(r["sampled_loss"] and not r["loss"] for r in train)
+    assert all(r["loss"] and not r["sampled_loss"] for r in evals)
+    events = EventAccumulator(str(run_dir))
+    events.Reload()
+    tags = events.Tags()["scalars"]
+    assert "train/sampled_loss" in tags and "eval/loss" in tags and "train/loss" not in tags
+
+
 def test_report_shows_the_translation_table_and_figure_4(runs, tmp_path) -> None:
     from mpt_repro.report import cli
 
@@ -355,7 +374,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
 def train_losses(run_dir: Path) -> list[str]:
     with open(run_dir / "metrics.csv") as f:
-        return [r["loss"] for r in csv.DictReader(f) if r["split"] == "train"]
+        return [r["sampled_loss"] for r in csv.DictReader(f) if r["split"] == "train"]
 
 
 @pytest.mark.slow

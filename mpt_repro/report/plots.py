@@ -310,9 +310,10 @@ def curves_figure(
     `notes`: {preset: what its legend entries must also say})."""
     styles = preset_styles(list(train))
     fig, (left, middle, right) = plt.subplots(1, 3, figsize=(15, 4))
-    drew_loss = plot_presets(left, train, "loss", styles, notes)
+    loss = train_loss_column(train)
+    drew_loss = plot_presets(left, train, loss, styles, notes)
     mark_divergence(left, diverged, styles)
-    left.set(title="train loss", xlabel="step", ylabel="loss")
+    left.set(title=TRAIN_LOSS_TITLES[loss], xlabel="step", ylabel=loss)
     # the eval metric; a task that logs it only on train rows (GAN losses) is drawn from those
     drew_metric = plot_presets(middle, evals, metric, styles, notes) or plot_presets(
         middle, train, metric, styles, notes
@@ -353,6 +354,21 @@ def curves_figure(
     return fig
 
 
+# the training loss as metrics.csv names it (Task.train_loss_name), and its panel's title
+TRAIN_LOSS_TITLES = {
+    "loss": "train loss",
+    "sampled_loss": "train loss (sampled softmax; evaluation: full)",
+}
+
+
+def train_loss_column(train: dict[str, list[pd.DataFrame]]) -> str:
+    """Which training loss the group's runs logged: `sampled_loss` where they trained on a
+    sampled softmax (and evaluated on the full one), else `loss`."""
+    frames = [f for fs in train.values() for f in fs]
+    sampled = any("sampled_loss" in f and f["sampled_loss"].notna().any() for f in frames)
+    return "sampled_loss" if sampled else "loss"
+
+
 def train_figure(task: str) -> str | None:
     """The paper's figure that is a task's training perplexity (its plugin's TaskReport), drawn
     as exp(logged training loss): each train row's loss is the mean over trainer.log_every steps,
@@ -370,8 +386,9 @@ def train_perplexity_figure(
     """Training perplexity per preset (mean over seeds, min-max band: the paper's point is that
     FP32 runs already vary)."""
     styles = preset_styles(list(train))
+    loss = train_loss_column(train)  # the tutorial prints exp of its (sampled) training loss
     perplexity = {
-        preset: [f.assign(perplexity=np.exp(f["loss"].clip(upper=700.0))) for f in frames]
+        preset: [f.assign(perplexity=np.exp(f[loss].clip(upper=700.0))) for f in frames]
         for preset, frames in train.items()
     }
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -382,7 +399,10 @@ def train_perplexity_figure(
     else:
         say_empty(ax, "no finite train loss logged")
     integer_steps(ax)
-    ax.set(title=f"training perplexity ({figure})\n{title}", xlabel="step", ylabel="perplexity")
+    what = "exp(sampled training loss)" if loss == "sampled_loss" else "exp(training loss)"
+    ax.set(
+        title=f"training perplexity, {what} ({figure})\n{title}", xlabel="step", ylabel="perplexity"
+    )
     ax.title.set_fontsize("small")
     return fig
 

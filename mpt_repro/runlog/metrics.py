@@ -34,7 +34,12 @@ BASE_COLUMNS = [
 # TensorBoard's event files, in the run directory itself (see the module docstring)
 TB_EVENTS_GLOB = "events.out.tfevents.*"
 # the train-row values that go onto the per-experiment comparison charts
-COMPARED_TRAIN = {"loss": "train loss", "loss_scale": "loss scale", "samples_per_s": "samples/s"}
+COMPARED_TRAIN = {
+    "loss": "train loss",
+    "sampled_loss": "train loss (sampled softmax)",  # Task.train_loss_name
+    "loss_scale": "loss scale",
+    "samples_per_s": "samples/s",
+}
 
 log = logging.getLogger("mpt_repro")
 
@@ -93,10 +98,12 @@ class MetricsLogger:
         metric_names: list[str],
         resume: Resume | None = None,
         compare_group: str | None = None,
+        train_loss: str = "loss",
     ):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.columns = BASE_COLUMNS + [m for m in metric_names if m not in BASE_COLUMNS]
+        extra = [train_loss, *metric_names]  # train_loss: the task's name for it (sampled_loss)
+        self.columns = BASE_COLUMNS + [m for m in dict.fromkeys(extra) if m not in BASE_COLUMNS]
         self.csv_path = Path(run_dir) / "metrics.csv"
         self.rows: list[dict[str, Any]] = self._resumed_rows(resume) if resume else []
         self._file = open(self.csv_path, "w", newline="")
@@ -112,7 +119,9 @@ class MetricsLogger:
         )
         self.compare_group = compare_group
         if compare_group:
-            self.writer.add_custom_scalars(comparison_layout(compare_group, metric_names))
+            self.writer.add_custom_scalars(
+                comparison_layout(compare_group, metric_names, train_loss)
+            )
 
     def _resumed_rows(self, resume: Resume) -> list[dict[str, Any]]:
         on_disk = self._rows_up_to(resume.step, resume.eval_done)
@@ -177,7 +186,7 @@ def compare_tag(group: str, key: str) -> str:
     return f"compare/{group}/{key}"
 
 
-def comparison_layout(group: str, metric_names: list[str]) -> dict:
+def comparison_layout(group: str, metric_names: list[str], train_loss: str = "loss") -> dict:
     """add_custom_scalars layout: one category per experiment and budget, one chart per compared
     value; every run of the group is a line on it (TensorBoard merges the runs' layouts by
     category title)."""
@@ -185,7 +194,8 @@ def comparison_layout(group: str, metric_names: list[str]) -> dict:
     def chart(key: str) -> list:
         return ["Multiline", [f"^{re.escape(compare_tag(group, key))}$"]]
 
-    charts = {title: chart(key) for key, title in COMPARED_TRAIN.items()}
+    other_loss = "sampled_loss" if train_loss == "loss" else "loss"
+    charts = {title: chart(key) for key, title in COMPARED_TRAIN.items() if key != other_loss}
     for name in metric_names:
         charts[f"eval {name}"] = chart(f"eval_{name}")
     return {f"{group}: presets compared": charts}

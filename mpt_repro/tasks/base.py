@@ -67,6 +67,10 @@ class Task:
     primary_metric: str = "loss"  # the metric tables and sweeps compare
     higher_is_better: bool = False
     metric_names: list[str] = ["loss"]  # what evaluate() returns
+    # the column of the training loss in metrics.csv and TensorBoard (train/<name>): "loss", or
+    # "sampled_loss" where training optimises a sampled softmax while evaluation scores the full
+    # one, so that the two are never drawn or read as one quantity
+    train_loss_name: str = "loss"
     # what the last evaluate() found besides its scalar metrics (e.g. per-class AP), for run.json
     metrics_detail: dict | None = None
     # Evaluation by items (mpt_repro/evidence.py): eval_step gives one value per item for each

@@ -118,6 +118,8 @@ class LanguageModel(Task):
         )
         vocab_size = len(self.corpus.vocab)
         self.sampler = LogUniformSampler(vocab_size, m.num_sampled) if m.num_sampled > 0 else None
+        if self.sampler is not None:  # trains on the sampled candidates, evaluates on every word
+            self.train_loss_name = "sampled_loss"
         # Trained through DDP (gradient averaging); the bare model is what is saved and evaluated.
         self.model, self.optimizer, self.train_model = self.add_model(
             "model",

@@ -108,6 +108,8 @@ class Translation(Task):
         target_vocab = len(self.data.target_vocab)
         n = cfg.model.num_sampled
         self.sampler = LogUniformSampler(target_vocab, n) if 0 < n < target_vocab else None
+        if self.sampler is not None:  # trains on n candidates, evaluates on every word
+            self.train_loss_name = "sampled_loss"
         self.model, self.optimizer, self.train_model = self.add_model(
             "model",
             self.new_model(source_vocab=len(self.data.source_vocab), target_vocab=target_vocab),
