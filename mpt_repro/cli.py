@@ -289,6 +289,33 @@ def version() -> str:
         return "unknown (not installed)"
 
 
+def _checked_command_line(argv: list[str]) -> list[str]:
+    """The command line Hydra gets (`~` expanded, the plugins' config folders on its search
+    path), after every refusal of the configuration or of the run directory: before torch loads
+    and before Hydra creates the run directory and its log file (mpt_repro/preflight.py)."""
+    # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
+    argv = expand_home(argv)
+    problem = syntax_problem(argv)
+    if problem is None:
+        try:  # the plugins (mpt_repro/registry.py) and their config folders
+            register_configs()
+            argv = with_plugin_configs(argv)
+        except ConfigError as e:
+            problem = str(e)
+    sys.argv[1:] = argv
+    problem = problem or check_command_line(argv)
+    if problem is not None:
+        print(f"{PROG}: error: {problem}", file=sys.stderr)
+        sys.exit(2)
+    from mpt_repro.preflight import preflight
+
+    problem = preflight(argv)
+    if problem is not None:
+        print(f"{PROG}: {problem}", file=sys.stderr)
+        sys.exit(2)
+    return argv
+
+
 def main() -> None:
     global _show_tracebacks
     # A full disk or a vanished log folder must not turn every later log line into a traceback
@@ -305,28 +332,7 @@ def main() -> None:
         return
     if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
         argv = ["--help" if a == "--help-all" else a for a in argv]
-    # `~` in a path is the home folder everywhere (Hydra would create a folder named `~`)
-    argv = expand_home(argv)
-    problem = syntax_problem(argv)
-    if problem is None:
-        try:  # the plugins (mpt_repro/registry.py) and their config folders
-            register_configs()
-            argv = with_plugin_configs(argv)
-        except ConfigError as e:
-            problem = str(e)
-    sys.argv[1:] = argv
-    problem = problem or check_command_line(argv)
-    if problem is not None:
-        print(f"{PROG}: error: {problem}", file=sys.stderr)
-        sys.exit(2)
-    # every refusal of the configuration or of the run directory, before torch loads and before
-    # Hydra creates the run directory and its log file (mpt_repro/preflight.py)
-    from mpt_repro.preflight import preflight
-
-    problem = preflight(argv)
-    if problem is not None:
-        print(f"{PROG}: {problem}", file=sys.stderr)
-        sys.exit(2)
+    argv = _checked_command_line(argv)  # exits 2 with one line where the run cannot happen
     # Hydra prints its own errors with a stripped traceback and exits 1; with HYDRA_FULL_ERROR
     # it raises them instead, and the lines below turn them into one message and a status.
     user_full_error = os.environ.get("HYDRA_FULL_ERROR")
