@@ -97,7 +97,8 @@ def config_dir(path: str | Path) -> None:
 def plugin_modules() -> list[str]:
     """The plugin modules to import: entry points, then MPT_PLUGINS. A checkout used without
     installing (PYTHONPATH to it: the GPU check) has no entry points of its own; its built-in
-    plugins are then the modules of mpt_repro.experiments."""
+    plugins are then the modules of mpt_repro.experiments (not a plugin's private modules, such
+    as _detection_tables, which only mpt-report imports)."""
     from importlib.metadata import entry_points
 
     names = [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
@@ -105,7 +106,8 @@ def plugin_modules() -> list[str]:
         import mpt_repro.experiments as builtin
 
         found = pkgutil.iter_modules(builtin.__path__, "mpt_repro.experiments.")
-        names = [m.name for m in sorted(found, key=lambda m: m.name)] + names
+        own = sorted(m.name for m in found if not m.name.rsplit(".", 1)[1].startswith("_"))
+        names = own + names
     names += [n.strip() for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
     return list(dict.fromkeys(names))
 

@@ -193,3 +193,16 @@ def test_mpt_bench_measures_the_own_experiment(toy: Path, tmp_path: Path) -> Non
     rows = {r["preset"]: r for r in json.loads(written.read_text())["results"]}
     assert set(rows) == {"fp32", "mixed"}
     assert rows["mixed"]["saved_bytes_per_sample"] < rows["fp32"]["saved_bytes_per_sample"]
+
+
+def test_a_checkout_used_without_installing_finds_its_own_plugins(monkeypatch) -> None:
+    """The GPU check runs the checkout from PYTHONPATH, with no package metadata (so no entry
+    points): the built-in plugins are then the modules of mpt_repro.experiments."""
+    import importlib.metadata
+
+    installed = registry.plugin_modules()
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda group=None: [])
+    monkeypatch.setenv("MPT_PLUGINS", "toyreg")
+    found = registry.plugin_modules()
+    assert found[-1] == "toyreg"  # MPT_PLUGINS after the built-in ones
+    assert set(found[:-1]) == set(installed)

@@ -14,7 +14,7 @@ task(
     TaskReport(
         "Other detection experiments (every final metric)",
         "detection",
-        paper_table="mpt_repro.experiments.detection_tables:table2",
+        paper_table="mpt_repro.experiments._detection_tables:table2",
         paper_reference=("table2", "Paper Table 2: detection mAP, PASCAL VOC 2007 test"),
     ),
 )

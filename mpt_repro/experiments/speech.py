@@ -16,7 +16,7 @@ task(
         "Speech recognition",
         "speech",
         view="paper",
-        paper_table="mpt_repro.experiments.speech_tables:table3",
+        paper_table="mpt_repro.experiments._speech_tables:table3",
         paper_reference=(
             "table3",
             "Paper Table 3: speech recognition CER as printed (the paper's own data)",
