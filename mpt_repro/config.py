@@ -228,7 +228,6 @@ def validate(cfg: DictConfig) -> None:
         schema = schema_of(cfg[group])
         if schema is not None:
             schema.check(cfg[group], cfg)
-    check_data_folder(cfg)
     validate_optim(cfg.optim)
     validate_trainer(cfg.trainer, cfg.distributed)
     validate_run(cfg)
@@ -242,7 +241,8 @@ def validate(cfg: DictConfig) -> None:
 
 def check_data_folder(cfg: DictConfig) -> None:
     """A data set read from a folder (its schema's needs_root) without data.root is refused
-    here, before torch loads, with the two ways to run: its folder, or made-up data. The loader
+    before torch loads (mpt-run's start-up check; a configuration is valid without its folder,
+    a run is not), with the two ways to run: its folder, or made-up data. The loader
     is data.name's, so its own schema decides (a budget may switch an option's data.name to an
     embedded stand-in: the DCGAN's smoke runs read the digits)."""
     name = option_name(cfg.data.name)

@@ -95,7 +95,7 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     """The refusal of one composed job, or None."""
     from omegaconf import open_dict
 
-    from mpt_repro.config import check_overrides_are_read, validate
+    from mpt_repro.config import check_data_folder, check_overrides_are_read, validate
     from mpt_repro.errors import UserError
 
     problem = name_problem(cfg)
@@ -108,6 +108,7 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     try:
         check_overrides_are_read(cfg, task_overrides)
         validate(cfg)
+        check_data_folder(cfg)  # the run needs its data set's folder
     except UserError as e:
         return f"error: {e}"
     problem = unwritable(run_dir)
