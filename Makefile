@@ -38,8 +38,12 @@ format: $(STAMP) ## ruff: rewrite the code in the house format and sort the impo
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
-test: $(STAMP) lint ## lint, then the test suite (CPU; under 10 minutes)
-	$(BIN)/python -m pytest -m "not slow and not gpu" -q
+# The suite runs in TEST_JOBS processes (pytest-xdist; a test file stays in one process, so its
+# module fixtures run once), one thread each: on a few cores, threads of one process only hand
+# tiny tensors to each other. TEST_JOBS=1 runs it in one process.
+TEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
+test: $(STAMP) lint ## lint, then the test suite (CPU; about 10 minutes on 2 cores)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not gpu" -q $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
 
 shape: $(STAMP) ## the code's shape against the house targets: long functions, repeated blocks, import cycles
 	$(BIN)/python scripts/shape.py

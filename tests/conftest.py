@@ -86,6 +86,17 @@ def read_run(run_dir: Path) -> dict:
     return json.loads((Path(run_dir) / "run.json").read_text())
 
 
+@pytest.fixture(autouse=True)
+def no_hydra_job_left_behind():
+    """A test that sets Hydra's job config in this process (HydraConfig.set_config, as a job
+    does) leaves no job behind: a later in-process run would take that job's overrides for its
+    own (its record's variant), whichever order the tests run in (pytest -n: by file)."""
+    yield
+    from hydra.core.hydra_config import HydraConfig
+
+    HydraConfig.instance().cfg = None
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: with several threads a loaded 2-core machine spends ~30x longer in thread
