@@ -23,6 +23,7 @@ from __future__ import annotations
 import importlib
 import os
 import pkgutil
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,10 +67,26 @@ def option_schema(group: str, name: str) -> Callable[[type], type]:
     """Class decorator: the schema of option `name` of `group` (model or data)."""
 
     def add(cls: type) -> type:
+        _claim(f"the {group} schema {name!r}", cls.__module__)
         OPTION_SCHEMAS.setdefault(group, {})[name] = cls
         return cls
 
     return add
+
+
+_OWNERS: dict[str, str] = {}  # what each plugin module registered: {what: module}
+
+
+def _claim(what: str, module: str) -> None:
+    """Two plugins may not register one name: the second would silently replace the first's
+    (an experiment would train another task, or check another schema). The same module
+    imported again may."""
+    first = _OWNERS.setdefault(what, module)
+    if first != module:
+        raise ConfigError(
+            f"{what} is registered twice, by {first} and by {module}: rename one of them "
+            "(docs/adding-an-experiment.md, 'What to check')"
+        )
 
 
 def task(kind: str, target: str, report: TaskReport | None = None) -> None:
@@ -77,6 +94,7 @@ def task(kind: str, target: str, report: TaskReport | None = None) -> None:
     `target` ("package.module:Class")."""
     if ":" not in target:
         raise ConfigError(f"task {kind!r}: the target {target!r} must read package.module:Class")
+    _claim(f"the task {kind!r}", sys._getframe(1).f_globals.get("__name__", "?"))  # the caller
     TASKS[kind] = target
     if report is not None:
         REPORTS[kind] = report
@@ -130,6 +148,9 @@ def load() -> None:
                     "its folder on PYTHONPATH (or install its package), or remove the name"
                 )
             )
+            raise _failure[0] from e
+        except ConfigError as e:  # a name another plugin registered (_claim)
+            _failure.append(ConfigError(f"the experiment plugin {name!r} cannot be loaded: {e}"))
             raise _failure[0] from e
         _loaded.append(name)
 

@@ -206,3 +206,16 @@ def test_a_checkout_used_without_installing_finds_its_own_plugins(monkeypatch) -
     found = registry.plugin_modules()
     assert found[-1] == "toyreg"  # MPT_PLUGINS after the built-in ones
     assert set(found[:-1]) == set(installed)
+
+
+def test_a_plugin_that_registers_a_name_already_taken_is_refused(tmp_path: Path) -> None:
+    """A second registration of a task kind (or of an option's schema) would silently replace
+    the first: refused in one line naming both modules."""
+    (tmp_path / "twice.py").write_text(
+        "from mpt_repro.registry import task\ntask('classification', 'twice:Mine')\n"
+    )
+    done = run_in(tmp_path, "PYTHONPATH=$PWD MPT_PLUGINS=twice mpt-run experiment=demo")
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert "the task 'classification' is registered twice" in line
+    assert "mpt_repro.experiments.classification and by twice" in line
