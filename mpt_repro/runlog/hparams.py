@@ -1,8 +1,8 @@
 """The HParams entry of a run, written at its end however it ended: an explicit experiment config
 (the hyperparameters, the five TensorBoard shows by default marked as differing: the loss scaling
 that ran, the model, the precision, the run's status as text and its variant) and the run's
-outcome as metrics (samples/s, peak memory, final and minimum loss scale, skipped steps, the final
-evaluation). docs/report.md, "TensorBoard".
+outcome as metrics (its task's final metrics first, the primary one leading; samples/s, peak
+memory, final and minimum loss scale, skipped steps). docs/report.md, "TensorBoard".
 
 How TensorBoard's HParams dashboard (2.x) picks what it shows: its backend sorts the experiment's
 hyperparameters by `differs` (true first), then by name (backend_context.py,
@@ -130,7 +130,9 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
         return Summary(value=[Summary.Value(tag=tag, metadata=smd, tensor=metadata.NULL_TENSOR)])
 
     out = [
-        summary(metadata.EXPERIMENT_TAG, experiment=_experiment(values, metric_names)),
+        summary(
+            metadata.EXPERIMENT_TAG, experiment=_experiment(values, own_first(record, metric_names))
+        ),
         summary(metadata.SESSION_START_INFO_TAG, session_start_info=_session_start(values)),
     ]
     status = _session_status(normalised_status(record))
@@ -140,7 +142,14 @@ def hparams_summaries(cfg: Any, record: Mapping[str, Any], metric_names: list[st
     return out
 
 
-def _experiment(values: dict[str, Any], metric_names: list[str]) -> Any:
+def own_first(record: Mapping[str, Any], metric_names: list[str]) -> tuple[list[str], list[str]]:
+    """(this run's task's metrics, its primary one first; every other task's metrics)."""
+    own = [str(record.get("primary_metric") or ""), *(record.get("metrics") or {})]
+    own = [n for n in dict.fromkeys(own) if n in metric_names]
+    return own, [n for n in metric_names if n not in own]
+
+
+def _experiment(values: dict[str, Any], metrics: tuple[list[str], list[str]]) -> Any:
     """The experiment config: every hyperparameter with its type (and the domain conf/ defines
     for precision, experiment and budget), and every metric the runs report."""
     from tensorboard.plugins.hparams import api_pb2
@@ -158,9 +167,14 @@ def _experiment(values: dict[str, Any], metric_names: list[str]) -> Any:
         if name in domains and value in domains[name]:
             info.domain_discrete.extend(domains[name])
         infos.append(info)
-    metric_tags = {**SUMMARY_METRICS}
-    for name in metric_names:  # every task's final metrics: every run lists the same columns
-        metric_tags[f"final/{name}"] = (f"final {name}", "the last evaluation")
+    # the run's own final metrics first, its primary one leading, then the cost figures (the
+    # table shows the first five), then the other tasks' metrics: every run lists the same ones
+    own, others = metrics
+
+    def final(names: list[str]) -> dict[str, tuple[str, str]]:
+        return {f"final/{n}": (f"final {n}", "the last evaluation") for n in names}
+
+    metric_tags = {**final(own), **SUMMARY_METRICS, **final(others)}
     metrics = [
         api_pb2.MetricInfo(
             name=api_pb2.MetricName(tag=tag), display_name=shown, description=description
