@@ -51,8 +51,9 @@ def launch(args: list[str], nproc: int, run_dir: Path, timeout: int = 300, wait:
 
 
 def train_rows(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, training loss) of each train row (a sampled-softmax task logs `sampled_loss`)."""
     return [
-        (int(r["step"]), float(r["loss"]))
+        (int(r["step"]), float(r.get("sampled_loss") or r["loss"]))
         for r in csv.DictReader(open(run_dir / "metrics.csv"))
         if r["split"] == "train"
     ]

@@ -46,6 +46,10 @@ HOST_TENSORS = {
     # speech's collate: frame counts, targets and target lengths of the padded batch (in the
     # loader's workers whenever data.num_workers > 0, as on a GPU)
     "speech": {"lift_fresh": 3},
+    # translation's batch as the tutorial's get_batch lays it out: the bucket's padded encoder
+    # input, decoder input and targets, made from the pairs' token lists (data/parallel.py
+    # pad_batch), then moved to the device
+    "translation": {"lift_fresh": 3},
 }
 # The detectors size tensors from the data (anchor and RoI sampling, matching, NMS, the SSD
 # loss's masks): syncs by construction, not host reads; not pinned here
