@@ -69,8 +69,8 @@ def compose_all() -> dict[str, dict]:
             variants.append([*overrides, f"data={own.data}"])  # translation: WMT when asked
         others = [r for r in recipes(cfg.experiment_name) if r != cfg.recipe]
         variants += [[*overrides, f"recipe={r}"] for r in others]
-        for ov in variants:
-            c = compose(config_name="config", overrides=ov)
+        for ov in variants:  # the case itself is composed already
+            c = cfg if ov is overrides else compose(config_name="config", overrides=ov)
             plain = OmegaConf.to_container(c, resolve=True, enum_to_str=True)
             for key in LEFT_OUT:
                 plain.pop(key, None)
