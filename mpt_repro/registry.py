@@ -43,12 +43,12 @@ CONFIG_DIRS: list[Path] = []  # a plugin's own conf/ folders, searched after the
 class TaskReport:
     """How mpt-report shows a task's runs.
 
-    view: "metrics" (every final metric per preset) or "primary" (the primary metric per
-    preset); paper_table: "package.module:function" building the paper's table that shows the
-    task's runs instead of the generic one (called as function(agg, runs, deltas)); train_figure:
-    the paper's figure that is the training perplexity, exp(logged training loss), if any;
-    paper_reference: (the table's id in paper_reference.csv, its title) for the paper's table as
-    printed. view "paper": the paper table shows every run of the task (no generic table)."""
+    view: the generic table of the task's runs: "metrics" (every final metric per preset),
+    "primary" (the primary metric per preset), or "paper" (none: the paper table shows every run
+    of the task); paper_table: "package.module:function" building the paper's table beside our
+    runs, called as function(agg, runs, deltas); train_figure: the paper's figure that is the
+    training perplexity, exp(logged training loss), if any; paper_reference: (the table's id in
+    paper_reference.csv, its title) for the paper's table as printed."""
 
     title: str
     slug: str
