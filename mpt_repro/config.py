@@ -178,6 +178,17 @@ class DistributedConfig:
     sync_bn: bool = False  # SyncBatchNorm (CUDA only): BN statistics over the global batch
     find_unused_parameters: bool = False  # DDP: models with parameters a forward may not use
     timeout_s: int = 1800  # collectives waiting longer than this fail the run instead of hanging
+    # ddp: every process holds the whole model (DistributedDataParallel); fsdp2: parameters,
+    # gradients and optimizer state sharded over the processes (fully_shard; mpt_repro/fsdp.py)
+    strategy: str = "ddp"
+    # fsdp2: free each block's gathered parameters after its forward (gathered again for the
+    # backward): less memory, one more all-gather per block
+    reshard_after_forward: bool = field(
+        default=True, metadata=read_when("distributed.strategy", "fsdp2")
+    )
+    # fsdp2: the dtype gradients are reduced in; preset: the one DDP reduces in under the preset
+    # (the gradients' own: FP16 for mixed, FP32 for amp and bf16) | float32 | float16 | bfloat16
+    reduce_dtype: str = field(default="preset", metadata=read_when("distributed.strategy", "fsdp2"))
 
 
 @dataclass
@@ -349,6 +360,20 @@ def validate_trainer(t: DictConfig, dd: DictConfig) -> None:
         "must be per_process or global",
     )
     _check(dd.timeout_s > 0, "distributed.timeout_s", dd.timeout_s, "must be positive")
+    strategies = ("ddp", "fsdp2")
+    _check(
+        dd.strategy in strategies,
+        "distributed.strategy",
+        dd.strategy,
+        f"must be one of {strategies}",
+    )
+    reduce = ("preset", "float32", "float16", "bfloat16")
+    _check(
+        dd.reduce_dtype in reduce,
+        "distributed.reduce_dtype",
+        dd.reduce_dtype,
+        f"must be one of {reduce}",
+    )
 
 
 def validate_run(cfg: DictConfig) -> None:
