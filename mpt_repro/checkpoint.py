@@ -46,16 +46,26 @@ def safe_load(path: Path | str, map_location: Any = "cpu") -> Any:
     pickle names (what it names is in the message: nothing of it was called)."""
     import torch
 
-    with torch.serialization.safe_globals(_numpy_globals()):
+    from mpt_repro.safeio import open_regular
+
+    with open_regular(path, "rb") as f, torch.serialization.safe_globals(_numpy_globals()):
         try:
-            return torch.load(path, map_location=map_location, weights_only=True)
+            return torch.load(f, map_location=map_location, weights_only=True)
         except pickle.UnpicklingError as e:
-            named = re.search(r"GLOBAL ([\w.]+)", str(e))
-            if named is None:
-                raise  # cut short, garbage: damage, which the caller reports (and falls back)
-            raise UnsafeFile(
-                f"it names {named.group(1)}, which a checkpoint of mpt-run never holds"
-            ) from None
+            raise _what_it_is(e) from None
+
+
+def _what_it_is(e: pickle.UnpicklingError) -> Exception:
+    """What a file torch.load(weights_only=True) refused is, in our words: torch's own message
+    advises loading it with weights_only=False, which this suite never passes on."""
+    text = str(e)
+    named = re.search(r"GLOBAL ([\w.]+)", text) or re.search(r"but got <class '([\w.]+)'>", text)
+    if named:
+        return UnsafeFile(f"it names {named.group(1)}, which a checkpoint of mpt-run never holds")
+    if "Unsupported operand" in text:  # a bare pickle stream, not torch.save's zip archive
+        return ValueError("a pickle stream, not a checkpoint torch.save wrote (mpt-run's are)")
+    # cut short or garbage: damage, which the caller reports (and falls back from)
+    return ValueError("not a checkpoint torch.save wrote (cut short or damaged?)")
 
 
 def _numpy_globals() -> list:
@@ -84,7 +94,10 @@ def refusal(path: Path | str, e: UnsafeFile, what: str) -> str:
 
 def checkpoint_files(run_dir: Path) -> list[Path]:
     """The checkpoint files present in run_dir, newest first."""
-    return [Path(run_dir) / p for p in (LAST, PREVIOUS) if (Path(run_dir) / p).is_file()]
+    # anything at the name counts (a FIFO too): the load then says what it is, where "no
+    # checkpoint" would call the run one that stopped before its first
+    paths = [Path(run_dir) / p for p in (LAST, PREVIOUS)]
+    return [p for p in paths if p.exists() or p.is_symlink()]
 
 
 def has_checkpoint(run_dir: Path) -> bool:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import zipfile
 import zlib
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
@@ -349,7 +350,24 @@ def write_items(path: Path, columns: Mapping[str, np.ndarray], step: int) -> Non
 
 def read_items(path: Path) -> tuple[int | None, dict[str, np.ndarray]]:
     """(the step of the evaluation, its columns as float64 arrays) from write_items' file.
-    Raises OSError or ValueError when it cannot be read."""
-    with np.load(Path(path), allow_pickle=False) as data:
-        step = int(data["_step"]) if "_step" in data.files else None
-        return step, {k: data[k].astype(np.float64) for k in data.files if k != "_step"}
+    Raises OSError (NotARegularFile for a FIFO: never waited on) or ValueError saying what the
+    file is when it cannot be read; never numpy's advice to load a pickle."""
+    from mpt_repro.safeio import open_regular
+
+    try:
+        with open_regular(path, "rb") as f, np.load(f, allow_pickle=False) as data:
+            if not hasattr(data, "files"):
+                raise ValueError(
+                    "a single .npy array, not the .npz archive of columns mpt-run writes"
+                )
+            step = int(data["_step"]) if "_step" in data.files else None
+            return step, {k: data[k].astype(np.float64) for k in data.files if k != "_step"}
+    except (zipfile.BadZipFile, EOFError, zlib.error) as err:
+        raise ValueError(f"not a complete .npz archive, cut short or damaged ({err})") from None
+    except ValueError as err:
+        if "pickle" not in str(err):
+            raise
+        raise ValueError(
+            "it holds pickled Python objects, not the number columns mpt-run writes; it was not "
+            "loaded"
+        ) from None

@@ -27,6 +27,7 @@ from mpt_repro.advise.advice import DEFAULT_KEEP, build_advice
 from mpt_repro.advise.evidence import KINDS, AdviceError, load_evidence
 from mpt_repro.advise.launch import planned_run_dir, run_diagnostic
 from mpt_repro.advise.predict import Advice, Prediction, pct
+from mpt_repro.safeio import open_regular, read_text
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPERIMENTS = {
@@ -83,7 +84,7 @@ def mpt_run(overrides: list[str]) -> Path:
     """Run mpt-run (or reuse its finished run); the run directory."""
     run_dir = planned_run_dir(overrides)
     record = run_dir / "run.json"
-    if record.is_file() and json.loads(record.read_text()).get("status") != "running":
+    if record.is_file() and json.loads(read_text(record)).get("status") != "running":
         return run_dir
     cmd = [sys.executable, "-m", "mpt_repro.cli", *overrides]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True)
@@ -94,7 +95,7 @@ def mpt_run(overrides: list[str]) -> Path:
 
 def _skips_by_step(run_dir: Path) -> list[tuple[int, int]]:
     """(step, skipped steps so far) of metrics.csv's training rows."""
-    with open(run_dir / "metrics.csv", newline="") as f:
+    with open_regular(run_dir / "metrics.csv", "r", newline="") as f:
         rows = [r for r in csv.DictReader(f) if r["split"] == "train" and r["skipped_steps"]]
     return [(int(r["step"]), int(float(r["skipped_steps"]))) for r in rows]
 
@@ -116,7 +117,7 @@ def observed_lost(run_dir: Path, reference: Path) -> float | None:
 
 
 def outcome(recipe: str, run_dir: Path, fp32: dict, diagnostic: Path) -> Outcome:
-    record = json.loads((run_dir / "run.json").read_text())
+    record = json.loads(read_text(run_dir / "run.json"))
     metric = record.get("primary_metric") or "top1"
     skips = _skips_by_step(run_dir)
     early = max((n for step, n in skips if step <= FIRST_FEW), default=0)
@@ -143,7 +144,7 @@ def check_experiment(name: str, runs_dir: Path, recipes=RECIPES, keep: float = D
     diagnostic = run_diagnostic(base, steps=300, every=None, env=_env(), capture=True)
     advice = build_advice(diagnostic, keep)
     fp32_dir = mpt_run([*base, "precision=fp32"])
-    fp32 = json.loads((fp32_dir / "run.json").read_text())
+    fp32 = json.loads(read_text(fp32_dir / "run.json"))
     every = advice.evidence.record["config"]["telemetry"]["every"]
     outcomes = []
     for key in recipes:

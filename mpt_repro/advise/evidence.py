@@ -110,6 +110,10 @@ def load_evidence(run_dir: Path) -> RunEvidence:
         records = read_records(run_dir / name, strict=True)
     except BadRecords as e:  # was a KeyError
         raise AdviceError(f"{e}; remove that line, or run the diagnostic again") from None
+    except OSError as e:  # a FIFO is refused unopened, never waited on
+        raise AdviceError(
+            f"{e}: mpt-advise never opens it; remove it, or run the diagnostic again"
+        ) from None
     samples = [r for r in records if r.get("mode") == "sample"]
     if not samples:
         raise AdviceError(
@@ -144,15 +148,22 @@ def _top(record: dict) -> int | None:
 
 
 def _read_run_json(run_dir: Path) -> dict:
+    from mpt_repro.safeio import NotARegularFile, read_text
+
     path = run_dir / "run.json"
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         raise AdviceError(
             f"{run_dir} is not a run directory (no run.json): give a folder mpt-run wrote"
         )
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        record = json.loads(read_text(path))
+    except NotARegularFile as e:
+        raise AdviceError(f"{e}, not a run record: mpt-advise never opens it") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise AdviceError(f"{path} cannot be read ({e})") from None
+    if not isinstance(record, dict):
+        raise AdviceError(f"{path} holds a JSON {type(record).__name__}, not a run record")
+    return record
 
 
 def _add_sample(layer: LayerEvidence, entry: dict, stepped: bool) -> None:

@@ -68,9 +68,13 @@ def planned_run_dir(overrides: list[str]) -> Path:
 def finished_with_telemetry(run_dir: Path) -> bool:
     import json
 
+    from mpt_repro.safeio import read_text
+
     try:
-        record = json.loads((run_dir / "run.json").read_text())
-    except (OSError, ValueError):
+        record = json.loads(read_text(run_dir / "run.json"))
+    except (OSError, ValueError):  # a FIFO too: refused unopened
+        return False
+    if not isinstance(record, dict):
         return False
     tel = (record.get("diagnostics") or {}).get("telemetry") or {}
     return record.get("status") == "completed" and bool(tel.get("samples"))

@@ -29,6 +29,7 @@ import pandas as pd
 from mpt_repro import catalog
 from mpt_repro.report.collect import Problem, device_label
 from mpt_repro.report.tables import Table, slugify
+from mpt_repro.safeio import NotARegularFile, read_text
 
 NOT_MEANINGFUL = "n/a"
 MiB = 2**20
@@ -210,7 +211,10 @@ def bench_tables(folder: Path) -> tuple[list[Table], list[Problem]]:
         return tables, problems
     for path in sorted(Path(folder).glob("*.json")):
         try:
-            bench = json.loads(path.read_text())
+            bench = json.loads(read_text(path))
+        except NotARegularFile as err:  # a FIFO is never opened: it would wait for a writer
+            problems.append(Problem(str(path), "malformed", f"{err.what}, not a benchmark file"))
+            continue
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
             problems.append(Problem(str(path), "malformed", f"cannot parse benchmark file: {err}"))
             continue

@@ -47,6 +47,7 @@ from mpt_repro.record import (
     not_a_regular_file,
     slow_low_precision,
 )
+from mpt_repro.safeio import open_regular, read_text
 
 SCHEMA_VERSIONS = (1, 2, 3, 4)
 # statuses whose runs enter the tables, and those that are listed instead
@@ -160,6 +161,10 @@ def type_errors(record: dict) -> list[str]:
         ]
         if bad:
             errors.append(f"metrics {', '.join(bad)} not numbers")
+        # finite, yet past what any metric is: its square overflows a float in every comparison
+        huge = [f"{k}={v:g}" for k, v in record["metrics"].items() if finite(v) and abs(v) > 1e150]
+        if huge:
+            errors.append(f"metrics {', '.join(huge)} beyond any value a run records (edited?)")
     return errors
 
 
@@ -267,6 +272,7 @@ def _check(record, path: Path) -> Problem | None:
     problems += type_errors(record)
     if status not in (*TABULATED, *LISTED) and "status" not in missing:
         problems.append(f"unknown status {status!r}")
+    problems += _unplaceable(record)
     if not problems and status == "completed":
         metric = record.get("primary_metric")
         if not isinstance(record.get("metrics"), dict) or metric is None:
@@ -276,6 +282,22 @@ def _check(record, path: Path) -> Problem | None:
     if problems:
         return Problem(where, "malformed", "; ".join(problems), name)
     return None
+
+
+def _unplaceable(record: dict) -> list[str]:
+    """What keeps a record out of every comparison group: a preset name no precision/*.yaml has
+    (it would become a column of its own), no resolved `config` (every other run would be
+    labelled with all its keys as the difference)."""
+    from mpt_repro.catalog import presets
+
+    found = []
+    preset = record.get("precision")
+    if isinstance(preset, str) and preset not in presets():
+        known = ", ".join(presets())
+        found.append(f"precision {preset!r} is no preset of this suite ({known}): edited?")
+    if normalised_status(record) in TABULATED and not isinstance(record.get("config"), dict):
+        found.append("no `config` (the resolved configuration): no comparison group to place it in")
+    return found
 
 
 def recipe_label(record: dict) -> str:
@@ -379,7 +401,7 @@ def read_record(path: Path) -> tuple[dict | None, Problem | None]:
     if what:  # never opened: a FIFO would wait for a writer forever
         return None, Problem(str(path.parent), "malformed", f"run.json is {what}, not a file")
     try:
-        record = json.loads(path.read_text())
+        record = json.loads(read_text(path))
     except UnicodeDecodeError as err:
         return None, Problem(str(path.parent), "malformed", f"run.json is not UTF-8 text: {err}")
     except json.JSONDecodeError as err:
@@ -431,9 +453,36 @@ def load_runs(root: Path) -> tuple[pd.DataFrame, list[Problem]]:
         "primary_finite",
     ]
     runs = pd.DataFrame(rows) if rows else pd.DataFrame(columns=columns)
+    runs = _without_direction_conflicts(runs, problems)
     runs = with_preset_variants(runs)
     runs = _without_duplicates(runs, problems)
     return with_group_labels(runs), problems
+
+
+def _without_direction_conflicts(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataFrame:
+    """Runs of one subject and primary metric must agree on higher_is_better (the verdicts read
+    it): the runs that say otherwise than most are listed as malformed and left out (all of them
+    where no side has more)."""
+    if runs.empty or "higher_is_better" not in runs:
+        return runs
+    drop = []
+    for (subject_, metric), part in runs.groupby(["subject", "primary_metric"], dropna=True):
+        counts = part["higher_is_better"].dropna().astype(bool).value_counts()
+        if len(counts) < 2:
+            continue
+        most = counts.index[0] if counts.iloc[0] > counts.iloc[1] else None
+        for index, row in part.iterrows():
+            if pd.isna(row["higher_is_better"]) or row["higher_is_better"] == most:
+                continue
+            others = "the others" if most is None else f"{counts.iloc[0]} other runs"
+            reason = (
+                f"higher_is_better is {str(row['higher_is_better']).lower()} for {metric}, where "
+                f"{others} of {subject_} say {str(not row['higher_is_better']).lower()}: edited? "
+                "No verdict can tell better from worse with both"
+            )
+            problems.append(Problem(row["path"], "malformed", reason, run_name_of(row)))
+            drop.append(index)
+    return runs.drop(index=drop)
 
 
 def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
@@ -453,7 +502,12 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
     dropped = describe_dropped(record.get("evaluation")) if row["status"] == "completed" else None
     if dropped:
         found.append(Problem(str(path.parent), "suspect", dropped, run_name(record)))
-    gone = missing_files(path.parent, record)
+    gone = [
+        n for n in missing_files(path.parent, record) if not not_a_regular_file(path.parent / n)
+    ]
+    found += [
+        Problem(str(path.parent), "suspect", r, run_name(record)) for r in _damaged(path, record)
+    ]
     if gone:  # the report was silent about a record whose metrics.csv was deleted
         reason = (
             f"its record's files are incomplete: {', '.join(gone)} missing (its result stands "
@@ -467,6 +521,24 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
             f"{NO_STEP_ADVICE}"
         )
         found.append(Problem(str(path.parent), "suspect", reason, run_name(record)))
+    return found
+
+
+def _damaged(path: Path, record: dict) -> list[str]:
+    """The files beside a run.json that are there but cannot be used: a FIFO or a device (never
+    opened: it would wait for a writer), an items file that is not a whole .npz archive."""
+    import zipfile
+
+    evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
+    items = evaluation.get("items_file")
+    found = []
+    for name in ["metrics.csv", *([items] if isinstance(items, str) and items else [])]:
+        file = path.parent / name
+        what = not_a_regular_file(file)
+        if what:
+            found.append(f"its {name} is {what}, not a file mpt-run wrote: never opened")
+        elif name.endswith(".npz") and file.is_file() and not zipfile.is_zipfile(file):
+            found.append(f"its {name} is not a whole .npz archive (cut short?): no interval")
     return found
 
 
@@ -665,6 +737,7 @@ def load_metrics_csv(run_dir: str) -> pd.DataFrame | None:
     """A run's metrics.csv, or None when it is missing or unreadable (the caller reports it)."""
     path = Path(run_dir) / "metrics.csv"
     try:
-        return pd.read_csv(path)
+        with open_regular(path, "r") as f:  # a FIFO is refused, never waited on
+            return pd.read_csv(f)
     except (OSError, ValueError, pd.errors.ParserError):
         return None

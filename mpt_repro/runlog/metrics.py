@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from mpt_repro.errors import naming
+from mpt_repro.errors import RunDirError, naming
+from mpt_repro.safeio import NotARegularFile, check_regular, open_regular
 
 BASE_COLUMNS = [
     "step",
@@ -105,6 +106,7 @@ class MetricsLogger:
         extra = [train_loss, *metric_names]  # train_loss: the task's name for it (sampled_loss)
         self.columns = BASE_COLUMNS + [m for m in dict.fromkeys(extra) if m not in BASE_COLUMNS]
         self.csv_path = Path(run_dir) / "metrics.csv"
+        _refuse_special(self.csv_path)  # opening a FIFO, to read or to write, waits forever
         self.rows: list[dict[str, Any]] = self._resumed_rows(resume) if resume else []
         self._file = open(self.csv_path, "w", newline="")
         self._csv = csv.DictWriter(self._file, fieldnames=self.columns, extrasaction="ignore")
@@ -143,7 +145,7 @@ class MetricsLogger:
         checkpoint: the final one is run again, and must not appear twice)."""
         if not self.csv_path.exists():
             return []
-        with open(self.csv_path, newline="") as f:
+        with open_regular(self.csv_path, "r", newline="") as f:
             return [
                 r
                 for r in csv.DictReader(f)
@@ -177,6 +179,17 @@ class MetricsLogger:
         self.writer.flush()
         self.writer.close()
         self._file.close()
+
+
+def _refuse_special(path: Path) -> None:
+    """A metrics.csv that is not a regular file (a FIFO, a device) ends the run in one line."""
+    try:
+        check_regular(path)
+    except NotARegularFile as e:
+        raise RunDirError(
+            f"{e}: mpt-run neither reads nor writes it. Remove it (the rows are rebuilt from the "
+            "checkpoint), then run the same command again"
+        ) from None
 
 
 # ---------------------------------------------------------------- custom scalars

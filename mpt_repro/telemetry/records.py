@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from mpt_repro.safeio import read_text
 from mpt_repro.telemetry import numerics as nx
 
 COUNT_KEYS = nx.FIELDS
@@ -41,7 +42,7 @@ def read_records(path: Path, strict: bool = False) -> list[dict]:
     if not path.exists():
         return []
     by_key: dict[tuple, dict] = {}
-    lines = path.read_text(errors="replace").splitlines()
+    lines = read_text(path, errors="replace").splitlines()  # NotARegularFile for a FIFO
     for number, line in enumerate(lines, 1):
         try:
             r = json.loads(line)
