@@ -21,6 +21,12 @@ the items evaluated and their unit, the count under each metric, the metrics lef
 run.json that keeps what each item scored (`eval_items.npz`). Null until a run completes with a
 result; older records read as null (the reporter then gives no verdict: it cannot tell how much
 evidence is under their numbers).
+
+Schema 5 (this writer) over 4: `machine`, what decides the numbers on the device that ran
+(mpt_repro/machine.py: the CPU, torch's CPU capability, oneDNN and the BLAS with their limits,
+the threads, the pinning variables, a GPU's driver and TF32 switches) and whether the run asked
+for portable mode and got it (`machine.portable`). Older records read as null: the reporter
+cannot say whether their machines differ.
 """
 
 from __future__ import annotations
@@ -30,7 +36,6 @@ import math
 import os
 import platform
 import socket
-import stat
 import subprocess
 import sys
 import tempfile
@@ -40,9 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from mpt_repro.errors import naming
+from mpt_repro.safeio import kind_of
 
-SCHEMA_VERSION = 4
-READABLE_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSION = 5
+READABLE_VERSIONS = (1, 2, 3, 4, 5)
 STATUSES = ("running", "completed", "diverged", "failed", "interrupted")
 # what every readable record holds, whatever its status (a diverged or failed run has no metrics)
 REQUIRED = ("schema_version", "status", "experiment", "precision")
@@ -50,6 +56,7 @@ REQUIRED = ("schema_version", "status", "experiment", "precision")
 ADDED_IN_2 = ("reason", "hint", "diverged_at_step", "diverged_layer", "host", "pid")
 ADDED_IN_3 = ("package_version", "study", "overrides", "saved_bytes_per_sample", "metrics")
 ADDED_IN_4 = ("evaluation",)
+ADDED_IN_5 = ("machine",)
 
 
 class RecordError(ValueError):
@@ -63,15 +70,6 @@ class RecordError(ValueError):
         self.path, self.problem, self.special = Path(path), problem, special
 
 
-_KINDS = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-    (stat.S_ISDIR, "a directory"),
-)
-
-
 def not_a_regular_file(path: Path) -> str | None:
     """What `path` is when it exists but is not a regular file ("a FIFO (named pipe)", ...), or
     None. Asked of the file system without opening the path: opening a FIFO for reading waits for
@@ -80,9 +78,7 @@ def not_a_regular_file(path: Path) -> str | None:
         mode = os.stat(path).st_mode
     except OSError:
         return None
-    if stat.S_ISREG(mode):
-        return None
-    return next((what for test, what in _KINDS if test(mode)), "not a regular file")
+    return kind_of(mode)
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -156,6 +152,16 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def _machine(fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The record's `machine` (schema 5): the fingerprint of the device in `fields`, with
+    whether the run's configuration asked for portable mode (trainer.portable)."""
+    from mpt_repro.machine import fingerprint
+
+    config = fields.get("config") if isinstance(fields.get("config"), Mapping) else {}
+    trainer = config.get("trainer") if isinstance(config.get("trainer"), Mapping) else {}
+    return fingerprint(fields.get("device"), portable=bool(trainer.get("portable", False)))
+
+
 def package_version() -> str | None:
     """mpt-repro's installed version (a wheel install has no git commit to name the code)."""
     from importlib.metadata import PackageNotFoundError, version
@@ -212,6 +218,7 @@ class RunRecord:
             "host": socket.gethostname(),
             "pid": os.getpid(),
             "versions": versions(),
+            "machine": _machine(fields),
             "package_version": package_version(),
             "git_commit": git_commit(),
             "diagnostics": {},
@@ -303,7 +310,8 @@ def upgrade(record: Any, path: Path | str = "run.json") -> dict[str, Any]:
         raise RecordError(Path(path), f"unknown status {record['status']!r}")
     if version == SCHEMA_VERSION:
         return record
-    record = {**{k: None for k in (*ADDED_IN_2, *ADDED_IN_3, *ADDED_IN_4)}, **record}
+    added = (*ADDED_IN_2, *ADDED_IN_3, *ADDED_IN_4, *ADDED_IN_5)
+    record = {**{k: None for k in added}, **record}
     reason = str(record.get("reason") or "")
     if record["status"] == "failed" and "SIGTERM" in reason:
         # version 1 recorded a stop by SIGTERM (checkpoint saved, resumable) as failed

@@ -91,7 +91,7 @@ HEADINGS = {
     "suspect": (
         "Completed with non-finite metrics, without one applied step, with more than "
         f"{100 * DROPPED_WARN_SHARE:g} % of the evaluation data dropped, or with files of its "
-        "record missing (in the tables: check them)",
+        "record missing or unreadable (in the tables: check them)",
         True,
     ),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
@@ -241,17 +241,32 @@ def main(argv=None) -> int:
         settings = with_tolerances(default_settings(), args.tolerance)
     except ValueError as e:
         return _refuse(str(e))
-    records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
+    try:
+        records = list(args.results_dir.rglob("run.json")) if args.results_dir.is_dir() else []
+        benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
+    except OSError as e:  # a path component past the file system's 255 bytes, a loop of links
+        return _refuse(
+            f"{e.filename or args.results_dir} cannot be read ({e.strerror or e}): give the "
+            "folder that holds the runs"
+        )
     special = _special_files(records) or _unknown_tolerances(args.tolerance, records)
     if special:
         return _refuse(special)
-    benches = list(bench_dir.glob("*.json")) if bench_dir.is_dir() else []
     if not records and not benches:
         where = "no such folder" if not args.results_dir.is_dir() else "no run.json in it"
         return _refuse(
             f"nothing to report in {args.results_dir} ({where}) and no mpt-bench files in "
             f"{bench_dir}: run mpt-run or mpt-bench first, or pass the folder that holds the runs"
         )
+    refused = out_refusal(out, args.results_dir, bench_dir)
+    if refused:
+        return _refuse(refused)
+    return _write(args, out, bench_dir, settings)
+
+
+def _write(args, out: Path, bench_dir: Path, settings: Settings) -> int:
+    """Build the report into `out` (checked by out_refusal) and say where it went."""
+    given, out = out, out.resolve()  # a symlinked --out: the folder it names is replaced
     try:
         out.mkdir(parents=True, exist_ok=True)
         probe = out / ".mpt-report-write-test"
@@ -260,14 +275,8 @@ def main(argv=None) -> int:
     except OSError as e:
         reason = e.strerror or type(e).__name__
         return _refuse(
-            f"cannot write the report to {out} ({reason}): choose a writable folder with --out DIR"
-        )
-    foreign = sorted(p.name for p in out.iterdir() if not _written_by_report(p))
-    if foreign:
-        shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
-        return _refuse(
-            f"--out {out} holds files a report does not write ({shown}): a report replaces its "
-            "folder whole, so give an empty folder or an earlier report's"
+            f"cannot write the report to {given} ({reason}): choose a writable folder with "
+            "--out DIR"
         )
     try:
         report = write_atomically(
@@ -281,39 +290,41 @@ def main(argv=None) -> int:
             )[0],
         )
     except KeyboardInterrupt:
-        print(f"mpt-report: interrupted; {out} is as it was", file=sys.stderr)
+        print(f"mpt-report: interrupted; {given} is as it was", file=sys.stderr)
         return 130
     if not args.quiet:
         print(report)
     written = "tables/ (csv, tex, md)" + ("" if args.no_plots else " and plots/")
-    print(f"mpt-report: wrote {out / 'report.md'}, {written}", file=sys.stderr)
+    print(f"mpt-report: wrote {given / 'report.md'}, {written}", file=sys.stderr)
     return 0
 
 
-# what a report folder holds (build_report writes these and nothing else)
-REPORT_ENTRIES = {"report.md", "tables", "plots", "advice", *(f"{n}.csv" for n in CSV_FILES)}
-
-
-def _written_by_report(path: Path) -> bool:
-    return path.name in REPORT_ENTRIES or path.name.startswith(".")
+# written with every report: each file and folder the report wrote, by name. A report replaces
+# only a folder whose every entry is listed there; anything else in --out means refuse.
+MANIFEST = ".mpt-report-manifest.json"
+# in a report's folder while it is being built: a `.<name>.new-*` folder without it is not ours
+BUILDING = ".mpt-report-building"
 
 
 def write_atomically(out: Path, build) -> str:
     """build(folder) into a new folder beside `out`, then put it in `out`'s place: a report killed
     while it is built leaves the previous one as it was (and a hidden `.<name>.new-*` folder that
     the next report removes), never new tables beside an old report.md. The swap is two renames
-    in one folder; the previous report is then deleted (it is this command's own output)."""
+    in one folder; the previous report is then deleted (every entry of it is in its manifest:
+    checked by out_refusal before anything was written)."""
     from mpt_repro.record import current_umask
 
     parent, name = out.parent, out.name
     for stale in parent.glob(f".{name}.new-*"):  # a report killed before its swap
-        shutil.rmtree(stale, ignore_errors=True)
+        if stale.is_dir() and not stale.is_symlink() and (stale / BUILDING).is_file():
+            shutil.rmtree(stale, ignore_errors=True)
     new = Path(tempfile.mkdtemp(dir=parent, prefix=f".{name}.new-"))
     try:
+        (new / BUILDING).write_text("")
         result = build(new)
-        os.chmod(
-            new, 0o777 & ~current_umask()
-        )  # mkdtemp's 0700 would hide the report from the team
+        (new / BUILDING).unlink()
+        (new / MANIFEST).write_text(json.dumps({"written_by": "mpt-report", **_entries(new)}))
+        os.chmod(new, 0o777 & ~current_umask())  # mkdtemp's 0700 would hide the report
         old = parent / f".{name}.old-{os.getpid()}"
         os.rename(out, old)
         os.rename(new, out)
@@ -322,6 +333,95 @@ def write_atomically(out: Path, build) -> str:
         raise
     shutil.rmtree(old, ignore_errors=True)
     return result
+
+
+def _entries(folder: Path) -> dict[str, list[str]]:
+    """Every entry under `folder` by its path relative to it: files, folders and anything else
+    (a link, a FIFO), each kind apart; the manifest itself left out."""
+    found: dict[str, list[str]] = {"files": [], "folders": [], "other": []}
+    for root, dirs, files in os.walk(folder):
+        for entry in (*dirs, *files):
+            path = Path(root, entry)
+            rel = path.relative_to(folder).as_posix()
+            if rel == MANIFEST:
+                continue
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                found["other"].append(rel)
+            else:
+                found["folders" if path.is_dir() else "files"].append(rel)
+    return {k: sorted(v) for k, v in found.items()}
+
+
+def _unowned(out: Path) -> tuple[list[str], bool]:
+    """(the entries of an existing --out that no earlier report's manifest lists, whether it
+    has a readable manifest). Nothing is changed."""
+    from mpt_repro.safeio import read_text
+
+    present = _entries(out)
+    try:
+        listed = json.loads(read_text(out / MANIFEST))
+        ok = isinstance(listed, dict) and listed.get("written_by") == "mpt-report"
+    except (OSError, ValueError):
+        listed, ok = {}, False
+    own = {k: set(listed.get(k) or []) if ok else set() for k in ("files", "folders")}
+    foreign = [*present["other"]]  # a report writes no links, FIFOs or devices
+    foreign += [f for f in present["files"] if f not in own["files"]]
+    foreign += [f"{d}/" for d in present["folders"] if d not in own["folders"]]
+    return sorted(foreign), ok
+
+
+def out_refusal(out: Path, results_dir: Path, bench_dir: Path) -> str | None:
+    """Why the report may not go to `out` (one line), or None. A report replaces its folder
+    whole: never `/`, the current folder, a home folder, the runs or bench folder or one that
+    holds them, nor a folder with anything its own manifest does not list."""
+    try:
+        target = out.resolve()
+        if target.exists() and not target.is_dir():
+            return None  # the write check below names it
+        protected = _protected()
+        if target in protected:
+            return (
+                f"--out {out} is {protected[target]}: a report replaces its folder whole; give "
+                f"a folder of its own, e.g. --out {beside(results_dir, 'report')}"
+            )
+        for what, folder in (("runs", results_dir), ("mpt-bench", bench_dir)):
+            held = folder.resolve()
+            if target == held or target in held.parents:
+                how = "is" if target == held else "holds"
+                return (
+                    f"--out {out} {how} the {what} folder {folder}: a report replaces its folder "
+                    f"whole; give another, e.g. --out {beside(results_dir, 'report')}"
+                )
+        if not target.is_dir():
+            return None
+        foreign, has_manifest = _unowned(target)
+    except (OSError, RuntimeError) as e:  # a name too long, a loop of links
+        return f"--out {out} cannot be used ({getattr(e, 'strerror', None) or e}): choose another"
+    if not foreign:
+        return None
+    shown = ", ".join(foreign[:5]) + (" ..." if len(foreign) > 5 else "")
+    if not has_manifest and "report.md" in foreign:
+        return (
+            f"--out {out} holds a report without the manifest ({MANIFEST}) this version writes, "
+            f"so it cannot tell its files from others ({shown}): delete that folder yourself, or "
+            "give another --out"
+        )
+    return (
+        f"--out {out} holds files a report does not write ({shown}): a report replaces its "
+        "folder whole and removes only what its own manifest lists; give an empty or new folder, "
+        "or an earlier report's, or move those files away. Nothing was changed"
+    )
+
+
+def _protected() -> dict[Path, str]:
+    """Folders a report never replaces, whatever they hold."""
+    import pwd
+
+    found = {Path(p.pw_dir): f"the home folder of {p.pw_name}" for p in pwd.getpwall()}
+    found[Path.home().resolve()] = "your home folder"
+    found[Path.cwd().resolve()] = "the current folder"
+    found[Path("/")] = "the root folder"
+    return found
 
 
 def _special_files(records: list[Path]) -> str | None:
