@@ -138,7 +138,6 @@ def build_report(
 ) -> tuple[str, list[Table], list[Problem]]:
     """Read, aggregate, write every output; return the Markdown text, the tables, the problems."""
     # pandas, scipy and matplotlib load here, not with the module: `mpt-report --help` is quick
-    from mpt_repro.claims import claims_table
     from mpt_repro.report.aggregate import aggregate
     from mpt_repro.report.bench import bench_tables
     from mpt_repro.report.collect import load_runs, problems_frame
@@ -152,8 +151,9 @@ def build_report(
     agg = aggregate(runs)
     deltas = group_deltas(runs, settings)  # the bootstrap runs once per report
     tables = all_tables(agg, runs, settings, deltas)
-    claims = claims_table(runs)  # the paper's claims whose runs are in this folder
+    claims, claims_problems = _claims(runs)  # the paper's claims whose runs are in this folder
     tables += [claims] if claims is not None else []
+    problems = problems + claims_problems
     bench_dir = beside(results_dir, "bench") if bench_dir is None else bench_dir
     benches, bench_problems = bench_tables(bench_dir)
     tables += benches
@@ -182,6 +182,39 @@ def build_report(
     report = "\n".join(text)
     (out / "report.md").write_text(report)
     return report, tables, problems
+
+
+def _claims(runs) -> tuple[Table | None, list[Problem]]:
+    """The claims section, or the claims folder listed as unreadable: a claims file edited by
+    hand (a tolerance given as a number) must not stop the report of every folder of its runs."""
+    from mpt_repro.catalog import conf_dir
+    from mpt_repro.claims import claims_table
+    from mpt_repro.report.collect import Problem
+
+    try:
+        return claims_table(runs), []
+    except Exception as err:  # noqa: BLE001 - any damage in a claims file: listed, report goes on
+        where = _failing_claim(runs) or conf_dir() / "claims"
+        reason = f"the paper's claims could not be judged: {type(err).__name__}: {err}"
+        hint = "fix that file (conf/claims/README.md lists the fields and their types)"
+        return None, [Problem(str(where), "malformed", reason, hint=hint)]
+
+
+def _failing_claim(runs) -> Path | None:
+    """The claims file whose judging fails (a tolerance written as a number), when one does."""
+    from mpt_repro.catalog import conf_dir
+    from mpt_repro.claims import findings, load_claims
+
+    try:
+        claims = load_claims()
+    except Exception:  # noqa: BLE001 - a file that does not load: its error names it
+        return None
+    for claim in claims:
+        try:
+            findings(runs, [claim])
+        except Exception:  # noqa: BLE001 - the one that fails is the answer
+            return conf_dir() / "claims" / f"{claim.name}.yaml"
+    return None
 
 
 def _advice(runs, problems: list[Problem], out: Path, plots: bool) -> list[str]:
