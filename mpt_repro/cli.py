@@ -74,6 +74,9 @@ def _job(cfg: DictConfig) -> None:
 
         if not _checked[0]:  # a sweep's job: composed by Hydra's sweeper, checked here
             check_overrides_are_read(cfg, list(hc.overrides.task))  # before torch loads
+        from mpt_repro.machine import pin_for
+
+        pin_for(cfg)  # trainer.portable: the kernels are pinned before torch loads
         from mpt_repro.run import run
 
         record = run(cfg, run_dir, validated=_checked[0])

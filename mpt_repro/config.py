@@ -158,6 +158,9 @@ class TrainerConfig:
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
+    # the same bits on every x86-64 machine with AVX2: one thread, torch's, oneDNN's and MKL's
+    # kernels pinned to AVX2 before torch loads (mpt_repro/machine.py; docs/reliability.md)
+    portable: bool = False
 
 
 @dataclass

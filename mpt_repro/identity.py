@@ -68,6 +68,9 @@ NOT_COMPARED = (
     "overwrite",
     "paths",
     "trainer.device",  # the hardware is compared through the record's device (its own key)
+    # how the CPU's kernels were picked is the machine's part: the reporter labels a group whose
+    # records differ in it ("machine differs: ..."), as it does for code versions
+    "trainer.portable",
     "trainer.progress",
     "trainer.log_every",  # when rows are written, not what is trained
     "trainer.checkpoint_every",  # a resumed run equals an uninterrupted one (tests/test_run.py)

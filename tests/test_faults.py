@@ -79,7 +79,7 @@ def rewrite_record(run_dir: Path, **fields) -> None:
 # -- a finished run is never lost ----------------------------------------------------------------
 def test_the_first_run_takes_over_a_stale_lock_and_says_it_found_nothing(finished) -> None:
     rec = read_run(finished)
-    assert rec["status"] == "completed" and rec["schema_version"] == 4
+    assert rec["status"] == "completed" and rec["schema_version"] == 5
     assert rec["pid"] != 2**22 + 12345 and rec["host"]
     log = log_text(finished)
     assert f"taking over the lock left by pid {2**22 + 12345}" in log

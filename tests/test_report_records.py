@@ -203,7 +203,7 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     done, div, fail = (real_record(k) for k in ("completed", "diverged", "failed"))
     assert done["status"] == "completed" and set(done["metrics"]) == {"loss", "top1", "top5"}
     assert div["status"] == "diverged" and div["metrics"] is None  # schema 3: no result
-    assert div["schema_version"] == 4 and done["package_version"]
+    assert div["schema_version"] == 5 and done["package_version"]
     assert div["diverged_at_step"] == 2 and div["reason"].startswith("loss was non-finite")
     assert fail["status"] == "failed" and fail["metrics"] is None  # no result
     assert ".png" in fail["reason"] and fail["hint"]  # the file, and what to do
@@ -252,7 +252,7 @@ def outcomes(tmp_path_factory):
         "data_is_a_string": json.dumps({**done, "data": "digits"}),
         "seed_is_a_string": json.dumps({**done, "seed": "0"}),
         "no_experiment": json.dumps({k: v for k, v in done.items() if k != "experiment"}),
-        "schema_5": json.dumps({**done, "schema_version": 5}),
+        "schema_6": json.dumps({**done, "schema_version": 6}),
         "metrics_a_list": json.dumps({**done, "metrics": [1, 2]}),
         "a_list": json.dumps([done]),
     }.items():
@@ -304,7 +304,7 @@ def test_malformed_records_are_listed_and_never_stop_the_report(outcomes):
     problems = _problems(out).set_index("path")
     reason = {p: problems.loc[str(runs / "broken" / p), "reason"] for p in (
         "truncated", "not_utf8", "data_is_a_string", "seed_is_a_string", "no_experiment",
-        "schema_5", "metrics_a_list", "a_list",
+        "schema_6", "metrics_a_list", "a_list",
     )}  # fmt: skip
     assert (problems.loc[[str(runs / "broken" / p) for p in reason], "status"] == "malformed").all()
     assert reason["truncated"].startswith("cannot parse run.json (truncated or edited?)")
@@ -312,7 +312,7 @@ def test_malformed_records_are_listed_and_never_stop_the_report(outcomes):
     assert reason["data_is_a_string"] == 'data is a string ("digits"), expected an object'
     assert reason["seed_is_a_string"] == 'seed is a string ("0"), expected an integer'
     assert reason["no_experiment"] == "missing fields: experiment"
-    assert reason["schema_5"] == "schema_version 5; this reporter reads 1, 2, 3 and 4"
+    assert reason["schema_6"] == "schema_version 6; this reporter reads 1, 2, 3, 4 and 5"
     assert reason["metrics_a_list"] == "metrics is a list ([1, 2]), expected an object"
     assert reason["a_list"] == "run.json does not hold a JSON object"
     report = (out / "report.md").read_text()

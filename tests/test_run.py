@@ -50,7 +50,7 @@ def test_smoke_run_leaves_a_complete_record(tmp_path: Path, precision: str) -> N
     run_cli("experiment=demo", "budget=smoke", f"precision={precision}", run_dir=tmp_path)
     rec = read_run(tmp_path)
     assert REQUIRED_FIELDS <= rec.keys()
-    assert rec["schema_version"] == 4
+    assert rec["schema_version"] == 5
     assert rec["status"] == "completed" and rec["reason"] is None and rec["hint"] is None
     assert (
         rec["experiment"] == "demo" and rec["precision"] == precision and rec["budget"] == "smoke"

@@ -32,7 +32,7 @@ def _written(tmp_path: Path, status: str = "completed", **extra) -> Path:
 def test_the_writer_writes_schema_4_with_who_ran_it(tmp_path: Path) -> None:
     path = _written(tmp_path, "diverged", reason="loss non-finite", diverged_at_step=7)
     rec = json.loads(path.read_text())
-    assert rec["schema_version"] == SCHEMA_VERSION == 4
+    assert rec["schema_version"] == SCHEMA_VERSION == 5
     assert rec["evaluation"] is None  # schema 4: null until a run completes with a result
     # which code ran, also for a wheel install (no git checkout): the installed version
     from importlib.metadata import version
@@ -77,8 +77,8 @@ def test_no_record_reads_as_none(tmp_path: Path) -> None:
         (lambda b: b"", "empty file"),
         (lambda b: b"\xff\xfe" + b, "not UTF-8"),
         (lambda b: b"[1, 2]", "JSON list, not an object"),
-        (lambda b: b.replace(b'"schema_version": 4', b'"schema_version": 99'), "schema_version 99"),
-        (lambda b: b.replace(b'"schema_version": 4', b'"schema_version": true'), "schema_version"),
+        (lambda b: b.replace(b'"schema_version": 5', b'"schema_version": 99'), "schema_version 99"),
+        (lambda b: b.replace(b'"schema_version": 5', b'"schema_version": true'), "schema_version"),
         (lambda b: b.replace(b'"status": "completed"', b'"status": "paused"'), "unknown status"),
         (lambda b: b.replace(b'"experiment"', b'"experimnet"'), "missing fields: experiment"),
     ],
@@ -123,13 +123,13 @@ def _as_version_1(rec: dict) -> dict:
 def test_a_version_3_record_reads_with_no_evaluation(tmp_path: Path) -> None:
     rec = json.loads(_written(tmp_path).read_text())
     up = upgrade(_as_version_3(rec))
-    assert up["schema_version"] == 4 and up["upgraded_from"] == 3 and up["evaluation"] is None
+    assert up["schema_version"] == 5 and up["upgraded_from"] == 3 and up["evaluation"] is None
 
 
-def test_a_version_1_record_reads_as_version_4(tmp_path: Path) -> None:
+def test_a_version_1_record_reads_as_version_5(tmp_path: Path) -> None:
     rec = json.loads(_written(tmp_path).read_text())
     up = upgrade(_as_version_1(rec))
-    assert up["schema_version"] == 4 and up["upgraded_from"] == 1
+    assert up["schema_version"] == 5 and up["upgraded_from"] == 1
     assert up["status"] == "completed"
     assert up["hint"] is None and up["host"] is None and up["diverged_layer"] is None
     assert up["package_version"] is None and up["study"] is None
@@ -140,7 +140,7 @@ def test_a_version_2_diverged_record_reads_with_null_metrics(tmp_path: Path) -> 
     v2 = _as_version_2(rec)
     assert "metrics" not in v2
     up = upgrade(v2)
-    assert up["schema_version"] == 4 and up["upgraded_from"] == 2 and up["metrics"] is None
+    assert up["schema_version"] == 5 and up["upgraded_from"] == 2 and up["metrics"] is None
 
 
 def test_a_version_1_sigterm_stop_reads_as_interrupted(tmp_path: Path) -> None:

@@ -49,7 +49,7 @@ from mpt_repro.record import (
 )
 from mpt_repro.safeio import open_regular, read_text
 
-SCHEMA_VERSIONS = (1, 2, 3, 4)
+SCHEMA_VERSIONS = (1, 2, 3, 4, 5)
 # statuses whose runs enter the tables, and those that are listed instead
 TABULATED = ("completed", "diverged")
 LISTED = ("failed", "interrupted", "running")
