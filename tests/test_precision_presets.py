@@ -25,6 +25,7 @@ PRESET_NAMES = sorted(p.stem for p in (Path(CONF_DIR) / "precision").glob("*.yam
 ALL = {"fp32", "tf32", "amp", "mixed", "no_master", "no_scaling", "fp16", "bf16", "adaptive"}
 ALL |= {"fp8_e5m2_emulated", "fp8_hybrid_emulated", "fp8", "fp8_rowwise"}  # issue 16
 ALL |= {"pseudo_fp16"}  # issue 25: the paper §4.3 speech runs
+ALL |= {"mxfp8_emulated", "mxfp8_hybrid_emulated", "mxfp6_emulated", "mxfp4_emulated"}  # issue 46
 HARDWARE_FP8 = {"fp8", "fp8_rowwise"}  # torchao float8: FP8 tensor cores, or its emulation
 
 

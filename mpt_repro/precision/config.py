@@ -60,6 +60,10 @@ class FP8Mode(Enum):
 class FP8Format(Enum):
     e5m2 = "e5m2"  # 1 sign, 5 exponent, 2 mantissa bits; IEEE-like with inf; max 57344
     e4m3 = "e4m3"  # OCP E4M3 "fn": no inf, one NaN; max 448
+    # the OCP MX element formats below 8 bits (scaling=mx only; docs/mx.md): FP6 and FP4
+    e3m2 = "e3m2"  # 1-3-2, max 28
+    e2m3 = "e2m3"  # 1-2-3, max 7.5
+    e2m1 = "e2m1"  # 1-2-1, max 6
     none = "none"  # leave this tensor kind in FP32
 
 
@@ -78,6 +82,9 @@ class FP8Overflow(Enum):
 class FP8Scaling(Enum):
     none = "none"  # quantize the values as they are (the 2019 paper's direct method)
     tensorwise = "tensorwise"  # multiply by a power of two mapping the tensor's amax near max
+    # OCP MX v1.0: blocks of 32 along the GEMM's reduction dimension share an E8M0 power-of-two
+    # scale (precision/mx.py, mx_modules.py); weights, activations and errors only
+    mx = "mx"
 
 
 class FP8Master(Enum):

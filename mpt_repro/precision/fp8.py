@@ -48,6 +48,7 @@ from mpt_repro.precision.fp8_config import (  # noqa: F401  (re-exported: caller
     fp8_mode,
     get_format,
     min_scale_at,
+    uses_mx,
     validate_fp8,
 )
 

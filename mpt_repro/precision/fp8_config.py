@@ -43,7 +43,13 @@ class Format:
 E5M2 = Format("e5m2", 2, -14, 57344.0, True, "float8_e5m2")
 E4M3 = Format("e4m3", 3, -6, 448.0, False, "float8_e4m3fn")
 FP16 = Format("fp16", 10, -14, 65504.0, True, "float16")
-FORMATS = {f.name: f for f in (E5M2, E4M3, FP16)}
+# the element formats of the OCP MX formats beside FP8 (no inf, no NaN; used only as MX elements:
+# precision.fp8.<kind>.scaling=mx, mpt_repro/precision/mx.py); torch_dtype names ml_dtypes' type
+E3M2 = Format("e3m2", 2, -2, 28.0, False, "float6_e3m2fn")
+E2M3 = Format("e2m3", 3, 0, 7.5, False, "float6_e2m3fn")
+E2M1 = Format("e2m1", 1, 0, 6.0, False, "float4_e2m1fn")
+FORMATS = {f.name: f for f in (E5M2, E4M3, FP16, E3M2, E2M3, E2M1)}
+MX_ONLY = ("e3m2", "e2m3", "e2m1")
 
 ROUNDINGS = ("nearest", "stochastic")
 OVERFLOWS = ("saturate", "nonfinite")
@@ -59,7 +65,7 @@ def get_format(fmt: Format | str) -> Format:
         return fmt
     name = _name(fmt)
     if name not in FORMATS:
-        raise ValueError(f"unknown 8-bit format {name!r} (known: {', '.join(FORMATS)})")
+        raise ValueError(f"unknown format {name!r} (known: {', '.join(FORMATS)})")
     return FORMATS[name]
 
 
@@ -100,6 +106,13 @@ def fp8_mode(p) -> str:
     """'none', 'emulated' or 'torchao' for a PrecisionConfig (configs without fp8: 'none')."""
     f8 = getattr(p, "fp8", None)
     return "none" if f8 is None else _name(f8.mode)
+
+
+def uses_mx(p) -> bool:
+    """Whether an emulated preset block-scales some tensor kind (scaling=mx): its layers are
+    mx_modules' (each GEMM quantizes along its own reduction dimension), not fp8_modules'."""
+    f8 = getattr(p, "fp8", None)
+    return fp8_mode(p) == "emulated" and any(_name(getattr(f8, k).scaling) == "mx" for k in KINDS)
 
 
 def _defaults():
@@ -166,6 +179,33 @@ def _validate_emulated(p, dtype: str, weights: str) -> None:
         raise ConfigError(
             "precision.fp8.compile applies to precision.fp8.mode=torchao only; drop it (the "
             "emulated layers run eagerly)."
+        )
+    for k in KINDS:
+        _validate_mx_kind(k, getattr(f8, k))
+
+
+def _validate_mx_kind(kind: str, t) -> None:
+    """MX block scaling quantizes GEMM inputs, saturating (OCP MX v1.0); the FP6/FP4 element
+    formats have too little range to stand alone."""
+    fmt, scaling, key = _name(t.format), _name(t.scaling), f"precision.fp8.{kind}"
+    if fmt in MX_ONLY and scaling != "mx":
+        raise ConfigError(
+            f"{key}.format={fmt} is an MX element format (max {FORMATS[fmt].max_finite:g}): "
+            f"it needs {key}.scaling=mx, a shared scale per block of 32."
+        )
+    if scaling != "mx":
+        return
+    if kind == "weight_grads":
+        raise ConfigError(
+            f"{key}.scaling=mx: MX quantizes the inputs of a GEMM (weights, activations, "
+            "errors); the weight gradient is a GEMM's output, accumulated in FP32. Set "
+            f"{key}.format=none."
+        )
+    if fmt == "none" or _name(t.overflow) != "saturate":
+        raise ConfigError(
+            f"{key}.scaling=mx needs a format (e4m3, e5m2, e3m2, e2m3, e2m1) and "
+            f"{key}.overflow=saturate (MX elements saturate to their max normal); got "
+            f"format={fmt}, overflow={_name(t.overflow)}."
         )
 
 
@@ -276,7 +316,9 @@ def describe_fp8(p) -> str | None:
         if _name(t.format) == "none":
             parts.append(f"{k} FP32")
             continue
-        scaled = ", tensorwise scale" if _name(t.scaling) == "tensorwise" else ""
+        scaled = {"tensorwise": ", tensorwise scale", "mx": ", MX blocks of 32"}.get(
+            _name(t.scaling), ""
+        )
         rnd = "SR" if _name(t.rounding) == "stochastic" else "RNE"
         parts.append(f"{k} {_name(t.format).upper()} {rnd} {_name(t.overflow)}{scaled}")
     master = _name(f8.master).upper()
@@ -294,7 +336,10 @@ def describe_fp8(p) -> str | None:
             f"{v:g} from step {s}"
             for s, v in zip(f8.min_scale_milestones, f8.min_scale_milestone_values)
         )
+    mx = any(_name(getattr(f8, k).scaling) == "mx" for k in KINDS)
     return (
-        "emulated FP8 in conv/linear layers (" + "; ".join(parts) + "; FP32 accumulation), "
+        f"emulated {'MX (OCP v1.0)' if mx else 'FP8'} in conv/linear layers ("
+        + "; ".join(parts)
+        + "; FP32 accumulation), "
         f"exempt: {exempt}, master weights {master}{floor}"
     )

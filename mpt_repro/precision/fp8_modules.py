@@ -201,6 +201,7 @@ class FP8Linear(nn.Linear):
 class _FP8ConvMixin:
     _fp8: FP8Runtime
     _n_spatial: int
+    _conv_fn: type[torch.autograd.Function] = _ConvFn  # mx_modules' layers bring their own
 
     def _fp8_conv(self, x: Tensor, transposed: bool, output_padding) -> Tensor:
         n = self._n_spatial
@@ -223,7 +224,7 @@ class _FP8ConvMixin:
             list(output_padding),
             self.groups,
         )
-        y = _ConvFn.apply(x, self.weight, self.bias, self._fp8, geometry)
+        y = self._conv_fn.apply(x, self.weight, self.bias, self._fp8, geometry)
         return y.squeeze(0) if unbatched else y
 
 
@@ -302,6 +303,8 @@ def apply_fp8(model: nn.Module, precision_cfg, seed: int | None = None) -> nn.Mo
     (default: torch.initial_seed(), i.e. the run seed the task set with torch.manual_seed)."""
     if fp8.fp8_mode(precision_cfg) != "emulated":  # none; torchao: PrecisionPolicy's own call
         return model
+    if fp8.uses_mx(precision_cfg):
+        raise ValueError("apply_fp8: precision.fp8.*.scaling=mx is mx_modules.apply_mx's")
     f8 = precision_cfg.fp8
     if fp8_runtime(model) is not None:
         raise ValueError("apply_fp8: this model already has FP8 layers")
@@ -345,7 +348,7 @@ class EmulatedFP8(Converter):
 
     @classmethod
     def wanted(cls, cfg) -> bool:
-        return fp8.fp8_mode(cfg) == "emulated"
+        return fp8.fp8_mode(cfg) == "emulated" and not fp8.uses_mx(cfg)  # MX: mx_modules
 
     def convert(self, model: nn.Module) -> nn.Module:
         return apply_fp8(model, self.cfg)

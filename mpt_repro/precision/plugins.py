@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from mpt_repro.errors import ConfigError
-from mpt_repro.precision import adaptive, fp8_hardware, fp8_modules, scalers  # noqa: F401
+from mpt_repro.precision import adaptive, fp8_hardware, fp8_modules, mx_modules, scalers  # noqa: F401
 from mpt_repro.precision.converters import CONVERTERS, Converter
 from mpt_repro.precision.scalers import SCALERS, LossScaler
 
