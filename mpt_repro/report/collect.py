@@ -11,7 +11,10 @@ Records of schemas 1 to 3 are read (README "The run record"). Schema 2 adds the 
 `interrupted`, `diverged_layer`, `hint`, `metrics_detail`, `host` and `pid`; in a schema 1 record
 a `failed` run stopped by SIGTERM is an interrupted one, and the first non-finite layer is in
 `diagnostics.first_nonfinite_layer`. Schema 3 adds `study`, `saved_bytes_per_sample` and
-`package_version`, and a diverged run's `metrics` is null.
+`package_version`, and a diverged run's `metrics` is null. Schema 5 adds `machine` (what decided
+the bits: mpt_repro/machine.py): a group whose runs' machines differ says so in its label
+(`machine differs: native AVX512, ... / portable AVX2, ...`), as it does for code versions, and
+so does a conflict between two records of one identity.
 
 **Like against like.** Each run is placed in a comparison group: the runs of one subject (an
 experiment, or an experiment with your own model) whose resolved configurations are equal but
@@ -39,6 +42,7 @@ from mpt_repro.identity import (
     flatten,
     recipe_changes,
 )
+from mpt_repro.machine import numerics_label
 from mpt_repro.record import (
     NO_STEP_ADVICE,
     missing_files,
@@ -392,6 +396,8 @@ def _provenance(record: dict, status: str) -> dict[str, Any]:
         "slow_fp16": slow_low_precision(record.get("device")) or "",
         # the code that ran: a group whose runs differ in it says so in its label
         **{name: _code(record, name) for name in CODE_FIELDS},
+        # what decided the bits on the device (schema 5; "" before): named like the code
+        "machine": numerics_label(record.get("machine")),
     }
 
 
@@ -623,8 +629,15 @@ def with_group_labels(runs: pd.DataFrame) -> pd.DataFrame:
             for key, group in part.groupby("comparison"):
                 labels[key] = _with_changes(labels.get(key, ""), group["recipe_changes"])
                 code = _code_difference(group)  # a Δ across code versions names them
+                machine = machine_difference(group["machine"]) if "machine" in group else ""
                 labels[key] = ", ".join(
-                    x for x in (labels[key], code and f"code differs: {code}") if x
+                    x
+                    for x in (
+                        labels[key],
+                        code and f"code differs: {code}",
+                        machine and f"machine differs: {machine}",
+                    )
+                    if x
                 )
         runs.loc[part.index, "group_label"] = part["comparison"].map(labels)
     runs["row_label"] = [
@@ -656,6 +669,13 @@ def _code_difference(part: pd.DataFrame) -> str:
         if len(values) > 1:
             shown.append(f"{name} {'/'.join(values)}")
     return ", ".join(shown)
+
+
+def machine_difference(labels: pd.Series) -> str:
+    """`native AVX512, ... / portable AVX2, ...` where the runs' machines decided their numbers
+    differently (mpt_repro.machine.numerics_label), or "" (records before schema 5 say nothing)."""
+    values = sorted({v for v in labels.fillna("") if v})
+    return " / ".join(values) if len(values) > 1 else ""
 
 
 def _with_changes(label: str, changes: pd.Series) -> str:
@@ -703,13 +723,21 @@ def _without_duplicates(runs: pd.DataFrame, problems: list[Problem]) -> pd.DataF
                     f"{_result_text(row, results)}; the same configuration, preset and seed as "
                     f"{(other if row is kept else kept)['path']}, which gives "
                     f"{_result_text(other if row is kept else kept, results)}"
-                    + (": this one is in the tables" if row is kept else ""),
+                    + (": this one is in the tables" if row is kept else "")
+                    + _machines_named(kept, other),
                     run_name_of(row),
                     "keep the record you trust, move the other out of the results folder",
                 )
                 for row in (kept, other)
             ]
     return runs[~dup]
+
+
+def _machines_named(a: pd.Series, b: pd.Series) -> str:
+    """ "; machine differs: X / Y" when two conflicting records' machines decided their numbers
+    differently (the likely cause: other CPU kernels), else ""."""
+    found = machine_difference(pd.Series([a.get("machine"), b.get("machine")], dtype=object))
+    return f"; machine differs: {found}" if found else ""
 
 
 def _same_result(a: pd.Series, b: pd.Series, columns: list[str]) -> bool:
