@@ -447,3 +447,34 @@ def test_a_worker_measures_an_lm_step_whose_batch_cannot_be_cut(tmp_path, one_th
     # the sampled softmax's sampler runs on the host by design (a record_function "host:" block):
     # its data-dependent draws are no device syncs; before, they made 16 a step
     assert r["host_syncs_per_step"] == 0, r["host_sync_where"]
+
+
+SMALL_RESNET = [
+    "experiment=resnet50",
+    "model=custom",
+    "model.target=torchvision.models:resnet18",
+    "data=synthetic",
+    "data.image_size=32",
+    "trainer.device=cpu",
+]
+
+
+def test_a_small_batch_is_measured_as_given_and_one_that_cannot_train_is_refused(
+    tmp_path, one_thread
+):
+    """ResNet-18 at 32 px ends on a 1x1 feature map: batch 2 is measured at 2 (the saved-bytes
+    slope taken towards 4, since half of it could not train), and batch 1, which batch norm
+    cannot train on at all, is refused in one line naming the key."""
+    from mpt_repro.bench.worker import measure as run_worker
+    from mpt_repro.errors import UserError
+
+    def spec(batch: int) -> dict:
+        bench = {**BenchConfig().__dict__, "warmup": 1, "steps": 1, "overhead_steps": 0}
+        return {"overrides": [*SMALL_RESNET, f"data.batch_size={batch}"], "preset": "fp32",
+                "repeat": 0, "bench": bench, "out": str(tmp_path / "r.json")}  # fmt: skip
+
+    r = run_worker(spec(2))
+    assert r["batch"] == 2 and r["saved_method"] == "slope between batch 2 and 4"
+    assert r["saved_bytes_per_sample"] > 0 and r["flops_per_sample"] > 0
+    with pytest.raises(UserError, match=r"^data.batch_size=1 cannot train resnet50: .*larger"):
+        run_worker(spec(1))

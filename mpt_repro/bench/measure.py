@@ -292,12 +292,12 @@ def _cuda_sync_warnings(device: torch.device) -> Iterator[list]:
 def instrument(
     step_on: Callable[[int], Any], batch: int, device: torch.device, slope: bool = True
 ) -> dict[str, Any]:
-    """One step under all three meters, plus one on half the batch:
+    """One step under all three meters at the batch given, plus one on half the batch (twice
+    the batch under 4):
 
     - bytes saved for backward per sample, as the slope between the full and the half batch:
       whatever does not grow with the batch (weights a convolution saves, autocast's FP16 copies
-      of FP32 weights) cancels, so the figure is the activations' own (with a batch of 1, the
-      total is all there is);
+      of FP32 weights) cancels, so the figure is the activations' own;
     - host syncs of the full step (SyncCounter; on CUDA also the sync-debug warnings), the host
       reads among them, the tensors it builds from host data, and the ATen ops it dispatches:
       the host's launch work, which a GPU step must hide;
@@ -334,18 +334,17 @@ def instrument(
             saved_method="total / samples (the batch cannot be cut: weight-sized tensors included)",
         )
         return out
-    if batch < 2:
-        out.update(saved_bytes_per_sample=float(full), saved_method="total of a batch of 1")
-        return out
-    half = batch // 2
+    # the slope's second point: half the batch, or twice it (its samples repeated) where half
+    # would be under 2, which batch norm over a 1x1 feature map cannot train on
+    other = batch // 2 if batch >= 4 else 2 * batch
     with saved.hooks():
-        step_on(half)
-    per_sample = (full - saved.total) / (batch - half)
+        step_on(other)
+    per_sample = (full - saved.total) / (batch - other)
     out.update(
         saved_bytes_per_sample=per_sample,
         saved_bytes_half_batch=saved.total,
         saved_bytes_fixed=full - per_sample * batch,  # weights and weight-sized copies
-        saved_method=f"slope between batch {batch} and {half}",
+        saved_method=f"slope between batch {batch} and {other}",
     )
     return out
 

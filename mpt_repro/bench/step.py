@@ -51,7 +51,7 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     batch = to_device(next(iter(task.train_batches(0))), device)
     # the first warm-up step: it settles lazily built state (optimizer buffers, autotuning) and
     # says how many samples a step takes
-    first = task.train_step(batch)
+    first = _first_step(task, batch, cfg)
     samples = int(first.samples)
     micro = samples // max(len(batch), 1) if isinstance(batch, list) else samples
     step_on = None
@@ -72,6 +72,23 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     )
 
 
+def _first_step(task: Any, batch: Any, cfg: Any) -> Any:
+    """The first step, where a batch that cannot train is refused in one line (batch norm over
+    one value per channel: a batch of 1, or a small batch at a 1x1 feature map)."""
+    from mpt_repro.errors import UserError
+
+    try:
+        return task.train_step(batch)
+    except ValueError as e:
+        if "Expected more than 1 value per channel" not in str(e):
+            raise
+        raise UserError(
+            f"data.batch_size={cfg.data.batch_size} cannot train {cfg.experiment_name}: its batch "
+            "norm sees one value per channel at this batch and input size; use a larger "
+            "data.batch_size (or data.image_size)"
+        ) from None
+
+
 def enum_name(v: Any) -> str:
     """An enum member's name or a plain string (OmegaConf gives enums for typed fields)."""
     return str(getattr(v, "name", v))
@@ -87,8 +104,11 @@ def to_device(batch: Any, device: torch.device) -> Any:
 
 def _first(batch: Any, n: int) -> Any:
     """The first n samples, copied: a view would keep the whole batch's storage alive, and the
-    saved-bytes count (per storage) would see the full input at every batch size."""
+    saved-bytes count (per storage) would see the full input at every batch size. Past the
+    batch's end the samples repeat (the saved-bytes slope's second point above a small batch)."""
     if torch.is_tensor(batch):
+        if n > len(batch):
+            batch = batch.repeat(-(-n // len(batch)), *([1] * (batch.dim() - 1)))
         return batch[:n].clone()
     return type(batch)(_first(b, n) for b in batch)
 
