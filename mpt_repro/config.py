@@ -244,6 +244,9 @@ def validate(cfg: DictConfig) -> None:
             schema.check(cfg[group], cfg)
     validate_optim(cfg.optim)
     validate_trainer(cfg.trainer, cfg.distributed)
+    from mpt_repro.fsdp import check as check_sharding  # a preset fsdp2 cannot run: one line
+
+    check_sharding(cfg)
     validate_run(cfg)
     from mpt_repro.precision.validate import validate_optimizer_state, validate_precision
     from mpt_repro.telemetry.config import validate_telemetry

@@ -1,5 +1,6 @@
-"""Data-parallel training across processes (DistributedDataParallel), and the helpers every part
-of the suite calls to stay correct under it.
+"""Data-parallel training across processes (DistributedDataParallel, or fully sharded with
+FSDP2: distributed.strategy=fsdp2, mpt_repro/fsdp.py), and the helpers every part of the suite
+calls to stay correct under it.
 
 One process per device. The launcher decides how many and tells each process who it is:
 
@@ -40,6 +41,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import Sampler
 
+from mpt_repro import fsdp
 from mpt_repro.errors import ConfigError
 
 log = logging.getLogger("mpt_repro")
@@ -327,6 +329,20 @@ def maybe_sync_bn(model: nn.Module, cfg: Any, device: torch.device) -> nn.Module
     return nn.SyncBatchNorm.convert_sync_batchnorm(model)
 
 
+def shard_model(model: nn.Module, policy: Any, cfg: Any) -> nn.Module:
+    """distributed.strategy=fsdp2 in a distributed run: `model` fully sharded (fsdp.shard: its
+    blocks and its root), before its optimizer is built; otherwise the model itself."""
+    if not (is_distributed() and fsdp.enabled(cfg)):
+        return model
+    return fsdp.shard(model, policy, cfg)
+
+
+def full_weights(models: Any) -> Any:
+    """A block in which every sharded model holds its full parameters (evaluation: the ranks'
+    shards of the evaluation data differ in size); a null context under DDP."""
+    return fsdp.gathered(list(models))
+
+
 def wrap_model(model: nn.Module, cfg: Any, broadcast_buffers: bool = True) -> nn.Module:
     """DDP around a prepared model (after policy.build_optimizer, so the optimizer, the FP32
     master copies and the parameter names all refer to the bare model). Keep the bare model for
@@ -340,7 +356,7 @@ def wrap_model(model: nn.Module, cfg: Any, broadcast_buffers: bool = True) -> nn
     sync_buffers (up to torch 2.11 the second broadcast bumps the version of the statistics the
     first forward saved, and the backward fails: "modified by an inplace operation").
     """
-    if not is_distributed():
+    if not is_distributed() or fsdp.is_sharded(model):  # FSDP2 reduces inside the model itself
         return model
     from torch.nn.parallel import DistributedDataParallel as DDP
 
@@ -378,10 +394,12 @@ def sync_buffers(model: nn.Module) -> None:
 
 
 def params_checksum(params: list[torch.Tensor]) -> torch.Tensor:
-    """One float64 sum per parameter: cheap fingerprint to compare replicas across ranks."""
+    """One float64 sum per parameter: cheap fingerprint to compare replicas across ranks. A
+    sharded (DTensor) parameter is gathered first (a collective: every rank calls this alike)."""
     if not params:
         return torch.zeros(0, dtype=torch.float64)
-    return torch.stack([p.detach().double().sum() for p in params]).cpu()
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in params]
+    return torch.stack([p.detach().double().sum() for p in full]).cpu()
 
 
 # -- data -----------------------------------------------------------------------------------
@@ -414,7 +432,7 @@ def no_sync(model: nn.Module) -> Any:
     inner = getattr(model, "_orig_mod", model)  # the compiled wrapper is no DDP instance itself
     if isinstance(inner, nn.parallel.DistributedDataParallel):
         return inner.no_sync()
-    return contextlib.nullcontext()
+    return fsdp.no_sync(inner) or contextlib.nullcontext()
 
 
 class ShardSampler(Sampler[int]):
@@ -463,21 +481,30 @@ def describe(cfg: Any) -> dict[str, Any]:
         "lr_scaling": cfg.optim.lr_scaling,
         "base_batch_size": cfg.optim.base_batch_size,
         "sync_bn": bool(cfg.distributed.sync_bn) and is_distributed(),
+        "strategy": cfg.distributed.strategy,
+        # the preset on FSDP2 (fsdp.mapping): shards' dtype, param_dtype, reduce_dtype
+        "fsdp2": fsdp.mapping(cfg.precision, cfg.distributed)
+        if fsdp.enabled(cfg.distributed)
+        else None,
     }
 
 
 class DistributedCallback:
     """Trainer callback: at the end of the fit, check that every rank holds the same model and
-    optimizer parameters (the FP32 masters included) and record the largest difference."""
+    optimizer parameters (the FP32 masters included) and record the largest difference, and what
+    each rank holds for parameters, gradients and optimizer state (bytes, fsdp.state_bytes)."""
 
     def on_fit_end(self, trainer: Any, summary: dict) -> None:
-        params = [p for m in trainer.task.models.values() for p in m.parameters()]
-        params += [
-            p for o in trainer.task.optimizers.values() for g in o.param_groups for p in g["params"]
-        ]
+        models, optimizers = trainer.task.models.values(), trainer.task.optimizers.values()
+        params = [p for m in models for p in m.parameters()]
+        if not fsdp.sharded_modules(models):  # sharded: the optimizer steps these same shards
+            params += [p for o in optimizers for g in o.param_groups for p in g["params"]]
         mine = params_checksum(params)
         every = all_gather_object(mine)
         diff = max(float((t - every[0]).abs().max()) if t.numel() else 0.0 for t in every)
+        held = all_gather_object(fsdp.state_bytes(models, optimizers))
         summary["distributed"] = {"world_size": world_size(), "replica_max_abs_diff": diff}
+        # parameters + gradients + optimizer state, in bytes: every rank's total, rank 0's parts
+        summary["state_bytes"] = {"per_rank": [h["total"] for h in held], "rank0": held[0]}
         if diff != 0.0:
             log.warning("distributed: parameters differ across ranks by up to %g", diff)

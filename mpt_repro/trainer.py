@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import torch
 
-from mpt_repro import distributed
+from mpt_repro import distributed, fsdp
 from mpt_repro.checkpoint import load_checkpoint, save_checkpoint
 from mpt_repro.ema import ParameterEMA
 from mpt_repro.errors import ConfigError, DataError, Diverged, Interrupted
@@ -240,6 +240,8 @@ class Trainer:
         with contextlib.ExitStack() as averaged:  # optim.ema_decay: evaluate the averages
             for ema in self.emas.values():
                 averaged.enter_context(ema.applied())
+            # fsdp2: the full weights (the averages, when applied) gathered for the evaluation
+            averaged.enter_context(distributed.full_weights(self.task.models.values()))
             if self.cfg.trainer.recalibrate_bn:  # statistics of the weights evaluated
                 self.task.recalibrate_bn(self.cfg.trainer.recalibrate_bn)
             evaluation = self.task.evaluate()
@@ -317,11 +319,15 @@ class Trainer:
         per_rank = distributed.all_gather_object(
             {"rng": rng_state(), "task": self.task.state_dict()}
         )
+        # fsdp2: every rank writes its shards first (torch.distributed.checkpoint)
+        sharded = fsdp.save_sharded(self.run_dir, self.step, self.task, self.emas)
         if self.is_main:
-            self._write_checkpoint(epoch_done, per_rank)
+            self._write_checkpoint(epoch_done, per_rank, sharded)
         distributed.barrier()  # no rank runs (or exits) ahead of a checkpoint that is half written
 
-    def _write_checkpoint(self, epoch_done: bool, per_rank: list[dict]) -> None:
+    def _write_checkpoint(
+        self, epoch_done: bool, per_rank: list[dict], sharded: str | None = None
+    ) -> None:
         epoch, batch = (self.epoch + 1, 0) if epoch_done else (self.epoch, self.batch_in_epoch)
         state = {
             "step": self.step,
@@ -336,7 +342,9 @@ class Trainer:
             # the window's time so far includes the clock's running lap
             "window": {**self.window.state(), "time": self.window.time + self.clock.lap},
             "divergence": self.divergence.state(),
-            "models": {k: m.state_dict() for k, m in self.task.models.items()},
+            "models": {k: m.state_dict() for k, m in self.task.models.items()}
+            if sharded is None
+            else None,
             "optimizers": {k: o.state_dict() for k, o in self.task.optimizers.items()},
             "schedules": {k: s.state_dict() for k, s in self.schedules.items()},
             "emas": {k: e.state_dict() for k, e in self.emas.items()},
@@ -344,8 +352,12 @@ class Trainer:
             "rng": rng_state(),
             "per_rank": per_rank if len(per_rank) > 1 else None,
         }
+        if sharded is not None:
+            state = fsdp.without_sharded(state, sharded)
         # atomic, and the one before is kept: a corrupt last.pt resumes from previous.pt
         save_checkpoint(self.run_dir, state)
+        if sharded is not None:
+            fsdp.prune_sharded(self.run_dir)  # the folders of last.pt and previous.pt kept
 
     def _maybe_resume(self) -> Resume | None:
         """Load the checkpoint when resuming; where the log continues (None: a fresh start)."""
@@ -353,8 +365,11 @@ class Trainer:
         if state is None:
             return None
         path = state["loaded_from"]
+        if state.get("sharded"):  # fsdp2: on every rank, resharded for this world size
+            fsdp.load_sharded(self.run_dir, state, self.task, self.emas)
         for k, m in self.task.models.items():
-            m.load_state_dict(state["models"][k])
+            if not state.get("sharded"):
+                m.load_state_dict(state["models"][k])
         for k, o in self.task.optimizers.items():
             o.load_state_dict(state["optimizers"][k])
         for k, s in self.schedules.items():

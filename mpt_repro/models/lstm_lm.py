@@ -99,6 +99,11 @@ class LogUniformSampler:
 
 
 class LSTMLanguageModel(nn.Module):
+    # distributed.strategy=fsdp2 shards the LSTM on its own (mpt_repro/fsdp.py, blocks); the
+    # embedding and the softmax weights stay in the root's group, since the loss (full or sampled
+    # softmax) reads the softmax weights outside any forward
+    shard_blocks = ("lstm",)
+
     def __init__(
         self,
         vocab_size: int,

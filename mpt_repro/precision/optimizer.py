@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
+from mpt_repro.fsdp import local
 from mpt_repro.precision.compiled import compile_region
 from mpt_repro.precision.converters import StepHook
 from mpt_repro.precision.guard import StateGuard, needs_guard
@@ -88,6 +89,8 @@ class PrecisionOptimizer:
         self.name, self.optimizer, self.names = name, optimizer, names
         self.model_params, self.master, self.scale_group = model_params, master, scale_group
         self.params = master.opt_params if master else model_params  # what the optimizer updates
+        # fsdp2: the parameters are this rank's shards (DTensors); each rank checks its own
+        self.sharded = any(hasattr(p, "to_local") for p in self.params)
         self.scaler = scale_group.scaler if scale_group else None
         # the model's converters' (e.g. emulated FP8's FP16 master rounding), run after each step
         self.hooks = list(hooks or [])
@@ -209,7 +212,7 @@ class PrecisionOptimizer:
         self.host_stepped = None
         pairs = self.master.pending_grads() if self.master is not None else ([], [])
         present = [i for i, p in enumerate(self.params) if p.grad is not None]
-        grads = [self.params[i].grad for i in present]
+        grads = [local(self.params[i].grad) for i in present]  # a shard's: unscaled in place
         found = self.journal.slot("found") if self.journal is not None else None
         row = None
         if self.scaler is not None and grads:
@@ -221,6 +224,8 @@ class PrecisionOptimizer:
         self._prepare(pairs, grads, found, row, multiplied, clipped, clip_grad_norm)
         if row is not None:  # every rank must skip or step together (no-op alone)
             all_reduce_(found, "max")
+            if self.sharded:  # the largest magnitude over every shard (Gloo's MAX drops NaN)
+                all_reduce_(torch.nan_to_num_(row, nan=float("inf")), "max")
         found = self._update(present, found)
         for hook in self.hooks:  # e.g. emulated FP8's FP16 master copy: idempotent after a skip
             hook.after_step(self.params)
@@ -425,7 +430,8 @@ class PrecisionOptimizer:
 
     def load_state_dict(self, sd: dict) -> None:
         self._folded()  # rows of the steps before the load: folded, then replaced
-        self.optimizer.load_state_dict(sd["optimizer"])
+        if sd["optimizer"] is not None:  # fsdp2: the sharded checkpoint holds it (trainer.py)
+            self.optimizer.load_state_dict(sd["optimizer"])
         if self.master is not None and sd.get("masters") is not None:
             self.master.load_state_dict(sd["masters"])
         if self.scaler is not None and sd.get("scaler") is not None:

@@ -114,6 +114,8 @@ class Task:
         distributed.wrap_model). Registered as models[name], optimizers[name] and
         train_models[name]; optimizers are reported in the order added."""
         model = self.policy.prepare_model(model.to(self.device))
+        # fsdp2: sharded before its optimizer is built, which then steps the shards
+        model = distributed.shard_model(model, self.policy, self.cfg.distributed)
         optimizer = self.policy.build_optimizer(model, make_optimizer, name=name)
         wrapped = distributed.wrap_model(
             forward(model) if forward else model, self.cfg.distributed, broadcast_buffers
