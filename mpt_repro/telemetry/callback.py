@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from mpt_repro.telemetry import mx_counts
 from mpt_repro.telemetry import numerics as nx
 from mpt_repro.telemetry.config import validate_telemetry
 
@@ -169,6 +170,8 @@ class TelemetryCallback:
         tel["record_file"] = self.cfg.record_file if self.record_path is not None else None
         tel["figures"] = self.figure_paths
         tel["skipped_steps_seen"] = self.skips_seen
+        if (mx := mx_counts.summarize(records)) is not None:
+            tel["mx"] = mx
         summary["telemetry"] = tel
 
     # -- arming the hooks
@@ -205,6 +208,8 @@ class TelemetryCallback:
             cap.divide_by[mname] = s
             cap.scale[mname] = self.what_if if self.what_if is not None else s
         full = mode == "sample"
+        if full:
+            mx_counts.arm(task.models)  # MX layers count their blocks (issue 46)
         for lay in self._layers.layers:
             hist = full and lay.weighted and self.cfg.activations
             cap.handles.append(
@@ -329,6 +334,8 @@ class TelemetryCallback:
             found.setdefault(layer, {})[kind] = entry
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}
+        for layer, kinds in mx_counts.gather(trainer.task.models).items():
+            found.setdefault(layer, {})["mx"] = kinds  # what MX blocks did (mx_counts)
         layers = self._in_model_order(found)
         record = {
             "step": step,
@@ -453,6 +460,8 @@ class TelemetryCallback:
                 )
         if "lost" in net:
             parts.append(f"lost updates {nx.lost_fraction(net['lost']):.2%}")
+        if (mx := mx_counts.log_text(record)) is not None:
+            parts.append(mx)
         trainer.log.info("telemetry step %d: %s", step, "; ".join(parts) or "no gradients seen")
         if writer is not None:
             write_tensorboard(
