@@ -329,9 +329,13 @@ def main() -> None:
         print(f"{PROG} (mpt-repro) {version()}")
         return
     if "--help" in argv or "-h" in argv:  # ours: the groups a user picks, in a second
+        from mpt_repro.registry import load_available
         from mpt_repro.usage import short_help
 
+        failed = load_available()  # the help lists what the plugins that import bring
         print(short_help(), end="")
+        for problem in failed:
+            print(f"Not listed: {problem}")
         return
     if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
         argv = ["--help" if a == "--help-all" else a for a in argv]

@@ -135,4 +135,22 @@ def with_plugin_configs(argv: list[str]) -> list[str]:
     ]
     if not entries:
         return list(argv)
-    return [*rest, f"{SEARCH_PATH_KEY}=[{','.join(entries)}]"]
+    at = _end_of_overrides(rest)  # Hydra reads one block of overrides: the entry joins it
+    return [*rest[:at], f"{SEARCH_PATH_KEY}=[{','.join(entries)}]", *rest[at:]]
+
+
+def _end_of_overrides(argv: list[str]) -> int:
+    """Where the block of overrides Hydra's parser reads ends in argv, whatever options come
+    before or after it (`experiment=x --cfg job`, `experiment=x -m`); the end when there is
+    none (an entry after the options is then the block)."""
+    from hydra._internal.utils import get_args_parser
+
+    try:
+        overrides = get_args_parser().parse_known_args(argv)[0].overrides or []
+    except SystemExit:  # a flag without its value: Hydra's own message follows
+        return len(argv)
+    n = len(overrides)
+    for i in range(len(argv) - n + 1):
+        if n and argv[i : i + n] == overrides:
+            return i + n
+    return len(argv)

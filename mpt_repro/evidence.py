@@ -243,6 +243,20 @@ def column_sums(columns: Mapping[str, np.ndarray]) -> dict[str, float]:
     return {k: float(np.sum(v, dtype=np.float64)) for k, v in columns.items()}
 
 
+def _uneven(columns: Mapping[str, np.ndarray]) -> str:
+    """Which per-item columns differ in length, by name: an empty one is a column the task's
+    eval_step never returned (its formulas name it)."""
+    shown = ", ".join(f"{k}: {len(v)}" for k, v in columns.items())
+    empty = [k for k, v in columns.items() if len(v) == 0]
+    why = (
+        f"the task's eval_step returned no {', '.join(empty)} column, which its metrics' "
+        "formulas read"
+        if empty
+        else "the task's eval_step must return one value per evaluated item in each"
+    )
+    return f"per-item columns of different lengths ({shown} items): {why}"
+
+
 def from_columns(
     columns: Mapping[str, np.ndarray],
     formulas: Mapping[str, Formula],
@@ -256,7 +270,7 @@ def from_columns(
     `key`: the column naming each item, if any."""
     lengths = {len(v) for v in columns.values()}
     if len(lengths) > 1:
-        raise ValueError(f"per-item columns of different lengths: {sorted(lengths)}")
+        raise ValueError(_uneven(columns))
     items = lengths.pop() if lengths else 0
     sums = column_sums(columns) if items else {k: 0.0 for k in columns}
     metrics, counts, undefined = {}, {}, {}

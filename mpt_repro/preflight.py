@@ -111,6 +111,9 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
         check_data_folder(cfg)  # the run needs its data set's folder
     except UserError as e:
         return f"error: {e}"
+    problem = task_target_problem(str(cfg.get("task")))
+    if problem:
+        return f"error: {problem}"
     problem = unwritable(run_dir)
     if problem:
         return f"error: {problem}"
@@ -118,6 +121,24 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     if single:
         return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite), cfg.data)
     return None
+
+
+def task_target_problem(kind: str) -> str | None:
+    """A task whose class a plugin names in a module Python cannot find: refused here, before
+    torch loads and a run directory is made (the class itself is imported only by the run)."""
+    from mpt_repro import registry
+    from mpt_repro.schema import missing_module
+
+    target = registry.TASKS.get(kind)
+    problem = missing_module(target.partition(":")[0]) if target else None
+    if problem is None:
+        return None
+    owner = registry._OWNERS.get(f"the task {kind!r}", "its plugin")
+    return (
+        f"task={kind}: its class {target}, registered by {owner}, is in a module Python cannot "
+        f"find ({problem}): fix the plugin's task(...) call, or put that module's folder on "
+        "PYTHONPATH"
+    )
 
 
 def job_dir(cfg: Any, single: bool) -> Path:

@@ -61,6 +61,8 @@ class TaskReport:
 REPORTS: dict[str, TaskReport] = {}
 _loaded: list[str] = []  # the plugin modules imported, in order
 _failure: list[ConfigError] = []
+_failed: list[str] = []  # the plugin modules whose import failed
+_tolerant = [False]  # load_available() was called: go on without the plugins that fail
 
 
 def option_schema(group: str, name: str) -> Callable[[type], type]:
@@ -131,28 +133,67 @@ def plugin_modules() -> list[str]:
 
 
 def load() -> None:
-    """Import every plugin once. A plugin that cannot be imported is refused with a message
-    naming it and how it was named (ConfigError), now and at every later call."""
-    if _failure:
+    """Import every plugin once. A plugin whose import fails in any way (ImportError, a syntax
+    error, an exception it raises, sys.exit) is refused with one line naming it and how it was
+    named (ConfigError), now and at every later call; after load_available(), it is left out."""
+    if _failure and not _tolerant[0]:
         raise _failure[0]
     for name in plugin_modules():
-        if name in _loaded:
+        if name in _loaded or name in _failed:
             continue
         try:
             importlib.import_module(name)
-        except ImportError as e:
-            _failure.append(
-                ConfigError(
-                    f"the experiment plugin {name!r} cannot be imported ({e}); it is named by "
-                    f"{ENV_VAR} or an installed package's {ENTRY_POINT_GROUP!r} entry point: put "
-                    "its folder on PYTHONPATH (or install its package), or remove the name"
-                )
-            )
-            raise _failure[0] from e
         except ConfigError as e:  # a name another plugin registered (_claim)
-            _failure.append(ConfigError(f"the experiment plugin {name!r} cannot be loaded: {e}"))
-            raise _failure[0] from e
-        _loaded.append(name)
+            problem = ConfigError(f"the experiment plugin {name!r} cannot be loaded: {e}")
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure is the plugin's
+            problem = ConfigError(_import_failure(name, e))
+        else:
+            _loaded.append(name)
+            continue
+        _failure.append(problem)
+        _failed.append(name)
+        if not _tolerant[0]:
+            raise problem from None
+
+
+def load_available() -> list[str]:
+    """Import every plugin that can be imported, and go on without the others: the one-line
+    reason of each that cannot (`mpt-run --help`, mpt-report: they say which, and go on)."""
+    _tolerant[0] = True
+    load()
+    return [str(e) for e in _failure]
+
+
+def _import_failure(name: str, e: BaseException) -> str:
+    """The one line for a plugin whose import failed: what happened, how it was named, the fix."""
+    how = _named_by(name)
+    if isinstance(e, ImportError):
+        return (
+            f"the experiment plugin {name!r} cannot be imported ({e}); it is {how}: put its "
+            "folder on PYTHONPATH (or install its package), or remove the name"
+        )
+    if isinstance(e, SyntaxError):
+        what = f"has a syntax error ({e.msg}, {e.filename} line {e.lineno})"
+    elif isinstance(e, SystemExit):
+        what = f"called sys.exit({e.code!r}) while being imported"
+    else:
+        what = f"raised {type(e).__name__} while being imported ({e})"
+    return f"the experiment plugin {name!r} {what}; it is {how}: fix it, or remove the name"
+
+
+def _named_by(name: str) -> str:
+    """How a plugin module was named: MPT_PLUGINS, an installed package's entry point, or the
+    suite's own experiments."""
+    from importlib.metadata import entry_points
+
+    if name in [n.strip() for n in os.environ.get(ENV_VAR, "").split(",")]:
+        return f"named by {ENV_VAR}"
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        if ep.value.split(":")[0] == name:
+            dist = getattr(ep, "dist", None)
+            package = f" of the installed package {dist.name}" if dist is not None else ""
+            return f"named by the {ENTRY_POINT_GROUP!r} entry point {ep.name!r}{package}"
+    return "one of mpt_repro.experiments"
 
 
 def option_schemas() -> dict[str, dict[str, type]]:

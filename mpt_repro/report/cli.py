@@ -95,6 +95,11 @@ HEADINGS = {
         True,
     ),
     "no curves": ("Without training curves (in the tables, not in the plots)", True),
+    "plugin": (
+        "Experiment plugins that could not be imported (their runs are reported without the "
+        "tables they bring)",
+        True,
+    ),
 }
 
 
@@ -120,7 +125,8 @@ def problems_section(problems: list[Problem]) -> str:
             who = f" ({p.run})" if p.run else ""
             stop = "" if p.reason.endswith((".", "!", "?")) else "."
             hint = f" Next: {p.hint.rstrip('.')}." if p.hint else ""
-            out.append(f"- `{p.path}`{who}: {p.reason}{stop}{hint}")
+            where = f"`{p.path}`{who}: " if p.path else ""
+            out.append(f"- {where}{p.reason}{stop}{hint}")
         out.append("")
     return "\n".join(out)
 
@@ -147,7 +153,9 @@ def build_report(
     from mpt_repro.report.tables import all_tables
 
     settings = settings or default_settings()
-    runs, problems = load_runs(results_dir)
+    problems = _plugin_problems()  # the report goes on without a plugin that cannot be imported
+    runs, record_problems = load_runs(results_dir)
+    problems += record_problems
     agg = aggregate(runs)
     deltas = group_deltas(runs, settings)  # the bootstrap runs once per report
     tables = all_tables(agg, runs, settings, deltas)
@@ -182,6 +190,15 @@ def build_report(
     report = "\n".join(text)
     (out / "report.md").write_text(report)
     return report, tables, problems
+
+
+def _plugin_problems() -> list[Problem]:
+    """Each experiment plugin that cannot be imported, listed: its runs are reported without
+    the tables and views it brings."""
+    from mpt_repro.registry import load_available
+    from mpt_repro.report.collect import Problem
+
+    return [Problem("", "plugin", reason) for reason in load_available()]
 
 
 def _claims(runs) -> tuple[Table | None, list[Problem]]:
