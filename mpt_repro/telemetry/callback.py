@@ -90,12 +90,36 @@ class _Capture:
         self.snapshot: list[tuple[str, Tensor, Tensor]] = []  # (layer, FP32 param, copy before)
         self.divide_by: dict[str, float] = {}  # model -> loss scale the captured gradients carry
         self.scale: dict[str, float] = {}  # model -> scale the *_scaled fractions apply
+        # layer -> [flushed, numel] of its FP16 backward's input and weight gradients
+        self.flushed: dict[str, Tensor] = {}
 
     def remove(self) -> None:
         for h in self.handles:
             h.remove()
         self.handles = []
         self.last_grad = None
+
+
+FLUSHED_KEYS = ("act", "act_numel", "weight", "weight_numel")
+
+
+def flushed_summary(records: list[dict]) -> dict:
+    """{"act_grad_flushed": {"last", "mean", "max"}, "weight_grad_flushed": ...}: per sampled
+    step, the share of the FP16 backward's input (weight) gradient values of the Linear and
+    Conv2d layers that it flushed to zero (numerics.backward_flush_counts); absent when no such
+    layer computed in FP16."""
+    series: dict[str, list[float]] = {"act": [], "weight": []}
+    for r in records:
+        entries = [e["flushed"] for e in r.get("layers", {}).values() if "flushed" in e]
+        for kind in series:
+            numel = sum(e[f"{kind}_numel"] for e in entries)
+            if r["mode"] == "sample" and numel:
+                series[kind].append(sum(e[kind] for e in entries) / numel)
+    return {
+        f"{kind}_grad_flushed": {"last": v[-1], "mean": sum(v) / len(v), "max": max(v)}
+        for kind, v in series.items()
+        if v
+    }
 
 
 class TelemetryCallback:
@@ -172,6 +196,7 @@ class TelemetryCallback:
         tel["skipped_steps_seen"] = self.skips_seen
         if (mx := mx_counts.summarize(records)) is not None:
             tel["mx"] = mx
+        tel["network"].update(flushed_summary(records))
         summary["telemetry"] = tel
 
     # -- arming the hooks
@@ -265,6 +290,9 @@ class TelemetryCallback:
         if not torch.is_grad_enabled():
             return
         outs = _grad_tensors(output)
+        if hist and len(outs) == 1 and outs[0].dtype == torch.float16 and args:
+            if nx.flush_hookable(module) and torch.is_tensor(args[0]):
+                outs[0].register_hook(partial(self._flush_hook, cap, layer, module, args[0]))
         for t in outs:
             cap.forward.append((layer, t.detach().abs().amax().float()))
             t.register_hook(partial(self._grad_hook, cap, mname, layer, "grad_output", hist))
@@ -289,6 +317,14 @@ class TelemetryCallback:
             cap.act[layer] = (
                 cap.act[layer] + c if layer in cap.act else c
             )  # a layer used twice: summed
+
+    def _flush_hook(
+        self, cap: _Capture, layer: str, module: nn.Module, x: Tensor, grad: Tensor
+    ) -> None:
+        # what this layer's FP16 backward flushes to zero, where it happens (counted on the
+        # run's own gradients, so a no_scaling run and a scaled one can be compared)
+        c = nx.backward_flush_counts(module, x, grad)
+        cap.flushed[layer] = cap.flushed[layer] + c if layer in cap.flushed else c
 
     def _weight_hook(self, cap: _Capture, p: Tensor) -> None:
         ref = self._layers.params[id(p)]
@@ -332,6 +368,9 @@ class TelemetryCallback:
             entry = {"hist": nx.trim_histogram(nx.histogram_list(c)), **nx.count_dict(c)}
             entry["formats"] = formats
             found.setdefault(layer, {})[kind] = entry
+        flushed_host = torch.stack(list(cap.flushed.values())).cpu().tolist() if cap.flushed else []
+        for layer, c in zip(cap.flushed.keys(), flushed_host):
+            found.setdefault(layer, {})["flushed"] = dict(zip(FLUSHED_KEYS, c))
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}
         for layer, kinds in mx_counts.gather(trainer.task.models).items():

@@ -151,6 +151,44 @@ def lost_update_counts(weight_before: Tensor, update: Tensor) -> Tensor:
     return torch.stack([lost.sum(), nonzero.sum(), torch.tensor(u.numel(), device=u.device)])
 
 
+@torch.no_grad()
+def backward_flush_counts(module: torch.nn.Module, x: Tensor, grad_out: Tensor) -> Tensor:
+    """[flushed, numel] of the input gradient, then of the weight gradient, that an FP16 backward
+    of a Linear or Conv2d layer computes from `grad_out` (int64 vector, no host sync).
+
+    Both are recomputed in FP32 from the FP16 operands the run's backward uses (its `grad_out`,
+    the layer's weight and input): a value is flushed when it is nonzero there and at most
+    2^-25, which FP16's round to nearest makes 0. Counted in the run's own units (a scaled run's
+    gradients carry its loss scale), so this is what the run itself lost at this layer, not a
+    what-if. The input gradient counts only when the input needs one (not the network's input).
+    """
+    g, w, xi = grad_out.float(), module.weight.float(), x.float()
+    if isinstance(module, torch.nn.Linear):
+        g2, x2 = g.reshape(-1, g.shape[-1]), xi.reshape(-1, xi.shape[-1])
+        gi, gw = g @ w, g2.T @ x2
+    else:  # Conv2d (numeric padding: the callback hooks no other)
+        conv = (module.stride, module.padding, module.dilation, module.groups)
+        gi = torch.nn.grad.conv2d_input(xi.shape, w, g, *conv)
+        gw = torch.nn.grad.conv2d_weight(xi, w.shape, g, *conv)
+
+    def flushed(v: Tensor) -> list[Tensor]:
+        a = v.abs()
+        return [((a > 0) & (a <= 2.0 ** (FP16_MIN_SUBNORMAL_EXP - 1))).sum(),
+                torch.tensor(a.numel(), device=a.device)]  # fmt: skip
+
+    act = (
+        flushed(gi) if x.requires_grad else [torch.zeros((), dtype=torch.long, device=g.device)] * 2
+    )
+    return torch.stack([*act, *flushed(gw)])
+
+
+def flush_hookable(module: torch.nn.Module) -> bool:
+    """Layers whose FP16 backward backward_flush_counts can recompute."""
+    if isinstance(module, torch.nn.Conv2d):
+        return not isinstance(module.padding, str) and module.padding_mode == "zeros"
+    return isinstance(module, torch.nn.Linear)
+
+
 # -- on the host, from count vectors ------------------------------------------------------------
 def trim_histogram(hist) -> dict:
     """{"lo": first populated exponent, "counts": [...]} (compact for the record file)."""
