@@ -29,6 +29,7 @@ from torch.utils.data import Dataset
 from mpt_repro.data import ImageData, data_root, register_dataset
 from mpt_repro.data.device import normalize_on_device
 from mpt_repro.errors import DataError
+from mpt_repro.safeio import open_regular
 
 FOLDER = "cifar-10-batches-py"
 NUM_CLASSES = 10
@@ -132,7 +133,7 @@ def read_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
     """One pickled batch as uint8 images (N, 3, 32, 32) and int64 labels, checked: uint8 pixels,
     labels in 0..9 (refused naming the file, before anything trains on them)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:  # a FIFO is refused, never waited on
             batch = BatchUnpickler(f, encoding="bytes").load()
     except UnsafePickle as e:
         raise DataError(f"{path}: refused: {e}. Unpack cifar-10-python.tar.gz again") from None
@@ -142,8 +143,18 @@ def read_batch(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
         ) from None
     data, labels = _fields(path, batch)
     images = torch.from_numpy(np.ascontiguousarray(data)).reshape(-1, 3, 32, 32)
+    if isinstance(labels, np.ndarray) and labels.dtype.kind not in "iub":
+        raise DataError(
+            f"{path}: b'labels' holds {labels.dtype} values, not integers 0..{NUM_CLASSES - 1}. "
+            "Unpack cifar-10-python.tar.gz again"
+        )
     try:
         labels = torch.as_tensor(labels, dtype=torch.int64)
+    except TypeError:  # a list of strings, None, objects: not labels
+        raise DataError(
+            f"{path}: b'labels' holds values that are not integers 0..{NUM_CLASSES - 1}. "
+            "Unpack cifar-10-python.tar.gz again"
+        ) from None
     except (
         OverflowError,
         RuntimeError,
@@ -177,7 +188,8 @@ def _fields(path: Path, batch: Any) -> tuple[np.ndarray, Any]:
     data, labels = batch[b"data"], batch[b"labels"]
     if not isinstance(data, np.ndarray) or data.dtype != np.uint8:
         what = f"{data.dtype} values" if isinstance(data, np.ndarray) else type(data).__name__
-        top = f", up to {np.max(data):g}" if isinstance(data, np.ndarray) and data.size else ""
+        numeric = isinstance(data, np.ndarray) and data.size and data.dtype.kind in "iuf"
+        top = f", up to {np.max(data):g}" if numeric else ""  # an object array has no max
         raise DataError(
             f"{path}: b'data' holds {what}{top}, not uint8 pixels (0..255): it would be cast "
             "to uint8, wrapping every value past 255. Unpack cifar-10-python.tar.gz again"
