@@ -339,6 +339,10 @@ def main() -> None:
         return
     if "--help-all" in argv:  # Hydra's: every group and the whole composed configuration
         argv = ["--help" if a == "--help-all" else a for a in argv]
+    from mpt_repro.machine import asked_on_command_line, pin
+
+    if asked_on_command_line(argv):  # trainer.portable=true: before anything loads torch
+        pin()
     argv = _checked_command_line(argv)  # exits 2 with one line where the run cannot happen
     # Hydra prints its own errors with a stripped traceback and exits 1; with HYDRA_FULL_ERROR
     # it raises them instead, and the lines below turn them into one message and a status.

@@ -15,10 +15,12 @@ cuDNN versions and the TF32 / reduced-precision switches.
 
 **Portable mode** (`trainer.portable=true`): one thread and every kernel choice pinned to AVX2,
 which almost every x86-64 machine made since 2015 has (`PORTABLE_ENV`). The variables must be set
-before torch loads (ATen, oneDNN, MKL and OpenMP read them once): mpt-run's job sets them
-(`pin_for`) before it imports torch. A machine that cannot honour the mode (another architecture,
-no AVX2, torch already loaded with other kernels, a GPU run) says so in one line and its record is
-marked not portable (`portable.honoured: false` with the reason).
+before torch loads (ATen, oneDNN, MKL and OpenMP read them once): mpt-run sets them when its
+command line asks (`asked_on_command_line`, before the configuration is composed), and a job
+whose configuration asks sets them before it imports torch (`pin_for`). A machine that cannot
+honour the mode (another architecture, no AVX2, torch already loaded with other kernels, a GPU
+run) says so in one line and its record is marked not portable (`portable.honoured: false` with
+the reason).
 
 Nothing here imports torch at import time: the reporter reads records through `numerics_label`.
 """
@@ -122,6 +124,18 @@ def pin(environ: MutableMapping[str, str] = os.environ) -> str | None:
         )
     environ.update(PORTABLE_ENV)
     return cannot_honour(cpu_info())
+
+
+def asked_on_command_line(argv: list[str]) -> bool:
+    """Whether the command line sets trainer.portable to true (`trainer.portable=true`, or a
+    sweep over it: `trainer.portable=false,true` pins the whole process, whose jobs share one
+    torch): read before anything composes the configuration, since composing a job's may load
+    torch (its task's module)."""
+    for arg in argv:
+        key, sep, value = arg.lstrip("+~").partition("=")
+        if sep and key == "trainer.portable" and "true" in value.lower():
+            return True
+    return False
 
 
 def pin_for(cfg: Any, log: Any = None) -> None:
@@ -281,3 +295,41 @@ def numerics_label(machine: Mapping[str, Any] | None) -> str:
         f"native {capability}{f' ({pinned})' if pinned else ''}, {cpu.get('model')}, "
         f"{threads} {plural}"
     )
+
+
+# -- digests of a run's numbers ------------------------------------------------------------------
+def items_digest(run_dir: Path) -> str | None:
+    """sha256 of the per-item file's arrays (eval_items.npz: every name, dtype, shape and byte),
+    not of the file: a zip's own bytes carry dates. None when the run has no such file."""
+    import hashlib
+
+    import numpy as np
+
+    path = Path(run_dir) / "eval_items.npz"
+    if not path.is_file():
+        return None
+    found = hashlib.sha256()
+    with np.load(path, allow_pickle=False) as items:
+        for name in sorted(items.files):
+            array = np.ascontiguousarray(items[name])
+            found.update(f"{name}:{array.dtype.str}:{array.shape};".encode())
+            found.update(array.tobytes())
+    return found.hexdigest()
+
+
+def result_digest(run_dir: Path, record: Mapping[str, Any]) -> dict[str, Any]:
+    """What two runs of one identity must share to be bit-identical: the status, every final
+    metric (floats as JSON writes them: exact) and the per-item file's digest, and one sha256
+    over the three."""
+    import hashlib
+    import json
+
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), Mapping) else {}
+    found = {
+        "status": record.get("status"),
+        "metrics": dict(metrics),
+        "items": items_digest(run_dir),
+    }
+    text = json.dumps(found, sort_keys=True)
+    found["digest"] = hashlib.sha256(text.encode()).hexdigest()
+    return found
