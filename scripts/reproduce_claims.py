@@ -75,6 +75,7 @@ def command(key: tuple, seeds: set[int], runs_dir: Path) -> list[str]:
         f"seed={','.join(map(str, sorted(seeds)))}",
         *overrides,
         *extra,
+        PORTABLE,
         "resume=true",
         "trainer.progress=false",
         f"paths.runs_dir={runs_dir}",
@@ -98,6 +99,107 @@ def run_sweeps(plan: dict[tuple, set[int]], runs_dir: Path, dry_run: bool) -> li
         done.append((shown, time.perf_counter() - start, code))
         print(f"  {done[-1][1]:.0f} s, exit {code}", flush=True)
     return done
+
+
+# -- portable mode and the digests of the runs (issue 43) -----------------------------------------
+# every claim's run in portable mode: the same bits on any x86-64 machine with AVX2, so that
+# `make verify-claims` can check the page's numbers elsewhere (mpt_repro/machine.py)
+PORTABLE = "trainer.portable=true"
+# the fenced block of the page that holds the digests (scripts/verify_claims.py reads it)
+DIGESTS_FENCE = "json run-digests"
+# run controls a re-run of one run does not repeat (verify-claims sets its own)
+RERUN_LEFT_OUT = ("resume", "paths.runs_dir", "trainer.progress")
+
+
+def canonical(overrides: list[str]) -> set[str]:
+    """Overrides as `key=value` in one spelling: a record keeps them as Hydra rendered them
+    (`trainer.portable=True`), a sweep as typed (`trainer.portable=true`)."""
+    from mpt_repro.identity import parse_overrides, render_value
+
+    return {f"{o.key_or_group}={render_value(o.value())}" for o in parse_overrides(overrides)}
+
+
+def planned_records(plan: dict[tuple, set[int]], runs_dir: Path) -> list[tuple[Path, dict]]:
+    """(run directory, record) of every run of `plan` found under runs_dir, in path order: the
+    runs the page rests on (a runs folder may hold others, from other claims or budgets)."""
+    from mpt_repro.record import RecordError, load_record
+
+    found = []
+    for path in sorted(runs_dir.rglob("run.json")):
+        try:
+            record = load_record(path)
+        except RecordError:
+            continue  # the table lists it; it has no numbers to digest
+        typed = canonical(record.get("overrides") or [])
+        for (experiment, budget, overrides, presets, extra), seeds in plan.items():
+            if (
+                record.get("experiment") == experiment
+                and record.get("budget") == budget
+                and record.get("precision") in presets
+                and record.get("seed") in seeds
+                and canonical([*overrides, *extra, PORTABLE]) <= typed
+            ):
+                found.append((path.parent, record))
+                break
+    return found
+
+
+def run_digests(plan: dict[tuple, set[int]], runs_dir: Path) -> dict:
+    """{"machines": {id: fingerprint}, "runs": [...]}: for every run of the plan, the overrides
+    that re-run it, its result's digest (mpt_repro.machine.result_digest: status, final metrics,
+    per-item file) and the machine it ran on."""
+    import hashlib
+    import json
+
+    from mpt_repro.machine import result_digest
+
+    machines, runs = {}, []
+    for run_dir, record in planned_records(plan, runs_dir):
+        fingerprint = record.get("machine")
+        text = json.dumps(fingerprint, sort_keys=True)
+        machine = hashlib.sha256(text.encode()).hexdigest()[:12]
+        machines[machine] = fingerprint
+        rerun = [o for o in record.get("overrides") or [] if o.split("=")[0] not in RERUN_LEFT_OUT]
+        runs.append(
+            {
+                "run": run_dir.relative_to(runs_dir).as_posix(),
+                "overrides": rerun,
+                "wall_time_s": record.get("wall_time_s"),
+                "machine": machine,
+                **result_digest(run_dir, record),
+            }
+        )
+    return {"machines": machines, "runs": runs}
+
+
+def digest_section(digests: dict) -> str:
+    """The page's last section: how the runs were made, and their digests as a JSON block (one
+    run a line) that `make verify-claims` compares with runs made on the machine at hand."""
+    import json
+
+    from mpt_repro.machine import numerics_label
+
+    labels = sorted({numerics_label(m) for m in digests["machines"].values()})
+    runs = ",\n".join(json.dumps(r, sort_keys=True) for r in digests["runs"])
+    machines = json.dumps(digests["machines"], sort_keys=True)
+    return "\n".join(
+        [
+            "## Digests of the runs",
+            "",
+            f"The {len(digests['runs'])} runs above were made in portable mode "
+            f"(`{PORTABLE}`; made on: {'; '.join(labels) or 'no run'}): the same seeds give the "
+            "same bits on any x86-64 machine with AVX2 (docs/reliability.md). Each run's digest "
+            "covers its status, every final metric and its per-item file (`eval_items.npz`). "
+            "`make verify-claims` re-runs them on the machine at hand and compares "
+            "(`ARGS='--sample 3'` for a quick check).",
+            "",
+            f"```{DIGESTS_FENCE}",
+            f'{{"machines": {machines},',
+            f'"runs": [\n{runs}\n]}}',
+            "```",
+            "",
+        ]
+    )
 
 
 def page(table: Table, done: list[tuple], total: float, trained: float, argv: list[str]) -> str:
@@ -173,12 +275,13 @@ def main(argv: list[str] | None = None) -> int:
     table = Table("claims", "The paper's claims, tested on this machine", CAPTION, frame)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "claims.csv", index=False)
-    (args.out / "claims.md").write_text(markdown(table))
+    digests = digest_section(run_digests(sweeps(claims), runs_dir))
+    (args.out / "claims.md").write_text(markdown(table) + "\n" + digests)
     total = time.perf_counter() - start
     if args.docs:
         walls = runs["wall_time_s"] if "wall_time_s" in runs else pd.Series(dtype=float)
         trained = float(pd.to_numeric(walls, errors="coerce").sum())
-        args.docs.write_text(page(table, done, total, trained, argv))
+        args.docs.write_text(page(table, done, total, trained, argv) + digests)
     counts = frame["Verdict"].value_counts().to_dict()
     print(f"reproduce-claims: {len(frame)} claims, {counts}; {args.out / 'claims.md'}")
     return 0
