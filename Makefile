@@ -69,6 +69,10 @@ reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path
 reproduce-claims: $(STAMP) ## the paper's claims on this CPU: the runs of conf/claims/, then their verdicts (results/claims; ~1 h)
 	$(BIN)/python scripts/reproduce_claims.py $(ARGS)
 
+# ARGS: more options of scripts/verify_claims.py (--sample N, a page other than docs/claims.md)
+verify-claims: $(STAMP) ## re-run the runs docs/claims.md rests on: bit-identical to its digests? (ARGS='--sample 3': a quick check)
+	$(BIN)/python scripts/verify_claims.py $(ARGS)
+
 # OUT WORK BUDGET STEPS BATCH DRY_RUN: set on the make command line (make exports them); defaults
 # and meanings in scripts/gpu_check.sh. On the GPU machine itself, without make: docs/performance.md
 gpu-check: $(STAMP) ## on a GPU machine with .venv: bench, a smoke run of every experiment, report (docs/performance.md)
@@ -109,5 +113,5 @@ tensorboard: $(STAMP) ## TensorBoard over results/runs (every run of every sweep
 clean-runs: ## delete results/runs and results/report
 	rm -rf results/runs results/report
 
-.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table reproduce-claims report tensorboard ddp gpu-check
+.PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table reproduce-claims verify-claims report tensorboard ddp gpu-check
 .PHONY: help install wheel lint format demo test test-full shape mutants clean-runs reproduce-table report tensorboard ddp gpu-check gpu-wheels gpu-check-rehearsal compat
