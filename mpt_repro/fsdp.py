@@ -271,8 +271,9 @@ def _without_gradient_sync(root: Any) -> Iterator[None]:
 
 # -- what a rank holds --------------------------------------------------------------------------
 def local(t: Any) -> Any:
-    """A DTensor's shard on this rank, or the tensor itself."""
-    return t.to_local() if hasattr(t, "to_local") else t
+    """A DTensor's shard on this rank (the tensor it wraps: the same object from step to step,
+    and in-place work on it is work on the DTensor), or the tensor itself."""
+    return getattr(t, "_local_tensor", t)
 
 
 def state_bytes(models: Iterable[Any], optimizers: Iterable[Any]) -> dict[str, int]:

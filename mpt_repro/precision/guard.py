@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from mpt_repro.distributed import all_reduce_
+from mpt_repro.fsdp import local
 
 
 def needs_guard(params: Sequence[Tensor]) -> bool:
@@ -86,7 +87,8 @@ class StateGuard:
         state = self.optimizer.state
         tensors, owner = [], []
         for p in params:
-            mine = [p] + [v for v in state.get(p, {}).values() if _is_float(v)]
+            # fsdp2: this rank's shards (the undo is MAX-reduced over the ranks below)
+            mine = [local(t) for t in [p, *(v for v in state.get(p, {}).values() if _is_float(v))]]
             tensors += mine
             owner += [self.index[id(p)]] * len(mine)
         key = tuple(id(t) for t in tensors)

@@ -1,0 +1,230 @@
+"""Fully sharded data parallel (distributed.strategy=fsdp2) on the CPU: 2 Gloo processes.
+
+Not slow: what a preset becomes and which cannot run sharded (no processes), each model's blocks,
+and one shared 2-process run that drives the precision policy under DDP and under FSDP2 on the
+same data (the same losses step by step, an overflow on one rank's shard skipped on both, the
+bytes each rank holds). Slow: `mpt-run` under torchrun for the demo and the LM under fp32, mixed
+and bf16 against DDP, a sharded checkpoint resumed (on 2 processes and on 1), and the bytes per
+rank at 1, 2 and 4 processes.
+
+No GPU here: NCCL and several nodes are not exercised (docs/distributed.md).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from conftest import compose
+from omegaconf import OmegaConf
+from test_distributed import free_port
+from torch import nn
+
+from mpt_repro import distributed, fsdp
+from mpt_repro.config import to_plain, validate
+from mpt_repro.errors import ConfigError
+
+
+# -- what a preset becomes, what is refused (no processes) --------------------------------------
+def _mapping(*overrides: str) -> dict:
+    cfg = compose(["experiment=demo", "distributed.strategy=fsdp2", *overrides])
+    validate(cfg)
+    return fsdp.mapping(cfg.precision, cfg.distributed)
+
+
+def test_each_preset_maps_onto_fsdp2_as_ddp_computes_it() -> None:
+    f32 = {"shards": "float32", "param_dtype": "float32", "reduce_dtype": "float32"}
+    for preset in ("fp32", "tf32", "amp", "bf16"):  # FP32 weights, autocast per op
+        assert _mapping(f"precision={preset}") == f32, preset
+    master = {"shards": "float32", "param_dtype": "float16", "reduce_dtype": "float16"}
+    for preset in ("mixed", "no_scaling"):  # the FP32 shards are the master copy
+        assert _mapping(f"precision={preset}") == {**master, "batchnorm": "float32 (own group)"}
+    for preset in ("no_master", "fp16"):  # the optimizer updates FP16 shards
+        assert _mapping(f"precision={preset}")["shards"] == "float16"
+    assert _mapping("precision=mixed", "distributed.reduce_dtype=float32")["reduce_dtype"] == (
+        "float32"
+    )
+    bf16_master = _mapping(
+        "precision=mixed", "precision.compute_dtype=bfloat16", "precision.loss_scaling=none"
+    )
+    assert bf16_master["param_dtype"] == bf16_master["reduce_dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize(
+    ("overrides", "named"),
+    [
+        (["precision=fp8_e5m2_emulated"], "precision.fp8.mode=emulated"),
+        (["precision=pseudo_fp16"], "pseudo FP16"),
+        (["precision=adaptive"], "adaptive, layer-wise"),
+        (["trainer.compile=true"], "trainer.compile=true"),
+    ],
+)
+def test_what_cannot_run_sharded_is_refused_in_one_line(overrides: list, named: str) -> None:
+    cfg = compose(["experiment=demo", "distributed.strategy=fsdp2", *overrides])
+    with pytest.raises(ConfigError) as e:
+        validate(cfg)
+    assert named in str(e.value) and "\n" not in str(e.value)
+    assert "strategy=ddp" in str(e.value) or "compile=false" in str(e.value)
+    validate(compose(["experiment=demo", *overrides]))  # the same under DDP is fine
+
+
+def test_fsdp2_settings_are_refused_under_ddp() -> None:
+    from mpt_repro.config import check_overrides_are_read
+
+    cfg = compose(["experiment=demo", "distributed.reduce_dtype=float32"])
+    with pytest.raises(ConfigError, match="distributed.reduce_dtype"):
+        check_overrides_are_read(cfg, ["distributed.reduce_dtype=float32"])
+    with pytest.raises(ConfigError, match="distributed.strategy"):
+        validate(compose(["experiment=demo", "distributed.strategy=zero3"]))
+
+
+def test_models_say_where_their_blocks_are() -> None:
+    from mpt_repro.models.lstm_lm import LSTMLanguageModel
+
+    cfg = compose(["experiment=demo"])
+    from mpt_repro.models import build_model
+
+    cnn = build_model(cfg.model, num_classes=10, channels=1, image_size=8)
+    # default: the parameter-holding modules of the Sequential (3 conv-BN-ReLU blocks, the head)
+    assert [type(b).__name__ for b in fsdp.blocks(cnn)] == ["Sequential"] * 3 + ["Linear"]
+    lm = LSTMLanguageModel(50, 8, 16, 2)
+    assert fsdp.blocks(lm) == [lm.lstm]  # declared: the softmax stays in the root's group
+
+    class Custom(nn.Module):  # a user's model: its ModuleList's layers
+        def __init__(self):
+            super().__init__()
+            self.stem = nn.Linear(4, 8)
+            self.layers = nn.ModuleList(nn.Linear(8, 8) for _ in range(3))
+
+    custom = Custom()
+    assert fsdp.blocks(custom) == list(custom.layers)
+    custom.shard_blocks = ("nothing*",)
+    with pytest.raises(ConfigError, match="names none of its modules"):
+        fsdp.blocks(custom)
+
+
+# -- one shared 2-process run: the policy under DDP and under FSDP2 -----------------------------
+STEPS = 4
+PRESETS = ("fp32", "mixed", "bf16")
+
+
+def _dcfg(strategy: str) -> dict:
+    return {
+        "backend": "gloo",
+        "timeout_s": 120,
+        "strategy": strategy,
+        "reshard_after_forward": True,
+        "reduce_dtype": "preset",
+        "find_unused_parameters": False,
+    }
+
+
+def _train(precision: dict, strategy: str, rank: int, overflow_at: int | None = None) -> dict:
+    """STEPS SGD steps of a small MLP on this rank's data; the global mean loss of each step."""
+    from mpt_repro.precision import PrecisionPolicy
+
+    dcfg = OmegaConf.create(_dcfg(strategy))
+    policy = PrecisionPolicy(OmegaConf.create(precision), "cpu")
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
+    model.append(nn.Linear(32, 5))
+    model = distributed.shard_model(policy.prepare_model(model), policy, dcfg)
+    opt = policy.build_optimizer(
+        model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), name="model"
+    )
+    forward = distributed.wrap_model(model, dcfg)
+    gen = torch.Generator().manual_seed(100 + rank)
+    losses, stepped = [], []
+    for step in range(STEPS):
+        x, y = torch.randn(8, 16, generator=gen), torch.randint(0, 5, (8,), generator=gen)
+        opt.zero_grad()
+        with policy.autocast():
+            loss = nn.functional.cross_entropy(forward(policy.cast_inputs(x)).float(), y)
+        opt.backward(loss)
+        if step == overflow_at and rank == 1:  # this rank's shard of the first weight's gradient
+            fsdp.local(model[0].weight.grad)[0, 0] = float("inf")
+        stepped.append(bool(opt.step()))
+        losses.append(float(distributed.all_reduce_(loss.detach().clone(), "mean")))
+    # what the optimizer steps: the FP32 masters under DDP's mixed, the FP32 shards under FSDP2
+    weights = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in opt.params]
+    return {
+        "losses": losses,
+        "stepped": stepped,
+        "scale": policy.loss_scale(),
+        "weights": [w.detach().float().clone() for w in weights],
+        "bytes": fsdp.state_bytes([model], [opt]),
+        "sharded": opt.sharded,
+    }
+
+
+def _worker(rank: int, port: int, presets: dict, out: dict) -> None:
+    os.environ.update(
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+    )
+    torch.set_num_threads(1)
+    distributed.setup(OmegaConf.create(_dcfg("ddp")), torch.device("cpu"))
+    try:
+        found = {}
+        for name, precision in presets.items():
+            for strategy in ("ddp", "fsdp2"):
+                found[name, strategy] = _train(precision, strategy, rank)
+        found["overflow"] = _train(presets["mixed"], "fsdp2", rank, overflow_at=2)
+        out[rank] = found
+    finally:
+        distributed.teardown()
+
+
+@pytest.fixture(scope="module")
+def policy_runs() -> dict:
+    presets = {p: to_plain(compose([f"precision={p}"]).precision) for p in PRESETS}
+    presets["mixed"]["loss_scaling"] = "dynamic"  # the demo has no paper scale: dynamic
+    presets["mixed"]["init_scale"] = 1024.0
+    with mp.Manager() as manager:
+        out = manager.dict()
+        mp.spawn(_worker, args=(free_port(), presets, out), nprocs=2, join=True)
+        return {0: dict(out[0]), 1: dict(out[1])}
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_fsdp2_gives_ddp_losses_step_by_step(policy_runs: dict, preset: str) -> None:
+    """The same weights in the compute dtype, the same gradients reduced in the same dtype: the
+    losses agree to the order of the reductions (a reduce-scatter instead of an all-reduce sums
+    the two ranks' values in another order; in FP32 that moves the last bits)."""
+    ddp, sharded = policy_runs[0][preset, "ddp"], policy_runs[0][preset, "fsdp2"]
+    assert sharded["sharded"] and not ddp["sharded"]
+    assert sharded["losses"] == pytest.approx(ddp["losses"], rel=1e-6)
+    for a, b in zip(ddp["weights"], sharded["weights"]):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+    assert policy_runs[1][preset, "fsdp2"]["losses"] == sharded["losses"]  # one global loss
+
+
+def test_overflow_on_one_ranks_shard_skips_the_step_on_both(policy_runs: dict) -> None:
+    r0, r1 = policy_runs[0]["overflow"], policy_runs[1]["overflow"]
+    assert r0["stepped"] == r1["stepped"] == [True, True, False, True]
+    assert r0["scale"] == r1["scale"] == 512.0  # backed off once from 1024, on both ranks
+    for a, b in zip(r0["weights"], r1["weights"]):
+        assert torch.equal(a, b)
+
+
+def test_each_rank_holds_half_the_state(policy_runs: dict) -> None:
+    """Parameters, gradients and optimizer state (momentum): each rank holds its shard of each
+    (FSDP2 pads a dimension that does not divide to an equal shard per rank: the 5-row head).
+    Mixed: DDP holds FP16 weights besides FP32 masters, their gradients and the momentum (14
+    bytes a parameter; the FP16 gradients were handed to the masters); FSDP2's FP32 shards are
+    the masters (12 bytes over 2)."""
+    for preset in ("fp32", "bf16"):
+        ddp = policy_runs[0][preset, "ddp"]["bytes"]
+        for rank in (0, 1):
+            held = policy_runs[rank][preset, "fsdp2"]["bytes"]
+            for part in ("parameters", "gradients", "optimizer"):
+                assert held[part] == pytest.approx(ddp[part] / 2, rel=0.05), (preset, part)
+    ddp, held = policy_runs[0]["mixed", "ddp"]["bytes"], policy_runs[0]["mixed", "fsdp2"]["bytes"]
+    n = ddp["parameters"] / 2  # FP16 weights: 2 bytes each
+    assert ddp["total"] == pytest.approx(14 * n, rel=0.01)
+    assert held["total"] == pytest.approx(6 * n, rel=0.05)
