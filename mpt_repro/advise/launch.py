@@ -9,6 +9,7 @@ run of the same command is reused.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shlex
 import subprocess
@@ -66,8 +67,6 @@ def planned_run_dir(overrides: list[str]) -> Path:
 
 
 def finished_with_telemetry(run_dir: Path) -> bool:
-    import json
-
     from mpt_repro.safeio import read_text
 
     try:
@@ -77,7 +76,8 @@ def finished_with_telemetry(run_dir: Path) -> bool:
     if not isinstance(record, dict):
         return False
     tel = (record.get("diagnostics") or {}).get("telemetry") or {}
-    return record.get("status") == "completed" and bool(tel.get("samples"))
+    # a diverged run is a result too: the advice says so, and what to change first
+    return record.get("status") in ("completed", "diverged") and bool(tel.get("samples"))
 
 
 def refusal(args: list[str]) -> str | None:
@@ -134,6 +134,26 @@ def run_diagnostic(
     if code != 0:
         raise AdviceError(f"the diagnostic run did not finish (mpt-run exit status {code}){said}")
     if not finished_with_telemetry(run_dir):
-        raise AdviceError(f"the diagnostic run in {run_dir} ended without telemetry samples "
-                          "(diverged? see its run.json)")  # fmt: skip
+        raise AdviceError(_no_samples(run_dir))
     return run_dir
+
+
+def _no_samples(run_dir: Path) -> str:
+    """Why a diagnostic run that ended left no telemetry sample, and what to change first."""
+    from mpt_repro.safeio import read_text
+
+    try:
+        record = json.loads(read_text(run_dir / "run.json"))
+    except (OSError, ValueError):
+        record = None
+    if not isinstance(record, dict) or record.get("status") != "diverged":
+        return f"the diagnostic run in {run_dir} ended without telemetry samples; see its run.json"
+    lr = ((record.get("config") or {}).get("optim") or {}).get("lr")
+    retry = (
+        f"optim.lr={lr / 10:g}" if isinstance(lr, (int, float)) and lr > 0 else "a lower optim.lr"
+    )
+    return (
+        f"the diagnostic run in {run_dir} diverged at step {record.get('diverged_at_step')} "
+        f"({record.get('reason') or 'no reason recorded'}) before its first telemetry sample: "
+        f"its gradients say nothing of a training that works; run mpt-advise again with {retry}"
+    )

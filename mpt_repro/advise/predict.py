@@ -225,23 +225,62 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
 
 
+def unusable(evidence: RunEvidence) -> tuple[str, str] | None:
+    """(in short, why) the diagnostic run's gradients describe no training that works, or None
+    when they may be judged: it diverged; it ended with a non-finite metric; or, for a
+    classifier, its loss ended more than ten times above the ln(classes) an untrained model
+    starts from (lr=1e12: loss 9e11, top-1 below chance, yet every recipe was called safe)."""
+    record = evidence.record
+    if record.get("status") == "diverged":
+        return "diverged", str(record.get("reason") or "no reason recorded")
+    metrics = record.get("metrics") if isinstance(record.get("metrics"), dict) else {}
+    numbers = {k: v for k, v in metrics.items() if isinstance(v, (int, float))}
+    bad = sorted(k for k, v in numbers.items() if not math.isfinite(v))
+    if bad:
+        return "did not train", f"it ended with a non-finite {', '.join(bad)}"
+    classes, loss = _classes(record), numbers.get("loss")
+    if classes is None or loss is None or loss <= 10 * math.log(classes):
+        return None
+    why = (
+        f"its final loss {loss:.3g} is far above the {math.log(classes):.2f} (ln {classes}) an "
+        f"untrained {classes}-class model starts from"
+    )
+    top1, chance = numbers.get("top1"), 100 / classes
+    if top1 is not None and top1 <= 1.1 * chance:
+        why += f", and its top-1 {top1:.3g}% is at chance ({chance:.3g}%)"
+    return "did not train", why
+
+
+def _classes(record: dict) -> int | None:
+    """The number of classes of a classification run (its loss is a cross-entropy), or None."""
+    config = record.get("config") if isinstance(record.get("config"), dict) else {}
+    if config.get("task") != "classification":
+        return None
+    for group in ("data", "model"):
+        n = (config.get(group) or {}).get("num_classes")
+        if isinstance(n, int) and n >= 2:
+            return n
+    return None
+
+
 def lower_lr(evidence: RunEvidence) -> float | None:
-    """A tenth of the learning rate of a diagnostic run that diverged (None: it did not, or its
-    record names no learning rate)."""
-    if evidence.record.get("status") != "diverged":
+    """A tenth of the learning rate of a diagnostic run whose evidence cannot be used (None: it
+    can, or its record names no learning rate)."""
+    if unusable(evidence) is None:
         return None
     lr = ((evidence.record.get("config") or {}).get("optim") or {}).get("lr")
     return float(lr) / 10 if isinstance(lr, (int, float)) and lr > 0 else None
 
 
 def diverged_verdict(evidence: RunEvidence) -> str | None:
-    """A diverged diagnostic run's gradients describe no training that works: no recipe is called
-    safe on them (every one was, and its learning rate was suggested again)."""
-    if evidence.record.get("status") != "diverged":
+    """A diagnostic run that diverged or did not train describes no training that works: no
+    recipe is called safe on it (every one was, and its learning rate was suggested again)."""
+    found = unusable(evidence)
+    if found is None:
         return None
     lr = lower_lr(evidence)
     retry = f"optim.lr={lr:g}" if lr is not None else "a lower optim.lr"
-    return f"unknown: the diagnostic run diverged; run it again with {retry}"
+    return f"unknown: the diagnostic run {found[0]}; run it again with {retry}"
 
 
 def verdict(p: Prediction, static: StaticScale, keep: float) -> str:

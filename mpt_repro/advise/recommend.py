@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mpt_repro.advise import formats as fm
-from mpt_repro.advise.predict import Advice, Prediction, default_recipe
+from mpt_repro.advise.predict import Advice, Prediction, default_recipe, unusable
 
 # tie order: the default first, then the recipe with fewer settings (no number to choose last)
 ORDER = ("paper", "dynamic", "no_scaling", "static")
@@ -59,8 +59,9 @@ def loss(p: Prediction) -> float:
 
 def recommend(advice: Advice) -> Recommendation | None:
     """None when nothing can be recommended: no gradient was recorded, the diagnostic run
-    diverged (its verdicts are "unknown"), or the default itself is not measured."""
-    if advice.static.advised is None or advice.evidence.record.get("status") == "diverged":
+    diverged or did not train (its verdicts are "unknown"), or the default itself is not
+    measured."""
+    if advice.static.advised is None or unusable(advice.evidence) is not None:
         return None
     default = advice.prediction(default_recipe(advice.evidence))
     candidates = [

@@ -7,7 +7,15 @@ import shlex
 
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KIND_NAMES, KINDS, RunEvidence
-from mpt_repro.advise.predict import Advice, Prediction, default_recipe, lower_lr, pct, scale_text
+from mpt_repro.advise.predict import (
+    Advice,
+    Prediction,
+    default_recipe,
+    lower_lr,
+    pct,
+    scale_text,
+    unusable,
+)
 from mpt_repro.advise.recommend import (
     MARGIN,
     Recommendation,
@@ -125,8 +133,9 @@ def recommendation_lines(advice: Advice) -> list[str]:
     with the command to run it."""
     r = recommend(advice)
     if r is None:
-        if advice.evidence.record.get("status") == "diverged":
-            return ["None: the diagnostic run diverged (above); run it again first."]
+        found = unusable(advice.evidence)
+        if found is not None:
+            return [f"None: the diagnostic run {found[0]} (above); run it again first."]
         return ["None: no nonzero gradient was recorded."]
     chosen, default = r.chosen, r.default
     shares = {k: pct(v) for k, v in r.losses.items()}
@@ -263,13 +272,14 @@ def header_lines(advice: Advice) -> list[str]:
         )
         + f". Tolerance: {pct(1 - advice.static.keep)} of them (keep = {advice.static.keep:g})."
     ]
-    if ev.record.get("status") == "diverged":
+    found = unusable(ev)
+    if found is not None:
         lr = lower_lr(ev)
         lines.insert(
             0,
-            f"**The diagnostic run diverged** ({ev.record.get('reason') or 'no reason recorded'})"
-            ": its gradients describe no training that works, so no recipe is called safe on "
-            "them; the commands below use "
+            f"**The diagnostic run {found[0]}** ({found[1]}): its gradients describe no "
+            "training that works, so no recipe is called safe on them. Change the learning "
+            "rate first: the commands below use "
             + (f"a tenth of its learning rate (optim.lr={lr:g})." if lr else "its settings.")
             + " Run the diagnostic again with them.",
         )
