@@ -234,3 +234,27 @@ def test_a_real_run_records_its_mx_layers_and_their_block_telemetry(mx_run):
     first = json.loads(lines[0])
     entry = first["layers"][summary["wrapped"][0]]["mx"]["errors"]
     assert set(entry) == set(mx.STATS) and entry["nonzero"] > 0
+
+
+def test_the_bench_computes_what_an_mx_storage_would_save_and_marks_the_emulation():
+    from mpt_repro.bench.mx_cost import describe, mx_storage
+    from mpt_repro.bench.results import format_table
+    from mpt_repro.bench.step import build_step
+
+    cfg = compose(["experiment=demo", "budget=smoke", "precision=mxfp4_emulated"])
+    bs = build_step(cfg, torch.device("cpu"))
+    s = mx_storage(bs)
+    model = bs.task.models["model"]
+    numel = sum(dict(model.named_modules())[n].weight.numel() for n in mx_runtime(model).wrapped)
+    assert s["bits_per_value"]["weights"] == 4.25  # 4-bit elements, 8 bits per 32 of scale
+    assert s["weights"]["fp32_bytes"] == 4 * numel
+    assert s["weights"]["saved_bytes"] == numel * (32 - 4.25) / 8
+    assert 0 < s["activations_per_sample"]["mx_bytes"] < s["activations_per_sample"]["fp32_bytes"]
+    row = {"preset": "mxfp4_emulated", "repeats": 1, "samples_per_s": 1.0,
+           "samples_per_s_min": 1.0, "samples_per_s_max": 1.0, "meaningful": {},
+           "detail": {"mx_storage": s}}  # fmt: skip
+    assert "| mxfp4_emulated (emulation) |" in format_table({"results": [row]})
+    (line,) = describe({"results": [row]})
+    assert "emulation" in line and "computed, not measured" in line
+    cfg32 = compose(["experiment=demo", "budget=smoke", "precision=fp32"])
+    assert mx_storage(build_step(cfg32, torch.device("cpu"))) is None

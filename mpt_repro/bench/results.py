@@ -190,7 +190,9 @@ def format_table(doc: dict) -> str:
         cells = []
         for _, key, kind in COLUMNS:
             value = row.get(key)
-            if key == "samples_per_s":
+            if key == "preset" and (row.get("detail") or {}).get("mx_storage"):
+                text = f"{value} (emulation)"  # MX: the emulation's cost (mx_cost.py)
+            elif key == "samples_per_s":
                 text = (
                     f"{value:.4g} [{row['samples_per_s_min']:.4g}-{row['samples_per_s_max']:.4g}]"
                 )
@@ -227,7 +229,9 @@ def describe_run(doc: dict) -> str:
             "speed, memory and energy are for a GPU run. Saved bytes, host syncs and FLOPs "
             "count the same on any device."
         )
-    return "\n".join(lines)
+    from mpt_repro.bench.mx_cost import describe as describe_mx
+
+    return "\n".join(lines + describe_mx(doc))
 
 
 # -- the baseline table (bench.baseline=true) ---------------------------------------------------

@@ -47,6 +47,7 @@ def _short(e: BaseException) -> str:
 
 def measure(spec: dict[str, Any]) -> dict[str, Any]:
     from mpt_repro.bench import measure as m
+    from mpt_repro.bench.mx_cost import mx_storage
     from mpt_repro.bench.step import build_step
 
     b = BenchConfig(**spec["bench"])
@@ -73,6 +74,8 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
         out.update(overhead(cfg, bs, b, device, say))
     if repeat == 0 and b.baseline:
         out["baseline"] = baseline(cfg, bs, b, device, say)
+    if repeat == 0 and (mx := mx_storage(bs)) is not None:  # an emulated MX preset (issue 46)
+        out["mx_storage"] = mx
     return out
 
 
