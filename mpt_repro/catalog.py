@@ -91,7 +91,9 @@ def recipes(experiment: str) -> list[str]:
 def _load(path: Path) -> dict[str, Any]:
     from omegaconf import OmegaConf
 
-    data = OmegaConf.to_container(OmegaConf.load(path), resolve=False)
+    from mpt_repro.safeio import read_text  # a FIFO among the configs: refused, not waited on
+
+    data = OmegaConf.to_container(OmegaConf.create(read_text(path)), resolve=False)
     return data if isinstance(data, dict) else {}
 
 

@@ -46,6 +46,9 @@ def preflight(argv: list[str]) -> str | None:
         return None
     if any(getattr(args, flag, None) for flag in NO_JOB_FLAGS):
         return None
+    problem = special_config_file()
+    if problem:
+        return f"error: {problem}"
     try:
         jobs = expand(list(args.overrides or []), multirun=bool(args.multirun))
     except Exception:  # noqa: BLE001 - a syntax error: Hydra reports it with its own message
@@ -120,6 +123,23 @@ def check_job(cfg: Any, job: list[str], single: bool) -> str | None:
     note_if_new(run_dir)
     if single:
         return directory_refusal(run_dir, bool(cfg.resume), bool(cfg.overwrite), cfg.data)
+    return None
+
+
+def special_config_file() -> str | None:
+    """A config file (conf/, a plugin's config folder) that is not a regular file: Hydra would
+    wait on a FIFO for ever while composing. Asked of the file system, nothing opened."""
+    from mpt_repro.catalog import conf_dirs
+    from mpt_repro.record import not_a_regular_file
+
+    for folder in conf_dirs():
+        for path in sorted(Path(folder).rglob("*.yaml")):
+            what = not_a_regular_file(path)
+            if what:
+                return (
+                    f"{path} is {what}, not a config file: mpt-run never opens it. Remove it, "
+                    "then run the same command again"
+                )
     return None
 
 

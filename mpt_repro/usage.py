@@ -92,8 +92,14 @@ def _defaults() -> dict[str, str]:
 
 def _summary(path: Any) -> str:
     """The first sentence of a config file's header comment (Hydra's `@package` line left out)."""
+    from mpt_repro.safeio import NotARegularFile, read_text
+
+    try:
+        text = read_text(path)
+    except NotARegularFile as e:  # a FIFO among the options: named, never waited on
+        return f"(not read: {e.what}, not a config file)"
     words = []
-    for line in path.read_text().splitlines():
+    for line in text.splitlines():
         if not line.startswith("#"):
             break
         text = line.lstrip("#").strip()
