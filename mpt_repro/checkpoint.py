@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from mpt_repro.errors import CheckpointError, file_size_limit, too_large
+from mpt_repro.safeio import NotARegularFile, open_regular
 
 LAST = Path("checkpoints/last.pt")
 PREVIOUS = Path("checkpoints/previous.pt")
@@ -45,8 +46,6 @@ def safe_load(path: Path | str, map_location: Any = "cpu") -> Any:
     """torch.load(path, weights_only=True), numpy arrays admitted; UnsafeFile for anything else a
     pickle names (what it names is in the message: nothing of it was called)."""
     import torch
-
-    from mpt_repro.safeio import open_regular
 
     with open_regular(path, "rb") as f, torch.serialization.safe_globals(_numpy_globals()):
         try:
@@ -161,6 +160,9 @@ def load_checkpoint(run_dir: Path, map_location: Any = "cpu") -> dict[str, Any] 
                     "(the old files are moved aside), or remove the file and resume=true again.",
                 )
             ) from None
+        except NotARegularFile as e:  # a FIFO: never opened, never waited on
+            problems.append(f"{path}: {e.what}, not a checkpoint file (never opened)")
+            continue
         except Exception as e:  # noqa: BLE001 - any failure to read is the same answer: not usable
             problems.append(f"{path}: {_short(e)}")
             continue
