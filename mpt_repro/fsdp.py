@@ -388,12 +388,21 @@ def load_sharded(run_dir: Any, state: dict[str, Any], task: Any, emas: dict[str,
 
     from mpt_repro.errors import CheckpointError
 
+    if not state.get("sharded"):
+        raise CheckpointError(
+            f"{state.get('loaded_from')} was written by a run whose model was not sharded "
+            "(distributed.strategy=ddp, or one process); resume it as it ran, with "
+            "distributed.strategy=ddp"
+        )
     folder = Path(run_dir) / "checkpoints" / state["sharded"]
     if not (folder / ".metadata").is_file():
         raise CheckpointError(
             f"{folder}: the sharded part of the checkpoint {state.get('loaded_from')} is missing "
             "or incomplete; start afresh with overwrite=true (the old files are moved aside)"
         )
+    if not sharded_modules(task.models.values()):  # one process, or DDP: the whole of it
+        _load_whole(folder, state, task, emas)
+        return
     into = _sharded_state(task, emas)
     dcp.load(into, checkpoint_id=folder)
     for k, m in task.models.items():
@@ -402,6 +411,39 @@ def load_sharded(run_dir: Any, state: dict[str, Any], task: Any, emas: dict[str,
         set_optimizer_state_dict(task.models[k], o.optimizer, into["optimizers"][k])
     for k, e in emas.items():
         state["emas"][k]["shadow"] = [into["emas"][k][str(i)] for i in range(len(e.shadow))]
+
+
+def _load_whole(folder: Any, state: dict[str, Any], task: Any, emas: dict[str, Any]) -> None:
+    """A sharded checkpoint into models that are not sharded (resumed on one process, or under
+    DDP): every tensor whole (torch's dcp_to_torch_save), the FP32 values into the master
+    copies where the model keeps FP16 weights, the optimizer state by parameter name."""
+    import tempfile
+    from pathlib import Path
+
+    import torch
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dcp_to_torch_save(folder, Path(tmp) / "whole.pt")
+        whole = torch.load(Path(tmp) / "whole.pt", map_location="cpu", weights_only=True)
+    for k, model in task.models.items():
+        weights = whole["models"][k]
+        model.load_state_dict(weights)  # rounded to the model's dtype
+        o = task.optimizers[k]
+        if o.master is not None:  # the FP32 shards were the master copy
+            low = [n for n, p in zip(o.names, o.model_params) if p.dtype != torch.float32]
+            if low:
+                o.master.load_state_dict([weights[n] for n in low])
+            state["optimizers"][k]["masters"] = None  # loaded here, not by its load_state_dict
+        saved = whole["optimizers"][k]["state"]
+        for name, param in zip(o.names, o.params):
+            if name in saved:
+                o.optimizer.state[param] = {
+                    key: v.to(param.device) if torch.is_tensor(v) else v
+                    for key, v in saved[name].items()
+                }
+    for k, e in emas.items():
+        state["emas"][k]["shadow"] = [whole["emas"][k][str(i)] for i in range(len(e.shadow))]
 
 
 def prune_sharded(run_dir: Any, keep: int = 2) -> None:

@@ -365,10 +365,11 @@ class Trainer:
         if state is None:
             return None
         path = state["loaded_from"]
-        if state.get("sharded"):  # fsdp2: on every rank, resharded for this world size
+        sharded = state.get("sharded") or fsdp.sharded_modules(self.task.models.values())
+        if sharded:  # fsdp2: on every rank, resharded for this world size
             fsdp.load_sharded(self.run_dir, state, self.task, self.emas)
         for k, m in self.task.models.items():
-            if not state.get("sharded"):
+            if not sharded:
                 m.load_state_dict(state["models"][k])
         for k, o in self.task.optimizers.items():
             o.load_state_dict(state["optimizers"][k])

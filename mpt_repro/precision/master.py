@@ -89,6 +89,8 @@ class MasterWeights:
             raise ValueError(
                 f"checkpoint holds {len(masters)} master weights, the model needs {len(self._low)}"
             )
+        if not masters:  # every parameter FP32 (its own master; fsdp2's shards): nothing to load
+            return
         # in place: the optimizer keeps pointing at the same tensors
         torch._foreach_copy_(self.masters, [m.to(self.masters[0].device) for m in masters])
         self.masters_to_model()
