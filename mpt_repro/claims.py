@@ -1,35 +1,51 @@
 """The paper's claims as tests stated before they run, and the verdict the runs give each.
 
 Each file of conf/claims/ states one test of one or more claims of paper_reference.csv (its
-`keys`): the runs it needs (experiment, budget, overrides, presets, seeds), and what is compared
-and expected, with the tolerance or threshold. The verdict is computed from that, never chosen
-after looking:
+`keys`): the runs it needs (experiment, budget, overrides, presets, first seeds), the tests that
+decide it, each with what would refute it and its tolerance with the reason for it, and the
+sequential rule that adds seeds until the tests are decided (conf/claims/README.md). A file is
+checked like a configuration (`load_claims`: an unknown key, a wrong type, a tolerance that is
+not above 0, an unknown experiment, budget or preset is one ClaimsError naming the file and the
+key). The verdict is computed from the runs, never chosen after looking:
 
-- reproduced: every test came out as stated;
+- reproduced: every test came out as stated (all of them, not any);
 - not reproduced: a test came out the other way (a finding, reported with its evidence);
-- inconclusive: the evidence cannot decide (the report's own "no verdict" rules: fewer than 3
-  seeds, no spread, an interval wider than the question), with the reason;
-- not testable here: the claim needs what this machine does not have (the reason is stated in the
-  file).
+- inconclusive: the evidence cannot decide yet (the interval still straddles the tolerance, or a
+  problem with the runs), with the reason and the resolution reached;
+- not testable at this scale: what the paper claims happens where this machine's runs cannot go
+  (`setting: scale`, the reason stated); not testable here: the data or hardware are missing.
 
-A test is either
-- `delta`: a preset's primary metric against the reference preset's, paired by seed, with the
-  interval and verdict of mpt-report (mpt_repro/report/compare.py) at the stated tolerance, or
-- `figure`: a number each run records (a telemetry fraction under `diagnostics`, or the spread
-  of a metric over seeds), its mean over seeds with a Student t interval, against a threshold (a
-  number, or another figure of the same runs).
+A test compares runs that differ in what the claim is about:
 
-A claim shown on a task built so that the mechanism appears (`setting: constructed`) is labelled
-"mechanism shown on a constructed task", apart from results on real data. docs/claims.md is the
-table of one full run (`make reproduce-claims`); mpt-report adds the same table when the runs
-are present.
+- `delta`: a preset's metric against the reference preset's, paired by seed: the primary or
+  another evaluation metric with mpt-report's interval (mpt_repro/report/compare.py: the seeds'
+  and the evaluation set's variation), or a training column (`train:<column>`, its mean over the
+  second half of training, metrics.csv) with a paired Student t interval over the seeds. The
+  difference is read against the claim's tolerance X: matches (interval inside ±X), worse or
+  better (interval wholly past X on that side);
+- `figure`: a number each run records (a telemetry share under `diagnostics`), the preset's
+  runs against the `reference` preset's runs of the same seeds (paired differences), or
+  against a number, with a Student t interval (n − 1 degrees of freedom);
+- `spread`: the standard deviation of a metric over the preset's seeds, with its chi-square
+  interval, against a threshold.
+
+Seeds until decided (`Sequential`): the runner judges a claim after each look (3, then 5, then
+8 seeds, by default) and adds seeds while a test is undecided and the claim's budget allows. Every
+look's interval is at confidence 1 − α/K for K planned looks (Bonferroni alpha spending, a
+conservative group-sequential design: Jennison & Turnbull 2000, "Group Sequential Methods with
+Applications to Clinical Trials", §2.5 and ch. 7), so the chance that any look's interval misses
+the truth, and so of a wrong decision at whatever look the runner stops, is at most α however
+the stopping depends on the data.
+
+A claim shown on a task built so that the mechanism appears (`setting: constructed`) is
+labelled "mechanism shown on a constructed task", apart from results on real data.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,12 +54,57 @@ import pandas as pd
 from mpt_repro.catalog import conf_dir
 from mpt_repro.identity import recipe_changes
 
-VERDICTS = ("reproduced", "not reproduced", "inconclusive", "not testable here")
+VERDICTS = (
+    "reproduced",
+    "not reproduced",
+    "inconclusive",
+    "not testable at this scale",
+    "not testable here",
+)
 SETTINGS = {
     "real": "real data",
     "constructed": "mechanism shown on a constructed task",
+    "scale": "not testable at this scale",
     "untestable": "not testable here",
 }
+UNTESTED = {"scale": "not testable at this scale", "untestable": "not testable here"}
+KINDS = {"delta": ("matches", "worse", "better"), "figure": ("above", "below"),
+         "spread": ("above", "below")}  # fmt: skip
+TRAIN_PREFIX = "train:"  # a delta metric read from metrics.csv's training rows
+TRAIN_TAIL = 0.5  # ... its mean over the logged windows of the second half of training
+
+
+class ClaimsError(ValueError):
+    """A claims file that is not as conf/claims/README.md states: the message names the file
+    and the key, in one line."""
+
+
+@dataclass(frozen=True)
+class Sequential:
+    """Seeds until decided: the looks (seed counts) at which the claim is judged, the error rate
+    α, and the CPU budget (minutes of its runs' own wall time, per seed set) that stops adding
+    seeds. Every look's interval is at 1 − α/K (K = the planned looks)."""
+
+    looks: tuple[int, ...] = (3, 5, 8)
+    alpha: float = 0.05
+    cpu_minutes: float = 30.0
+
+    @property
+    def confidence(self) -> float:
+        return 1 - self.alpha / len(self.looks)
+
+    def next_look(self, n_seeds: int) -> int | None:
+        """The seed count of the next look after `n_seeds`, None when the looks are spent."""
+        return next((k for k in self.looks if k > n_seeds), None)
+
+    def text(self) -> str:
+        looks = ", ".join(map(str, self.looks))
+        return (
+            f"judged at {looks} seeds, stopping at the first look that decides or when "
+            f"{self.cpu_minutes:g} CPU minutes are spent; each look's interval at "
+            f"{100 * self.confidence:.4g} % (α = {self.alpha:g} spent evenly over "
+            f"{len(self.looks)} looks)"
+        )
 
 
 @dataclass(frozen=True)
@@ -76,16 +137,30 @@ class Runs:
 
 @dataclass(frozen=True)
 class Test:
-    kind: str  # delta | figure
+    kind: str  # delta | figure | spread
     preset: str
-    expect: str  # delta: matches | worse | better; figure: above | below
-    reference: str = "fp32"
-    tolerance: str = ""  # delta: in the metric's unit ("2", or "2%" of the reference's mean)
-    figure: str = ""  # figure: a path under the record ("diagnostics.telemetry.network...")
-    threshold: float | str = 0.0  # figure: a number, or another figure's path
-    scale: float = 1.0  # figure: shown multiplied by this (100: a percentage)
-    unit: str = ""  # figure: shown after the number
-    label: str = ""  # figure: what it is, in words
+    expect: str  # delta: matches | worse | better; figure, spread: above | below
+    reference: str = ""  # delta: the preset compared with (fp32); figure: the other runs
+    metric: str = ""  # delta: "" (the primary), an evaluation metric, or "train:<column>"
+    tolerance: str = ""  # delta: in the metric's unit ("0.01", or "2%" of the reference's mean)
+    reason: str = ""  # why this tolerance or threshold (the paper's differences, what matters)
+    refuted_by: str = ""  # what result would refute it (default: said from the test)
+    figure: str = ""  # figure: a dotted path in run.json; spread: a metric
+    threshold: float = 0.0  # figure: the margin or value to pass; spread: the SD's
+    scale: float = 1.0  # shown multiplied by this (100: a percentage)
+    unit: str = ""  # shown after the number
+    label: str = ""  # what it is, in words
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A number shown beside the tests, not tested (a mechanism behind an outcome test)."""
+
+    preset: str
+    figure: str
+    label: str = ""
+    scale: float = 1.0
+    unit: str = ""
 
 
 @dataclass(frozen=True)
@@ -94,10 +169,23 @@ class Claim:
     keys: tuple[str, ...]  # rows of paper_reference.csv
     statement: str
     section: str
-    setting: str  # real | constructed | untestable
-    why: str = ""  # untestable: the reason; otherwise what the stand-in is
+    setting: str  # real | constructed | scale | untestable
+    why: str = ""  # scale, untestable: the reason; otherwise what the stand-in is
     runs: Runs | None = None
     tests: tuple[Test, ...] = ()
+    evidence: tuple[Evidence, ...] = ()
+    sequential: Sequential = Sequential()
+
+
+@dataclass
+class Outcome:
+    """One test's result on one set of seeds."""
+
+    verdict: str  # reproduced | not reproduced | inconclusive
+    reason: str
+    shown: str = ""  # the numbers: estimate, interval, seeds
+    half_width: float | None = None  # the resolution reached (interval's half-width)
+    n: int = 0
 
 
 @dataclass
@@ -108,92 +196,243 @@ class Finding:
     evidence: list[str] = field(default_factory=list)
     seeds: list[int] = field(default_factory=list)
     wall_time_s: float | None = None
+    outcomes: list[Outcome] = field(default_factory=list)
+    commits: list[str] = field(default_factory=list)  # the commits its runs were trained at
+
+    @property
+    def decided(self) -> bool:
+        return self.verdict in ("reproduced", "not reproduced")
+
+
+# -- reading and checking the files ---------------------------------------------------------
+TOP_KEYS = {"keys": list, "statement": str, "section": str, "setting": str, "why": str,
+            "runs": dict, "tests": list, "evidence": list, "sequential": dict}  # fmt: skip
+RUNS_KEYS = {"experiment": str, "budget": str, "presets": list, "seeds": list,
+             "overrides": list, "telemetry": list, "telemetry_every": int}  # fmt: skip
+TEST_KEYS = {"kind": str, "preset": str, "expect": str, "reference": str, "metric": str,
+             "tolerance": (str, float), "reason": str, "refuted_by": str, "figure": str,
+             "threshold": float, "scale": float, "unit": str, "label": str}  # fmt: skip
+EVIDENCE_KEYS = {"preset": str, "figure": str, "label": str, "scale": float, "unit": str}
+SEQUENTIAL_KEYS = {"looks": list, "alpha": float, "cpu_minutes": float}
 
 
 def load_claims(folder: Path | None = None) -> list[Claim]:
-    """Every claim file, in file-name order. ValueError names a file that does not parse."""
+    """Every claim file, in file-name order. ClaimsError names the file and key of the first
+    that is not as conf/claims/README.md states."""
     from omegaconf import OmegaConf
 
     found = []
     for path in sorted((folder or conf_dir() / "claims").glob("*.yaml")):
-        raw = OmegaConf.to_container(OmegaConf.load(path))
+        try:
+            raw = OmegaConf.to_container(OmegaConf.load(path))
+        except Exception as err:  # noqa: BLE001 - YAML's own errors, one line
+            raise ClaimsError(f"{path}: not YAML: {str(err).splitlines()[0]}") from None
         try:
             found.append(_claim(path.stem, raw))
-        except (KeyError, TypeError, ValueError) as err:
-            raise ValueError(f"{path}: {type(err).__name__}: {err}") from None
+        except ClaimsError as err:
+            raise ClaimsError(f"{path}: {err}") from None
     return found
 
 
-def _claim(name: str, raw: dict) -> Claim:
-    runs = raw.get("runs")
-    setting = str(raw["setting"])
+def _fields(raw: Any, allowed: dict, where: str) -> dict:
+    """`raw` checked against {key: type}: an unknown key or a wrong type is a ClaimsError naming
+    `where.key`; ints pass as floats, and a number passes where a string-or-float is allowed."""
+    if not isinstance(raw, dict):
+        raise ClaimsError(f"{where or 'the file'}: expected a mapping, got {_kind(raw)}")
+    out = {}
+    for key, value in raw.items():
+        name = f"{where}.{key}" if where else str(key)
+        if key not in allowed:
+            raise ClaimsError(f"{name}: unknown key (known: {', '.join(allowed)})")
+        want = allowed[key] if isinstance(allowed[key], tuple) else (allowed[key],)
+        ok = any(_is(value, t) for t in want)
+        if not ok:
+            words = " or ".join(_type_word(t) for t in want)
+            raise ClaimsError(f"{name}: expected {words}, got {_kind(value)} {value!r}")
+        out[key] = float(value) if float in want and not isinstance(value, str) else value
+    return out
+
+
+def _is(value: Any, kind: type) -> bool:
+    if isinstance(value, bool):
+        return kind is bool
+    if kind is float:
+        return isinstance(value, (int, float))
+    return isinstance(value, kind)
+
+
+def _type_word(kind: type) -> str:
+    return {str: "a string", float: "a number", int: "an integer", list: "a list",
+            dict: "a mapping", bool: "true or false"}[kind]  # fmt: skip
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else type(value).__name__
+
+
+def _claim(name: str, raw: Any) -> Claim:
+    top = _fields(raw, TOP_KEYS, "")
+    for key in ("keys", "statement", "section", "setting"):
+        if key not in top:
+            raise ClaimsError(f"{key}: missing")
+    setting = top["setting"]
     if setting not in SETTINGS:
-        raise ValueError(f"setting {setting!r}: one of {', '.join(SETTINGS)}")
-    tests = tuple(Test(**t) for t in raw.get("tests") or [])
-    for t in tests:
-        if (t.kind, t.expect) not in {
-            *(("delta", e) for e in ("matches", "worse", "better")),
-            *(("figure", e) for e in ("above", "below")),
-        }:
-            raise ValueError(f"test {t.kind!r} cannot expect {t.expect!r}")
-    claim = Claim(
-        name=name,
-        keys=tuple(raw["keys"]),
-        statement=str(raw["statement"]),
-        section=str(raw["section"]),
-        setting=setting,
-        why=str(raw.get("why") or ""),
-        runs=None if runs is None else _runs(runs),
-        tests=tests,
-    )
-    if setting != "untestable" and (claim.runs is None or not tests):
-        raise ValueError("a testable claim needs `runs` and `tests`")
+        raise ClaimsError(f"setting: {setting!r} is not one of {', '.join(SETTINGS)}")
+    if not top["keys"] or not all(isinstance(k, str) for k in top["keys"]):
+        raise ClaimsError("keys: expected a list of paper_reference.csv keys")
+    runs = _runs(top["runs"]) if "runs" in top else None
+    tests = tuple(_test(t, i, runs) for i, t in enumerate(top.get("tests") or []))
+    evidence = tuple(_evidence(e, i, runs) for i, e in enumerate(top.get("evidence") or []))
+    claim = Claim(name, tuple(top["keys"]), top["statement"], top["section"], setting,
+                  top.get("why", ""), runs, tests, evidence,
+                  _sequential(top.get("sequential") or {}))  # fmt: skip
+    if setting in UNTESTED:
+        if not claim.why or runs is not None or tests:
+            raise ClaimsError(f"why: a claim {SETTINGS[setting]!r} states why, and no runs/tests")
+    elif runs is None or not tests:
+        raise ClaimsError(f"{'runs' if runs is None else 'tests'}: a testable claim needs both")
     return claim
 
 
-def _runs(raw: dict) -> Runs:
-    return Runs(
-        experiment=str(raw["experiment"]),
-        budget=str(raw["budget"]),
-        presets=tuple(raw["presets"]),
-        seeds=tuple(int(s) for s in raw["seeds"]),
-        overrides=tuple(str(o) for o in raw.get("overrides") or ()),
-        telemetry=tuple(raw.get("telemetry") or ()),
-        telemetry_every=int(raw.get("telemetry_every", 100)),
-    )
+def _runs(raw: Any) -> Runs:
+    from mpt_repro import catalog
+
+    got = _fields(raw, RUNS_KEYS, "runs")
+    for key in ("experiment", "budget", "presets"):
+        if key not in got:
+            raise ClaimsError(f"runs.{key}: missing")
+    _known("runs.experiment", got["experiment"], catalog.experiments())
+    _known("runs.budget", got["budget"], catalog.budgets())
+    presets = _strings("runs.presets", got["presets"])
+    for p in presets:
+        _known("runs.presets", p, catalog.presets())
+    seeds = got.get("seeds", [])
+    if not all(_is(s, int) and s >= 0 for s in seeds):
+        raise ClaimsError(f"runs.seeds: expected a list of seeds (integers >= 0), got {seeds!r}")
+    telemetry = _strings("runs.telemetry", got.get("telemetry", []))
+    for p in telemetry:
+        _known("runs.telemetry", p, presets)
+    every = got.get("telemetry_every", 100)
+    if every < 1:
+        raise ClaimsError(f"runs.telemetry_every: expected an integer >= 1, got {every}")
+    overrides = tuple(_strings("runs.overrides", got.get("overrides", [])))
+    return Runs(got["experiment"], got["budget"], tuple(presets), tuple(seeds), overrides,
+                tuple(telemetry), every)  # fmt: skip
+
+
+def _strings(where: str, values: list) -> list[str]:
+    if not all(isinstance(v, str) and v for v in values):
+        raise ClaimsError(f"{where}: expected a list of names, got {values!r}")
+    return list(values)
+
+
+def _known(where: str, value: str, known: Any) -> None:
+    if value not in known:
+        shown = ", ".join(sorted(known))
+        raise ClaimsError(f"{where}: unknown {value!r} (known: {shown})")
+
+
+def _test(raw: Any, index: int, runs: Runs | None) -> Test:
+    where = f"tests[{index}]"
+    got = _fields(raw, TEST_KEYS, where)
+    for key in ("kind", "preset", "expect"):
+        if key not in got:
+            raise ClaimsError(f"{where}.{key}: missing")
+    kind, expect = got["kind"], got["expect"]
+    if kind not in KINDS:
+        raise ClaimsError(f"{where}.kind: {kind!r} is not one of {', '.join(KINDS)}")
+    if expect not in KINDS[kind]:
+        raise ClaimsError(f"{where}.expect: a {kind} test expects {' or '.join(KINDS[kind])}")
+    if kind == "delta":
+        got.setdefault("reference", "fp32")
+        got["tolerance"] = _tolerance(f"{where}.tolerance", got.get("tolerance"))
+    elif "tolerance" in got:
+        raise ClaimsError(f"{where}.tolerance: a {kind} test has a threshold, not a tolerance")
+    if kind != "delta" and not got.get("figure"):
+        raise ClaimsError(f"{where}.figure: missing (what each run records)")
+    if kind == "spread" and got.get("threshold", 0.0) <= 0:
+        raise ClaimsError(f"{where}.threshold: a spread is tested against an SD above 0")
+    for key in ("preset", "reference"):
+        if runs is not None and got.get(key) and got[key] not in runs.presets:
+            raise ClaimsError(f"{where}.{key}: {got[key]!r} is not among runs.presets")
+    return Test(**got)
+
+
+def _tolerance(where: str, value: Any) -> str:
+    """A tolerance as mpt-report writes one ("0.01", "2%"); a number is taken as written. It
+    must be above 0: a tolerance of 0 can never be met by an interval."""
+    from mpt_repro.report.compare import parse_tolerance
+
+    if value is None:
+        raise ClaimsError(f"{where}: missing (in the metric's unit, or a percentage: '2%')")
+    text = f"{value:g}" if isinstance(value, float) else str(value).strip()
+    parsed = parse_tolerance(text)
+    if parsed is None or parsed[0] <= 0:
+        raise ClaimsError(f"{where}: expected a number above 0 or a percentage, got {value!r}")
+    return text
+
+
+def _evidence(raw: Any, index: int, runs: Runs | None) -> Evidence:
+    where = f"evidence[{index}]"
+    got = _fields(raw, EVIDENCE_KEYS, where)
+    for key in ("preset", "figure"):
+        if key not in got:
+            raise ClaimsError(f"{where}.{key}: missing")
+    if runs is not None and got["preset"] not in runs.presets:
+        raise ClaimsError(f"{where}.preset: {got['preset']!r} is not among runs.presets")
+    return Evidence(**got)
+
+
+def _sequential(raw: Any) -> Sequential:
+    got = _fields(raw, SEQUENTIAL_KEYS, "sequential")
+    looks = got.get("looks", list(Sequential.looks))
+    if not looks or not all(_is(k, int) and k >= 3 for k in looks) or looks != sorted(set(looks)):
+        raise ClaimsError(f"sequential.looks: expected increasing seed counts >= 3, got {looks}")
+    alpha = got.get("alpha", Sequential.alpha)
+    if not 0 < alpha < 1:
+        raise ClaimsError(f"sequential.alpha: expected a number in (0, 1), got {alpha}")
+    minutes = got.get("cpu_minutes", Sequential.cpu_minutes)
+    if minutes <= 0:
+        raise ClaimsError(f"sequential.cpu_minutes: expected a number above 0, got {minutes}")
+    return Sequential(tuple(looks), alpha, minutes)
 
 
 # -- judging -------------------------------------------------------------------------------
-def judge(claim: Claim, runs: pd.DataFrame) -> Finding:
+def judge(claim: Claim, runs: pd.DataFrame, confidence: float | None = None) -> Finding:
     """The claim's verdict from the runs (mpt_repro.report.collect.load_runs's table), by its
-    stated tests."""
-    if claim.setting == "untestable":
-        return Finding(claim, "not testable here", claim.why)
+    stated tests, each interval at `confidence` (default: the claim's sequential rule's)."""
+    if claim.setting in UNTESTED:
+        return Finding(claim, UNTESTED[claim.setting], claim.why)
     mine = matching_runs(claim.runs, runs)
     if mine.empty:
         return Finding(claim, "inconclusive", "none of its runs are in this results folder")
-    outcomes = [_judge_test(t, mine) for t in claim.tests]
-    verdicts = [v for v, _, _ in outcomes]
-    verdict = (
-        "reproduced"
-        if all(v == "reproduced" for v in verdicts)
-        else "not reproduced"
-        if "not reproduced" in verdicts
-        else "inconclusive"
-    )
+    level = confidence if confidence is not None else claim.sequential.confidence
+    outcomes = [_judge_test(t, mine, level) for t in claim.tests]
     wall = pd.to_numeric(mine.get("wall_time_s"), errors="coerce").sum(min_count=1)
+    commits = {str(_record(p).get("git_commit") or "")[:12] for p in mine["path"]}
     return Finding(
         claim,
-        verdict,
-        "; ".join(reason for _, reason, _ in outcomes),
-        [text for _, _, text in outcomes],
+        combined([o.verdict for o in outcomes]),
+        "; ".join(o.reason for o in outcomes),
+        [o.shown for o in outcomes] + [_evidence_text(e, mine) for e in claim.evidence],
         sorted({int(s) for s in mine["seed"]}),
         None if pd.isna(wall) else float(wall),
+        outcomes,
+        sorted(c for c in commits if c) or ["unknown"],
     )
+
+
+def combined(verdicts: list[str]) -> str:
+    """A claim's verdict from its tests': reproduced only when every test is; not reproduced
+    when any test came out the other way; otherwise inconclusive."""
+    if verdicts and all(v == "reproduced" for v in verdicts):
+        return "reproduced"
+    return "not reproduced" if "not reproduced" in verdicts else "inconclusive"
 
 
 def matching_runs(spec: Runs, runs: pd.DataFrame) -> pd.DataFrame:
-    """The tabulated runs of `spec`: its experiment, budget, recipe changes, presets and seeds."""
+    """The tabulated runs of `spec`: its experiment, budget, recipe changes, presets and seeds
+    (any seed when `spec.seeds` is empty)."""
     if runs.empty:
         return runs
     changes = runs["recipe_changes"] if "recipe_changes" in runs else ""
@@ -202,110 +441,310 @@ def matching_runs(spec: Runs, runs: pd.DataFrame) -> pd.DataFrame:
         & (runs["budget"] == spec.budget)
         & (changes == spec.changes)
         & runs["precision"].isin(spec.presets)
-        & runs["seed"].isin(spec.seeds)
+        & (runs["seed"].isin(spec.seeds) if spec.seeds else True)
         & (runs["subject"] == runs["experiment"])  # the experiment's own model
     )
     return runs[keep]
 
 
-def _judge_test(test: Test, runs: pd.DataFrame) -> tuple[str, str, str]:
-    """(verdict, reason, evidence text) of one test."""
-    return _judge_delta(test, runs) if test.kind == "delta" else _judge_figure(test, runs)
+def _judge_test(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
+    if test.kind == "delta":
+        return _judge_delta(test, runs, confidence)
+    if test.kind == "spread":
+        return _judge_spread(test, runs, confidence)
+    return _judge_figure(test, runs, confidence)
 
 
-def _judge_delta(test: Test, runs: pd.DataFrame) -> tuple[str, str, str]:
-    from dataclasses import replace
-
-    from mpt_repro.report.compare import default_settings, delta_text, paired_delta
-
-    mine, ref = runs[runs["precision"] == test.preset], runs[runs["precision"] == test.reference]
-    if mine.empty or ref.empty:
-        missing = test.preset if mine.empty else test.reference
-        return "inconclusive", f"no {missing} run", ""
-    metric = str(mine["primary_metric"].dropna().iloc[0])
-    settings = replace(default_settings(), reference=test.reference)
-    settings = replace(settings, tolerance={**settings.tolerance, metric: test.tolerance})
-    d = paired_delta(mine, ref, settings)
-    said = f"{test.preset} − {test.reference} {metric}: {delta_text(d, 3)} → {d.verdict}"
-    expected = {"matches": "matches", "worse": "worse", "better": "better"}[test.expect]
-    tol = test.tolerance + ("" if test.tolerance.endswith("%") else " " + metric)
-    if d.tolerance is not None and test.tolerance.endswith("%"):
-        tol += f", ±{d.tolerance:.3g}"
-    stated = f"expected {test.preset} to {_expect_words(test.expect)} {test.reference} (±{tol})"
-    if d.verdict.startswith(expected):
-        return "reproduced", f"{stated}: it does", said
-    if d.verdict.startswith(("matches", "better", "worse")):
-        return "not reproduced", f"{stated}: {d.verdict}", said
-    return "inconclusive", f"{stated}: {d.verdict}", said
+def decide(expect: str, low: float, high: float, margin: float) -> str:
+    """A test's verdict from an interval [low, high] on the signed quantity the test is about
+    (delta: how much worse the preset is than its reference, in the metric's unit; figure and
+    spread: the value minus the threshold or margin) against `margin` (delta: the tolerance X;
+    otherwise 0): reproduced, not reproduced, or inconclusive while the interval straddles."""
+    if expect == "matches":
+        inside, outside = -margin <= low and high <= margin, low > margin or high < -margin
+    elif expect == "worse":
+        inside, outside = low > margin, high < margin
+    elif expect == "better":
+        inside, outside = high < -margin, low > -margin
+    elif expect == "above":
+        inside, outside = low > margin, high < margin
+    else:  # below
+        inside, outside = high < margin, low > margin
+    return "reproduced" if inside else "not reproduced" if outside else "inconclusive"
 
 
-def _expect_words(expect: str) -> str:
-    return {"matches": "match", "worse": "be worse than", "better": "be better than"}[expect]
+def refutation(test: Test, tolerance: str = "") -> str:
+    """What result would have refuted the test, in words."""
+    if test.refuted_by:
+        return test.refuted_by
+    versus = f"{test.preset} − {test.reference}"
+    if test.kind == "delta":
+        return {
+            "matches": f"the interval of {versus} wholly outside ±{tolerance}",
+            "worse": f"the interval of {versus} wholly short of {tolerance} worse (or better)",
+            "better": f"the interval of {versus} wholly short of {tolerance} better (or worse)",
+        }[test.expect]
+    side = "below" if test.expect == "above" else "above"
+    what = f"{versus} of {test.label or test.figure}" if test.reference else test.label
+    bound = _number(test.threshold, test)
+    if test.kind == "spread":
+        return f"the interval of the SD of {test.figure} over seeds wholly {side} {bound}"
+    return f"the interval of {what or test.figure} wholly {side} {bound}"
 
 
-def _judge_figure(test: Test, runs: pd.DataFrame) -> tuple[str, str, str]:
-    """A recorded figure over seeds (mean, Student t interval) against its threshold; a figure
-    threshold is compared seed by seed (the difference's interval against 0)."""
-    from mpt_repro.report.compare import MIN_SEEDS, t_quantile
-
-    mine = runs[runs["precision"] == test.preset].sort_values("seed")
-    values, against = [], []
-    for _, row in mine.iterrows():
-        record = _record(row["path"])
-        values.append(_figure(record, row, test.figure, runs))
-        if isinstance(test.threshold, str):
-            against.append(_figure(record, row, test.threshold, runs))
-    pairs = [
-        (v, a if isinstance(test.threshold, str) else float(test.threshold))
-        for v, a in zip(values, against or [None] * len(values))
-        if v is not None and (a is not None or not isinstance(test.threshold, str))
-    ]
-    name = test.label or test.figure
-    if not pairs:
-        return "inconclusive", f"no {test.preset} run records {name}", ""
-    diffs = [v - a for v, a in pairs]
-    n, mean = len(diffs), sum(diffs) / len(diffs)
-    shown = _figure_text(test, [v for v, _ in pairs], [a for _, a in pairs])
-    if n < MIN_SEEDS:
-        return "inconclusive", f"{name}: {n} seed(s); a verdict needs at least {MIN_SEEDS}", shown
-    sd = math.sqrt(sum((d - mean) ** 2 for d in diffs) / (n - 1))
-    half = t_quantile(0.975, n - 1) * sd / math.sqrt(n)
-    low, high = mean - half, mean + half
-    above = test.expect == "above"
-    stated = f"{name}: expected {test.expect} {_threshold_words(test)}"
-    if (low > 0) if above else (high < 0):
-        return "reproduced", f"{stated}: it is", shown
-    if (high < 0) if above else (low > 0):
-        return "not reproduced", f"{stated}: it is not", shown
-    return "inconclusive", f"{stated}: the interval over seeds straddles it", shown
+def _number(value: float, test: Test | Evidence) -> str:
+    return f"{value * test.scale:.3g}{test.unit}"
 
 
-def _threshold_words(test: Test) -> str:
-    if isinstance(test.threshold, str):
-        return test.threshold.rsplit(".", 2)[-2] if "." in test.threshold else test.threshold
-    return f"{test.threshold * test.scale:g}{test.unit}"
-
-
-def _figure_text(test: Test, values: list[float], against: list[float]) -> str:
-    """`weight-gradient underflow (mixed): 1.23 % [0.91, 1.55] (n=3 seeds)`."""
+def _t_interval(values: list[float], confidence: float) -> tuple[float, float, float] | None:
+    """(mean, low, high): the Student t interval with n − 1 degrees of freedom; None under 2."""
     from mpt_repro.report.compare import t_quantile
 
-    def stat(xs: list[float]) -> str:
-        mean = sum(xs) / len(xs)
-        text = f"{mean * test.scale:.3g}{test.unit}"
-        if len(xs) >= 2:
-            sd = math.sqrt(sum((x - mean) ** 2 for x in xs) / (len(xs) - 1))
-            half = t_quantile(0.975, len(xs) - 1) * sd / math.sqrt(len(xs))
-            text += f" [{(mean - half) * test.scale:.3g}, {(mean + half) * test.scale:.3g}]"
+    n = len(values)
+    if n < 2:
+        return None
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    half = t_quantile(1 - (1 - confidence) / 2, n - 1) * sd / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def _too_few(values: list, what: str) -> str | None:
+    from mpt_repro.report.compare import MIN_SEEDS
+
+    if len(values) < MIN_SEEDS:
+        return f"{what}: {len(values)} seed(s); a verdict needs at least {MIN_SEEDS}"
+    if len(set(values)) == 1:
+        return f"{what}: the {len(values)} seeds give the same value: no spread to judge it by"
+    return None
+
+
+def _judge_delta(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
+    """A preset against its reference, paired by seed; the interval read against ±X."""
+    mine, ref = runs[runs["precision"] == test.preset], runs[runs["precision"] == test.reference]
+    if mine.empty or ref.empty:
+        return Outcome("inconclusive", f"no {test.preset if mine.empty else test.reference} run")
+    metric = test.metric or str(mine["primary_metric"].dropna().iloc[0])
+    found = (_train_delta if metric.startswith(TRAIN_PREFIX) else _eval_delta)(
+        mine, ref, metric, test, confidence
+    )
+    if isinstance(found, str):
+        return Outcome("inconclusive", found)
+    (mean, low, high, n, held), tol, lower_better = found, *_tolerance_of(test, ref, metric)
+    bad = (low, high) if lower_better else (-high, -low)  # how much worse the preset is
+    verdict = decide(test.expect, bad[0], bad[1], tol)
+    stated = (
+        f"expected {test.preset} to {_EXPECT_WORDS[test.expect]} {test.reference} on "
+        f"{_metric_words(metric)} (±{tol:.3g})"
+    )
+    said = {"reproduced": "it does", "not reproduced": "it does not"}.get(
+        verdict, "the interval straddles the tolerance"
+    )
+    shown = (
+        f"{test.preset} − {test.reference} {_metric_words(metric)}: {mean:+.4g} "
+        f"[{low:+.4g}, {high:+.4g}] (n={n} seeds; {held}; {100 * confidence:.4g} %)"
+    )
+    return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2, n)
+
+
+_EXPECT_WORDS = {"matches": "match", "worse": "be worse than", "better": "be better than"}
+
+
+def _metric_words(metric: str) -> str:
+    if metric.startswith(TRAIN_PREFIX):
+        return f"training {metric.removeprefix(TRAIN_PREFIX)} (mean over the second half)"
+    return metric
+
+
+def _lower_is_better(metric: str, runs: pd.DataFrame) -> bool:
+    if metric == str(runs["primary_metric"].dropna().iloc[0]):
+        return not bool(runs["higher_is_better"].dropna().iloc[0])
+    return metric not in ("top1", "top5", "map", "bleu", "accuracy")  # losses, errors
+
+
+def _tolerance_of(test: Test, ref: pd.DataFrame, metric: str) -> tuple[float, bool]:
+    """(X in the metric's unit, lower is better): a relative tolerance is of the reference's
+    mean over its seeds."""
+    from mpt_repro.report.compare import parse_tolerance
+
+    value, relative = parse_tolerance(test.tolerance) or (0.0, False)
+    if relative:
+        values = list(_metric_values(ref, metric).values())
+        value = value / 100 * abs(sum(values) / len(values)) if values else math.nan
+    return value, _lower_is_better(metric, ref)
+
+
+def _eval_delta(mine, ref, metric, test, confidence) -> tuple | str:
+    """mpt-report's paired interval (the seeds' and the evaluation set's variation) of an
+    evaluation metric, at `confidence`; a string says why there is none."""
+    from mpt_repro.report.compare import default_settings, paired_delta
+
+    lower = _lower_is_better(metric, ref)
+    retarget = {"primary_metric": metric, "higher_is_better": not lower}
+    settings = replace(default_settings(), reference=test.reference, confidence=confidence)
+    d = paired_delta(mine.assign(**retarget), ref.assign(**retarget), settings)
+    if d is None:
+        return f"no {metric} recorded"
+    if d.n_diverged or d.n_nonfinite:  # an outcome no interval holds: worse by any margin
+        worst = math.inf if lower else -math.inf
+        return worst, worst, worst, d.n, d.verdict
+    problem = _delta_problem(d)
+    if problem:
+        return f"{test.preset} − {test.reference} {metric}: {problem}"
+    ev = d.evidence
+    held = f"{ev.items:,} {ev.unit}" if ev.se is not None else "seeds only"
+    return d.mean, d.low, d.high, d.n, held
+
+
+def _delta_problem(d) -> str | None:
+    """Why a paired difference carries no verdict whatever the tolerance (mpt-report's rules),
+    or None when its interval can be read."""
+    from mpt_repro.report.compare import MIN_SEEDS
+
+    if d.n_untrained or d.n_conflicting:
+        return d.verdict
+    if d.n < MIN_SEEDS:
+        return f"{d.n} paired seed(s); a verdict needs at least {MIN_SEEDS}"
+    if not d.sd:
+        return f"the {d.n} paired differences have no spread: the seeds' variation is unknown"
+    if d.evidence.se is None:
+        return f"the evaluation set's own sampling error is unknown ({d.evidence.problem})"
+    if d.low is None or d.high is None:
+        return "no interval"
+    return None
+
+
+def _train_delta(mine, ref, metric, test, confidence) -> tuple | str:
+    """A training column's paired differences over seeds, Student t (the seeds change the data
+    order, so their variation holds the training batches')."""
+    a, b = _metric_values(mine, metric), _metric_values(ref, metric)
+    diffs = [a[s] - b[s] for s in sorted(set(a) & set(b))]
+    problem = _too_few(diffs, f"{test.preset} − {test.reference} {_metric_words(metric)}")
+    if problem:
+        return problem
+    mean, low, high = _t_interval(diffs, confidence)
+    return mean, low, high, len(diffs), "seeds only"
+
+
+def _metric_values(runs: pd.DataFrame, metric: str) -> dict[int, float]:
+    """{seed: value} of the completed runs: an evaluation metric from the table, or a training
+    column's mean over the logged windows of the second half of training (metrics.csv)."""
+    done = runs[runs["status"] == "completed"]
+    out = {}
+    for _, row in done.iterrows():
+        if metric.startswith(TRAIN_PREFIX):
+            value = _train_mean(Path(row["path"]), metric.removeprefix(TRAIN_PREFIX))
+        else:
+            value = pd.to_numeric(pd.Series([row.get(f"metric_{metric}")]), errors="coerce")[0]
+        if value is not None and math.isfinite(value):
+            out[int(row["seed"])] = float(value)
+    return out
+
+
+def _train_mean(run_dir: Path, column: str) -> float | None:
+    try:
+        table = pd.read_csv(run_dir / "metrics.csv")
+    except (OSError, ValueError):
+        return None
+    if column not in table or "split" not in table:
+        return None
+    rows = table[(table["split"] == "train") & table[column].notna()]
+    if rows.empty:
+        return None
+    tail = rows[rows["step"] > TRAIN_TAIL * rows["step"].max()]
+    return float(pd.to_numeric(tail[column], errors="coerce").mean())
+
+
+def _judge_figure(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
+    """A recorded figure over seeds: the preset's runs against the reference preset's runs of
+    the same seeds (paired differences, expected above or below the threshold as a margin), or
+    against the threshold itself; Student t with n − 1 degrees of freedom."""
+    mine = _figures(runs, test.preset, test.figure)
+    name = test.label or test.figure
+    if test.reference:
+        other = _figures(runs, test.reference, test.figure)
+        seeds = sorted(set(mine) & set(other))
+        diffs = [mine[s] - other[s] for s in seeds]
+        name = f"{test.preset} − {test.reference}: {name}"
+    else:
+        diffs = [v - test.threshold for v in mine.values()]
+    problem = _too_few(diffs, name)
+    shown = _figure_text(test, mine, _figures(runs, test.reference, test.figure), confidence)
+    if problem:
+        return Outcome("inconclusive", problem, shown, None, len(diffs))
+    mean, low, high = _t_interval(diffs, confidence)
+    verdict = decide(test.expect, low, high, 0.0)
+    said = {"reproduced": "it is", "not reproduced": "it is not"}.get(
+        verdict, "the interval straddles it"
+    )
+    stated = f"{name}: expected {test.expect} {_number(test.threshold, test)}"
+    return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2 * test.scale, len(diffs))
+
+
+def _figures(runs: pd.DataFrame, preset: str, path: str) -> dict[int, float]:
+    """{seed: the number at `path` in its run.json} for the preset's runs that record it."""
+    out = {}
+    for _, row in runs[runs["precision"] == preset].iterrows():
+        value = _figure(_record(row["path"]), path)
+        if value is not None:
+            out[int(row["seed"])] = value
+    return out
+
+
+def _figure_text(test, mine: dict, other: dict, confidence: float) -> str:
+    """`share flushed (no_scaling): 0.05 % [0.04, 0.06]; mixed: 0 % [0, 0] (n=5 seeds)`."""
+
+    def stat(values: list[float]) -> str:
+        if not values:
+            return "not recorded"
+        found = _t_interval(values, confidence)
+        mean = sum(values) / len(values)
+        text = _number(mean, test)
+        if found is not None:
+            text += f" [{found[1] * test.scale:.3g}, {found[2] * test.scale:.3g}]"
         return text
 
-    if test.figure.startswith("spread:"):  # one number for the seeds together
-        value = f"{values[0] * test.scale:.3g}{test.unit}"
-        return f"{test.label} ({test.preset}): {value} over {len(values)} seeds"
-    text = f"{test.label or test.figure} ({test.preset}): {stat(values)} (n={len(values)} seeds)"
-    if isinstance(test.threshold, str):
-        text += f"; against {stat(against)}"
-    return text
+    text = f"{test.label or test.figure} ({test.preset}): {stat(list(mine.values()))}"
+    if test.reference:
+        text += f"; {test.reference}: {stat(list(other.values()))}"
+    return f"{text} (n={len(mine)} seeds)"
+
+
+def _judge_spread(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
+    """The standard deviation of a metric over the preset's seeds, its chi-square interval
+    ((n − 1) s² / σ² is chi-square with n − 1 degrees of freedom for normal seeds) against the
+    threshold."""
+    from scipy.stats import chi2
+
+    values = list(_metric_values(runs[runs["precision"] == test.preset], test.figure).values())
+    name = test.label or f"SD of {test.figure} over seeds"
+    problem = _too_few(values, name)
+    if problem:
+        return Outcome("inconclusive", problem, "", None, len(values))
+    n, mean = len(values), sum(values) / len(values)
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1))
+    alpha = 1 - confidence
+    low = sd * math.sqrt((n - 1) / chi2.ppf(1 - alpha / 2, n - 1))
+    high = sd * math.sqrt((n - 1) / chi2.ppf(alpha / 2, n - 1))
+    verdict = decide(test.expect, low - test.threshold, high - test.threshold, 0.0)
+    shown = (
+        f"{name} ({test.preset}): {_number(sd, test)} [{_number(low, test)}, "
+        f"{_number(high, test)}] (n={n} seeds; {100 * confidence:.4g} %)"
+    )
+    said = {"reproduced": "it is", "not reproduced": "it is not"}.get(
+        verdict, "the interval straddles it"
+    )
+    stated = f"{name}: expected {test.expect} {_number(test.threshold, test)}"
+    return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2 * test.scale, n)
+
+
+def _evidence_text(item: Evidence, runs: pd.DataFrame) -> str:
+    values = list(_figures(runs, item.preset, item.figure).values())
+    if not values:
+        return f"{item.label or item.figure} ({item.preset}): not recorded"
+    mean = sum(values) / len(values)
+    shown = f"{_number(mean, item)} (mean of {len(values)} seeds; evidence, not tested)"
+    return f"{item.label or item.figure} ({item.preset}): {shown}"
 
 
 def _record(path: str) -> dict:
@@ -315,28 +754,27 @@ def _record(path: str) -> dict:
         return {}
 
 
-def _figure(record: dict, row: pd.Series, path: str, runs: pd.DataFrame) -> float | None:
-    """A number from a run: a dotted path into its record, or `spread:<metric>` (the sample
-    standard deviation of the preset's final metric over the seeds)."""
-    if path.startswith("spread:"):
-        metric = f"metric_{path.removeprefix('spread:')}"
-        same = runs[runs["precision"] == row["precision"]]
-        values = pd.to_numeric(same.get(metric), errors="coerce").dropna()
-        return float(values.std()) if len(values) >= 2 else None
+def _figure(record: dict, path: str) -> float | None:
+    """A number from a run's record: a dotted path into it."""
     node: Any = record
     for part in path.split("."):
         node = node.get(part) if isinstance(node, dict) else None
-    return float(node) if isinstance(node, (int, float)) and math.isfinite(node) else None
+    if isinstance(node, bool) or not isinstance(node, (int, float)):
+        return None
+    return float(node) if math.isfinite(node) else None
 
 
 # -- the table -------------------------------------------------------------------------------
-def findings(runs: pd.DataFrame, claims: list[Claim] | None = None) -> list[Finding]:
+def findings(
+    runs: pd.DataFrame, claims: list[Claim] | None = None, confidence: float | None = None
+) -> list[Finding]:
     """Every claim's finding, in the paper's order (by section)."""
     claims = claims if claims is not None else load_claims()
-    return [judge(c, runs) for c in sorted(claims, key=lambda c: _section_order(c.section))]
+    ordered = sorted(claims, key=lambda c: section_order(c.section))
+    return [judge(c, runs, confidence) for c in ordered]
 
 
-def _section_order(section: str) -> tuple:
+def section_order(section: str) -> tuple:
     """ "§3.1, Figure 2b" -> (3, 1, ...): claims in the order the paper makes them."""
     import re
 
@@ -345,34 +783,33 @@ def _section_order(section: str) -> tuple:
 
 
 def findings_frame(found: list[Finding]) -> pd.DataFrame:
-    """One row per claim test: the claim and its section, the keys it tests, our verdict and its
+    """One row per claim: the claim and its section, the keys it tests, our verdict and its
     reason, the evidence, and the runs it rests on."""
     rows = []
     for f in found:
         c = f.claim
-        runs = c.runs
         rows.append(
             {
                 "Claim": c.statement,
                 "Section": c.section,
-                "Keys": _keys_text(c.keys),
+                "Keys": keys_text(c.keys),
                 "Setting": SETTINGS[c.setting]
-                + (f": {c.why}" if c.setting != "untestable" else ""),
+                + (f": {c.why}" if c.setting not in UNTESTED else ""),
                 "Verdict": f.verdict,
                 "Why": f.reason,
                 "Evidence": "; ".join(e for e in f.evidence if e),
-                "Runs": _runs_text(runs, f.seeds) if runs else "",
+                "Runs": runs_text(c.runs, f.seeds) if c.runs else "",
                 "Wall time (s)": "" if f.wall_time_s is None else f"{f.wall_time_s:.0f}",
             }
         )
     return pd.DataFrame(rows)
 
 
-def _keys_text(keys: tuple[str, ...]) -> str:
+def keys_text(keys: tuple[str, ...]) -> str:
     return ", ".join(keys) if len(keys) <= 2 else f"{keys[0]} and {len(keys) - 1} more"
 
 
-def _runs_text(runs: Runs, seeds: list[int]) -> str:
+def runs_text(runs: Runs, seeds: list[int]) -> str:
     extra = f" {' '.join(runs.overrides)}" if runs.overrides else ""
     shown = ",".join(map(str, seeds)) if seeds else "none found"
     return (
@@ -383,27 +820,29 @@ def _runs_text(runs: Runs, seeds: list[int]) -> str:
 
 CAPTION = (
     "Each test was stated in conf/claims/ before it ran; the verdict (reproduced, not "
-    "reproduced, inconclusive, not testable here) is computed from the runs, with why."
+    "reproduced, inconclusive, not testable) is computed from the runs, with why."
 )
 
 
 def claims_table(runs: pd.DataFrame):
-    """mpt-report's section: the claims whose runs are in the results folder (None when none
-    are)."""
+    """mpt-report's section: the claims whose runs are in the results folder, on every seed
+    found there, each interval at 95 % (None when no claim's runs are present)."""
     from mpt_repro.report.tables import Table
 
     claims = [
-        c for c in load_claims() if c.runs is not None and not matching_runs(c.runs, runs).empty
+        replace(c, runs=replace(c.runs, seeds=())) for c in load_claims() if c.runs is not None
     ]
+    claims = [c for c in claims if not matching_runs(c.runs, runs).empty]
     if not claims:
         return None
     return Table(
         "claims",
         "The paper's claims, tested on these runs (conf/claims/)",
         CAPTION,
-        findings_frame(findings(runs, claims)),
+        findings_frame(findings(runs, claims, confidence=0.95)),
         [
             "A claim shown on a constructed task shows the mechanism, not the paper's result. "
-            "`make reproduce-claims` runs every claim; docs/claims.md has one full run."
+            "`make reproduce-claims` runs every claim, adding seeds until each is decided and "
+            "deciding it again on other seeds; docs/claims.md has one full run."
         ],
     )

@@ -368,9 +368,7 @@ class TelemetryCallback:
             entry = {"hist": nx.trim_histogram(nx.histogram_list(c)), **nx.count_dict(c)}
             entry["formats"] = formats
             found.setdefault(layer, {})[kind] = entry
-        flushed_host = torch.stack(list(cap.flushed.values())).cpu().tolist() if cap.flushed else []
-        for layer, c in zip(cap.flushed.keys(), flushed_host):
-            found.setdefault(layer, {})["flushed"] = dict(zip(FLUSHED_KEYS, c))
+        self._add_flushed(cap, found)
         for layer, c in zip(lost.keys(), lost_host):
             found.setdefault(layer, {})["lost"] = {"lost": c[0], "nonzero": c[1], "numel": c[2]}
         for layer, kinds in mx_counts.gather(trainer.task.models).items():
@@ -399,6 +397,14 @@ class TelemetryCallback:
                 "headroom_log2": math.log2(nx.FP16_MAX / bwd[i]) if bwd[i] > 0 else None,
             }
         return record
+
+    @staticmethod
+    def _add_flushed(cap: _Capture, found: dict[str, dict]) -> None:
+        """Each layer's counts of what its FP16 backward flushed to zero, into its entry."""
+        if cap.flushed:
+            host = torch.stack(list(cap.flushed.values())).cpu().tolist()
+            for layer, c in zip(cap.flushed.keys(), host):
+                found.setdefault(layer, {})["flushed"] = dict(zip(FLUSHED_KEYS, c))
 
     def _in_model_order(self, found: dict[str, dict]) -> dict[str, dict]:
         """The layers' entries in model (forward) order, so figures read input to output, unnamed
