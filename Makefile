@@ -65,7 +65,8 @@ ddp: $(STAMP) ## one run over NPROC processes (default: every GPU): make ddp NPR
 reproduce-table: $(STAMP) ## the paper's tables: sweep + report (DATA_ROOT=/path/to/imagenet, or BUDGET=smoke DATA=synthetic)
 	scripts/reproduce_table.sh
 
-# ARGS: more options of scripts/reproduce_claims.py (--docs docs/claims.md, --claims a,b, --tiny)
+# ARGS: more options of scripts/reproduce_claims.py (--docs docs/claims.md, --claims a,b, --tiny,
+# --seed-offset N: other seeds, --claims-dir DIR: other claims files)
 reproduce-claims: $(STAMP) ## the paper's claims on this CPU: the runs of conf/claims/, then their verdicts (results/claims; ~1 h)
 	$(BIN)/python scripts/reproduce_claims.py $(ARGS)
 
