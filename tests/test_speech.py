@@ -29,7 +29,7 @@ from mpt_repro.models import build_model
 from mpt_repro.tasks.speech import Speech, edit_counts
 
 # the paper-size count docs/experiments_speech.md and conf/model/deepspeech2.yaml state
-PAPER_PARAMETERS = 115_527_997
+PAPER_PARAMETERS = 115_538_173  # model.rnn_norm=projected (DS2 §3.2)
 RATE = 16000
 PRESETS = ("fp32", "mixed", "no_scaling")
 

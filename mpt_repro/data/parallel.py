@@ -15,7 +15,18 @@ dev.{en,es}.gz, English -> Spanish verse pairs; mpt_repro/data/embedded/README.m
 
 Tokenisation is the tutorial's basic_tokenizer reimplemented: split on whitespace, then split
 each fragment on the punctuation characters . , ! ? " ' : ; ) ( keeping them as tokens; with
-data.normalize_digits every digit becomes 0 before the vocabulary lookup. Each language's
+data.normalize_digits every digit becomes 0 before the vocabulary lookup. The tutorial runs its
+regular expressions on bytes (data_utils.py L45-46, `_WORD_SPLIT` and `_DIGIT_RE` are bytes
+patterns; create_vocabulary opens the file "rb", L136), so whitespace is ASCII's six characters
+and a digit is 0-9. data.tokenizer=bytes (the default) does exactly that: since UTF-8 never puts
+an ASCII byte inside a multi-byte character, splitting the decoded text at those ASCII
+characters gives the tokens splitting the bytes does. data.tokenizer=text applies Python's
+Unicode rules instead: str.split() also splits at U+00A0 (frequent in giga-fren's French side),
+U+0085, U+2009, U+3000, U+001C-U+001F..., and \\d maps every Unicode decimal digit (Arabic-Indic,
+full-width, ...) to 0; its vocabularies differ from the tutorial's
+(docs/experiments_translation.md#tokenisation measures by how much). Lines end at "\n" only, as
+the tutorial's binary reads split them (a lone "\r" inside a line is whitespace, not a new line
+that would shift every later pair). Each language's
 vocabulary is _PAD, _GO, _EOS, _UNK followed by its training tokens by descending count (ties in
 order of first appearance, as Python's stable sort leaves them in the tutorial), cut at the
 model's vocabulary size.
@@ -49,7 +60,12 @@ PAD_ID, GO_ID, EOS_ID, UNK_ID = range(4)
 EMBEDDED = {"bible_enes": Path(__file__).parent / "embedded" / "bible_enes"}
 
 _WORD_SPLIT = re.compile(r"""([.,!?"':;)(])""")  # the tutorial's _WORD_SPLIT
-_DIGIT = re.compile(r"\d")
+# data.tokenizer -> (what str.strip strips and split splits at, the digits that become 0)
+_ASCII_WHITESPACE = " \t\n\r\x0b\x0c"  # bytes.split()'s whitespace: Python's bytes.isspace()
+TOKENIZERS = {
+    "bytes": (re.compile(f"[{_ASCII_WHITESPACE}]+"), re.compile(r"[0-9]")),  # the tutorial's
+    "text": (None, re.compile(r"\d")),  # Unicode: str.split() and \d on str
+}
 
 
 def layout(d: Any) -> str:
@@ -67,17 +83,21 @@ def layout(d: Any) -> str:
 
 
 # -- tokens and vocabularies -----------------------------------------------------------------------
-def basic_tokenizer(sentence: str) -> list[str]:
-    """The tutorial's basic_tokenizer: whitespace, then punctuation kept as tokens."""
+def basic_tokenizer(sentence: str, tokenizer: str = "bytes") -> list[str]:
+    """The tutorial's basic_tokenizer: whitespace, then punctuation kept as tokens; whitespace
+    as `tokenizer` (data.tokenizer) defines it."""
+    space = TOKENIZERS[tokenizer][0]
+    fragments = sentence.split() if space is None else space.split(sentence)
     words: list[str] = []
-    for fragment in sentence.strip().split():
+    for fragment in fragments:
         words.extend(_WORD_SPLIT.split(fragment))
-    return [w for w in words if w]
+    return [w for w in words if w]  # the empty ends the split leaves at leading/trailing space
 
 
-def tokenize(sentence: str, normalize_digits: bool) -> list[str]:
-    tokens = basic_tokenizer(sentence)
-    return [_DIGIT.sub("0", t) for t in tokens] if normalize_digits else tokens
+def tokenize(sentence: str, normalize_digits: bool, tokenizer: str = "bytes") -> list[str]:
+    tokens = basic_tokenizer(sentence, tokenizer)
+    digit = TOKENIZERS[tokenizer][1]
+    return [digit.sub("0", t) for t in tokens] if normalize_digits else tokens
 
 
 @dataclass
@@ -127,7 +147,8 @@ def read_lines(path: Path, limit: int | None = None) -> Iterator[str]:
     giga-fren files are 22.5M lines each."""
     opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     try:
-        with opened as raw, io.TextIOWrapper(raw, encoding="utf-8") as f:
+        # newline="\n": lines end where the tutorial's binary reads end them (not at a lone \r)
+        with opened as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as f:
             for n, line in enumerate(f):
                 if limit is not None and n >= limit:
                     return
@@ -296,11 +317,11 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
     """A parallel corpus in the layout above: vocabularies from the training sentences (the first
     data.train_limit lines), the dev set's first data.eval_limit lines."""
     root = corpus_root(d)
-    norm = d.normalize_digits
+    norm, how = d.normalize_digits, d.tokenizer
 
     def train_tokens() -> Iterator[tuple[list[str], list[str]]]:
         for source, target in read_pairs(d, root, d.train_prefix, d.train_limit):
-            yield tokenize(source, norm), tokenize(target, norm)
+            yield tokenize(source, norm, how), tokenize(target, norm, how)
 
     # two passes over the training files, as the tutorial's create_vocabulary and
     # data_to_token_ids make: counts first, then ids; no token list is held
@@ -315,8 +336,8 @@ def load_parallel(d: Any, source_size: int, target_size: int, buckets: Sequence)
         ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in train_tokens()), buckets
     )
     dev_pairs = list(read_pairs(d, root, d.dev_prefix, d.eval_limit))  # small: kept, for BLEU
-    dev_src_tok = [tokenize(s, norm) for s, _ in dev_pairs]
-    dev_tgt_tok = [tokenize(t, norm) for _, t in dev_pairs]
+    dev_src_tok = [tokenize(s, norm, how) for s, _ in dev_pairs]
+    dev_tgt_tok = [tokenize(t, norm, how) for _, t in dev_pairs]
     dev = bucketize(
         ((src_vocab.encode(s), tgt_vocab.encode(t)) for s, t in zip(dev_src_tok, dev_tgt_tok)),
         buckets,

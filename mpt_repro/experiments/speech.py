@@ -40,6 +40,9 @@ class DeepSpeech2(ModelSchema):
     bidirectional: bool = False
     lookahead: int = 80  # future frames of the row convolution; 0: none
     fc_size: int = 2560  # the hidden fully connected layer; 0: none
+    # where the GRUs' batch norm acts: projected (DS2 §3.2, B(W h)), input (deepspeech.pytorch:
+    # B(h), the first GRU without), input_all (B(h) on every GRU); models/deepspeech2.py
+    rnn_norm: str = "projected"
 
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
@@ -48,6 +51,8 @@ class DeepSpeech2(ModelSchema):
         require(m.num_layers > 0, "model.num_layers", m.num_layers, "must be positive")
         for key in ("lookahead", "fc_size"):
             require(m[key] >= 0, f"model.{key}", m[key], "must be >= 0")
+        norms = ("projected", "input", "input_all")  # models/deepspeech2.py's RNN_NORMS
+        require(m.rnn_norm in norms, "model.rnn_norm", m.rnn_norm, f"must be one of {norms}")
 
 
 @option_schema("data", "librispeech")

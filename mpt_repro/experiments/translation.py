@@ -68,8 +68,17 @@ class ParallelCorpus(DataSchema):
     source_lang: str = "en"
     target_lang: str = "fr"
     normalize_digits: bool = True  # the tutorial's: every digit becomes 0
+    # bytes: the tutorial's regular expressions on bytes (ASCII whitespace and digits); text:
+    # Python's Unicode ones (also U+00A0, non-ASCII digits); mpt_repro/data/parallel.py
+    tokenizer: str = "bytes"
 
     reads: ClassVar = ("root",)
+
+    @classmethod
+    def check(cls, d: Any, cfg: Any) -> None:
+        super().check(d, cfg)
+        kinds = ("bytes", "text")  # data/parallel.py's TOKENIZERS
+        require(d.tokenizer in kinds, "data.tokenizer", d.tokenizer, f"must be one of {kinds}")
 
 
 @option_schema("data", "wmt15_enfr")

@@ -3,13 +3,24 @@
 The English model of DS2 as Table 3 of the mixed-precision paper trained it (about 115 M
 parameters): a log spectrogram, 2 two-dimensional convolutions over frequency and time (32
 channels, 41x11 with stride 2x2, then 21x11 with stride 2x1; DS2 Table 4), 3 recurrent layers of
-2560 unidirectional GRU cells with sequence-wise batch normalisation of their inputs (DS2 §3.2),
-a row ("lookahead") convolution over the next 80 frames (DS2 §3.7), a fully connected layer and a
+2560 unidirectional GRU cells with DS2's sequence-wise batch normalisation (§3.2), a row
+("lookahead") convolution over the next 80 frames (DS2 §3.7), a fully connected layer and a
 softmax over characters for CTC. Activations are DS2's clipped ReLU, min(max(x, 0), 20).
 
 The sizes come from conf/model/deepspeech2.yaml; docs/experiments_speech.md says which of them
 DS2 prints and which are assumed (the hidden fully connected layer's width is the one that
 brings the count to DS2's "about 115 M").
+
+Recurrent batch norm (model.rnn_norm; docs/experiments_speech.md measures the three):
+
+- `projected` (the default): DS2 §3.2's sequence-wise normalisation, h_t = f(B(W h^{l-1}_t) +
+  U h_{t-1}): the batch norm acts on the input projection W h of every GRU layer (its three gates),
+  not on h itself, so W carries no bias (B's shift is one). DS2 is where the paper's speech numbers
+  came from (Baidu's DS2 code, not deepspeech.pytorch). cuDNN's GRU cannot take a pre-projected
+  input, so this layer runs its recurrence as a loop over frames: slower than `input` on a GPU.
+- `input`: deepspeech.pytorch's layout (SeanNaren/deepspeech.pytorch model.py, BatchRNN): the
+  batch norm acts on h before the GRU's own input projection, and the first GRU has none.
+- `input_all`: as `input`, on the first GRU too (the suite's layout before issue 49).
 
 Padding: utterances of a batch differ in length. Frames past an utterance's end are zeroed after
 each convolution, the GRUs run on packed sequences (padding never enters the recurrence or the
@@ -28,6 +39,8 @@ from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from mpt_repro.models import register_model
 
+# model.rnn_norm: where the recurrent layers' batch norm acts (the module docstring)
+RNN_NORMS = ("projected", "input", "input_all")
 CLIP = 20.0  # DS2's clipped ReLU ceiling
 
 # (kernel, stride, padding) of the two convolutions, each as (frequency, time): DS2 Table 4's
@@ -65,6 +78,79 @@ class SequenceBatchNorm(nn.Module):
         return packed._replace(data=self.norm(packed.data))
 
 
+class InputNormGRU(nn.Module):
+    """A cuDNN GRU, with the sequence-wise batch norm of its input h before the GRU's own input
+    projection when `norm` (deepspeech.pytorch's BatchRNN)."""
+
+    def __init__(self, input_size: int, hidden_size: int, bidirectional: bool, norm: bool):
+        super().__init__()
+        self.norm = SequenceBatchNorm(input_size) if norm else None
+        self.gru = nn.GRU(input_size, hidden_size, bidirectional=bidirectional)
+        self.input_size, self.hidden_size, self.bidirectional = (
+            input_size,
+            hidden_size,
+            bidirectional,
+        )
+
+    def forward(self, packed: Any) -> Any:
+        return self.gru(self.norm(packed) if self.norm is not None else packed)[0]
+
+
+class ProjectedNormGRU(nn.Module):
+    """A GRU layer with DS2 §3.2's normalisation: the input projection W h of all three gates (and
+    both directions) is computed for every valid frame at once, batch-normalised over them, and
+    the recurrence adds U h_{t-1} + b frame by frame (PyTorch's gate order r, z, n; reset applied
+    to U h + b, as cuDNN and DS2's GRU do)."""
+
+    def __init__(self, input_size: int, hidden_size: int, bidirectional: bool):
+        super().__init__()
+        directions = 2 if bidirectional else 1
+        gates = 3 * hidden_size
+        self.projection = nn.Linear(input_size, gates * directions, bias=False)  # B shifts
+        self.norm = nn.BatchNorm1d(gates * directions)
+        bound = hidden_size**-0.5  # nn.GRU's initialisation
+        self.weight_hh = nn.Parameter(torch.empty(directions, gates, hidden_size))
+        self.bias_hh = nn.Parameter(torch.empty(directions, gates))
+        nn.init.uniform_(self.weight_hh, -bound, bound)
+        nn.init.uniform_(self.bias_hh, -bound, bound)
+        self.input_size, self.hidden_size, self.bidirectional = (
+            input_size,
+            hidden_size,
+            bidirectional,
+        )
+
+    def forward(self, packed: Any) -> Any:
+        gates = packed._replace(data=self.norm(self.projection(packed.data)))
+        x, lengths = pad_packed_sequence(gates)  # (T, B, 3H x directions), zeros past the end
+        valid = torch.arange(x.shape[0], device=x.device)[:, None] < lengths.to(x.device)[None]
+        outputs = [self._direction(x[..., : x.shape[-1] // len(self.weight_hh)], valid, 0)]
+        if self.bidirectional:
+            backward = _reversed_within(x[..., x.shape[-1] // 2 :], lengths)
+            outputs.append(_reversed_within(self._direction(backward, valid, 1), lengths))
+        h = torch.cat(outputs, dim=-1) if len(outputs) > 1 else outputs[0]
+        return pack_padded_sequence(h, lengths, enforce_sorted=False)
+
+    def _direction(self, gates: torch.Tensor, valid: torch.Tensor, d: int) -> torch.Tensor:
+        """The recurrence over (T, B, 3H) normalised input gates; a state stops at its end."""
+        h = gates.new_zeros(gates.shape[1], self.hidden_size)
+        out = []
+        for t in range(gates.shape[0]):
+            x_r, x_z, x_n = gates[t].chunk(3, dim=-1)
+            h_r, h_z, h_n = F.linear(h, self.weight_hh[d], self.bias_hh[d]).chunk(3, dim=-1)
+            r, z = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+            new = (1 - z) * torch.tanh(x_n + r * h_n) + z * h
+            h = torch.where(valid[t, :, None], new, h)
+            out.append(h * valid[t, :, None].to(h.dtype))
+        return torch.stack(out)
+
+
+def _reversed_within(x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """(T, B, ...) with each utterance's valid frames in reverse order (padding stays put)."""
+    t = torch.arange(x.shape[0])[:, None]
+    index = torch.where(t < lengths[None], lengths[None] - 1 - t, t).to(x.device)
+    return x.gather(0, index.view(*index.shape, *([1] * (x.dim() - 2))).expand_as(x))
+
+
 class Lookahead(nn.Module):
     """DS2's row convolution: each feature at frame t is a learned per-feature weighting of frames
     t .. t + future (depthwise, no bias), so a unidirectional model sees a little of the future."""
@@ -94,6 +180,7 @@ class DeepSpeech2(nn.Module):
         bidirectional: bool,
         lookahead: int,
         fc_size: int,
+        rnn_norm: str = "projected",
     ):
         super().__init__()
         convs, norms, channels, height = [], [], 1, bins
@@ -105,9 +192,11 @@ class DeepSpeech2(nn.Module):
         self.convs, self.conv_norms = nn.ModuleList(convs), nn.ModuleList(norms)
         directions = 2 if bidirectional else 1
         sizes = [channels * height] + [hidden_size * directions] * (num_layers - 1)
-        self.rnn_norms = nn.ModuleList(SequenceBatchNorm(n) for n in sizes)
         self.rnns = nn.ModuleList(
-            nn.GRU(n, hidden_size, bidirectional=bidirectional) for n in sizes
+            ProjectedNormGRU(n, hidden_size, bidirectional)
+            if rnn_norm == "projected"
+            else InputNormGRU(n, hidden_size, bidirectional, i > 0 or rnn_norm == "input_all")
+            for i, n in enumerate(sizes)
         )
         out = hidden_size * directions
         # a bidirectional model already sees the future: DS2 uses the row convolution only
@@ -136,9 +225,9 @@ class DeepSpeech2(nn.Module):
         b, c, f, t = x.shape
         h = x.reshape(b, c * f, t).permute(2, 0, 1)  # (T, B, features)
         host_lengths = self.output_lengths(frames)  # the same numbers, computed on the host
-        for norm, rnn in zip(self.rnn_norms, self.rnns):
+        for rnn in self.rnns:
             packed = pack_padded_sequence(h, host_lengths, enforce_sorted=False)
-            h, _ = pad_packed_sequence(rnn(norm(packed))[0], total_length=t)
+            h, _ = pad_packed_sequence(rnn(packed), total_length=t)
         if self.lookahead is not None:
             h = _clipped_relu(self.lookahead(h))
         if self.fc is not None:
@@ -146,7 +235,15 @@ class DeepSpeech2(nn.Module):
         return self.classifier(h), host_lengths
 
 
-SHAPE_KEYS = ("conv_channels", "hidden_size", "num_layers", "bidirectional", "lookahead", "fc_size")
+SHAPE_KEYS = (
+    "conv_channels",
+    "hidden_size",
+    "num_layers",
+    "bidirectional",
+    "lookahead",
+    "fc_size",
+    "rnn_norm",
+)
 
 
 @register_model("deepspeech2")
