@@ -351,3 +351,36 @@ def test_adaptive_records_statistics_every_F_steps_and_stays_within_1_10x_mixed(
     cycle = [names(bs) for _ in range(F)]
     assert sum(1 for step in cycle if "aminmax" in step) == 1  # statistics in one step of F
     assert sum(len(step) for step in cycle) / F <= 1.10 * base, ([len(s) for s in cycle], base)
+
+
+# -- a run that never compiles never loads torch.compile ----------------------------------------
+def test_an_eager_run_never_imports_torch_dynamo():
+    """precision/compiled.py defers torch.optim's imports of torch._dynamo (about 2 s of CPU at
+    every mpt-run's start): a process that builds the suite's mixed step, steps, zeroes and saves
+    it never loads torch._dynamo; one that does load it gets torch's own wrappers back (the
+    optimizer's methods marked untraceable, its step under its graph breaks)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = """
+import sys, torch
+from mpt_repro.bench.config import compose
+from mpt_repro.bench.step import build_step
+bs = build_step(compose(["experiment=demo", "budget=smoke", "trainer.device=cpu"], "mixed"),
+                torch.device("cpu"))
+bs.step()
+opt = bs.task.optimizers["model"]
+opt.zero_grad(); opt.state_dict()
+print("eager", "torch._dynamo" in sys.modules)
+import torch._dynamo
+bs.step(); opt.zero_grad(); opt.state_dict()
+wrapped = torch.optim.Optimizer.state_dict.__wrapped__.__dynamo_disable
+print("compiling", wrapped.__qualname__, type(opt.optimizer).step.__qualname__)
+"""
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split("\n")
+    assert out[0] == "eager False"
+    assert out[1].startswith("compiling") and "_until_dynamo_loads" not in out[1]
