@@ -1,0 +1,245 @@
+"""The same seeds give the same bits on any machine (issue 43): portable mode, the machine in the
+record, and make verify-claims.
+
+Two machines are played here by forcing torch's, oneDNN's and MKL's kernel choice to two levels
+in two processes: this machine's own pick, and the AVX2 level an older machine would pick (or,
+on an AVX2-only machine, the level below). Without portable mode the records differ; with it
+every metric and every per-item file is bit-identical.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from mpt_repro.machine import (
+    PORTABLE_ENV,
+    asked_on_command_line,
+    cannot_honour,
+    numerics_label,
+    pin,
+    result_digest,
+)
+from mpt_repro.record import load_record
+from mpt_repro.report.collect import load_runs
+
+ROOT = Path(__file__).resolve().parents[1]
+MPT_RUN = str(Path(sys.executable).with_name("mpt-run"))
+VERIFY = ROOT / "scripts" / "verify_claims.py"
+REPRODUCE = ROOT / "scripts" / "reproduce_claims.py"
+SWEEP = ["-m", "experiment=demo", "budget=smoke", "precision=mixed", "seed=0"]
+# an AVX2 machine's own picks: each library's kernels at AVX2
+AVX2_MACHINE = {
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+}
+# a machine below AVX2 (SSE4): the other level where this machine itself picks AVX2
+SSE_MACHINE = {
+    "ATEN_CPU_CAPABILITY": "default",
+    "ONEDNN_MAX_CPU_ISA": "SSE41",
+    "MKL_ENABLE_INSTRUCTIONS": "SSE4_2",
+}
+
+
+def _native_capability() -> str:
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
+def _clean_env(**extra: str) -> dict[str, str]:
+    """This environment without any kernel pin, one thread (as make test runs), and `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in PORTABLE_ENV}
+    return {**env, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", **extra}
+
+
+def _start(folder: Path, env: dict, *more: str) -> subprocess.Popen:
+    args = [MPT_RUN, *SWEEP, *more, "trainer.progress=false", f"paths.runs_dir={folder}"]
+    return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+
+
+def _levels() -> dict[str, dict[str, str]]:
+    """The two machines: this one's own kernel choice, and the level an older one would pick."""
+    if _native_capability() == "DEFAULT":
+        pytest.skip("torch picks no vectorised kernels here: there is no second level to force")
+    return {"own": {}, "other": AVX2_MACHINE if _native_capability() != "AVX2" else SSE_MACHINE}
+
+
+def _make(root: Path, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], Path]:
+    """{(level, mode): run directory} for each (level, mode) wanted, two processes at a time."""
+    levels, made = _levels(), {}
+    for pair in (wanted[i : i + 2] for i in range(0, len(wanted), 2)):
+        started = {}
+        for level, mode in pair:
+            more = ("trainer.portable=true",) if mode == "portable" else ()
+            folder = root / f"{level}-{mode}"
+            started[(level, mode)] = (folder, _start(folder, _clean_env(**levels[level]), *more))
+        for key, (folder, proc) in started.items():
+            _, err = proc.communicate(timeout=600)
+            assert proc.returncode == 0, err[-3000:]
+            found = list(folder.rglob("run.json"))
+            assert len(found) == 1, found
+            made[key] = found[0].parent
+    return made
+
+
+@pytest.fixture(scope="module")
+def machines(tmp_path_factory):
+    """The sweep in portable mode at both levels, and natively at this machine's own."""
+    wanted = [("own", "portable"), ("other", "portable"), ("own", "native")]
+    return _make(tmp_path_factory.mktemp("machines"), wanted)
+
+
+def _numbers(run_dir: Path) -> dict:
+    """Everything a run computed: its result digest (status, metrics, per-item arrays) and its
+    training curve (metrics.csv without the timing columns)."""
+    record = load_record(run_dir / "run.json")
+    curve = pd.read_csv(run_dir / "metrics.csv").drop(columns=["samples_per_s", "wall_time_s"])
+    return {"result": result_digest(run_dir, record), "curve": curve.to_json()}
+
+
+@pytest.fixture(scope="module")
+def other_native(machines, tmp_path_factory):
+    """The fourth run: natively at the other level (slow tests only)."""
+    return _make(tmp_path_factory.mktemp("other"), [("other", "native")])[("other", "native")]
+
+
+@pytest.mark.slow
+def test_two_kernel_levels_differ_natively(machines, other_native):
+    """What two machines pick natively gives other bits here: the problem portable mode fixes."""
+    own, other = _numbers(machines[("own", "native")]), _numbers(other_native)
+    assert own["result"]["digest"] != other["result"]["digest"]
+    record = load_record(other_native / "run.json")["machine"]
+    assert record["portable"] == {"requested": False, "honoured": False, "level": None,
+                                  "reason": None}  # fmt: skip
+    assert record["torch_cpu_capability"] != _native_capability() and record["threads"] == 1
+    assert numerics_label(record).startswith(f"native {record['torch_cpu_capability']}")
+
+
+def test_two_kernel_levels_agree_bit_for_bit_in_portable_mode(machines):
+    """The two levels in portable mode: every metric, the per-item file and the curve equal;
+    and they differ from this machine's native run (pinning changed the bits, so it acted)."""
+    mine, theirs = machines[("own", "portable")], machines[("other", "portable")]
+    native = _numbers(machines[("own", "native")])
+    a, b = _numbers(mine), _numbers(theirs)
+    assert a == b  # every metric, the per-item file's arrays, the training curve
+    assert native["result"]["digest"] != a["result"]["digest"]
+    with np.load(mine / "eval_items.npz") as x, np.load(theirs / "eval_items.npz") as y:
+        assert x.files == y.files and all(np.array_equal(x[k], y[k]) for k in x.files)
+
+
+def test_the_record_names_the_kernels_that_decided_its_bits(machines):
+    native = load_record(machines[("own", "native")] / "run.json")["machine"]
+    portable = load_record(machines[("other", "portable")] / "run.json")["machine"]
+    assert native["portable"]["requested"] is False and native["threads"] == 1
+    assert native["torch_cpu_capability"] == _native_capability()
+    assert portable["portable"]["honoured"] is True and portable["portable"]["reason"] is None
+    assert portable["torch_cpu_capability"] == "AVX2" and portable["threads"] == 1
+    assert {k: portable["env"][k] for k in PORTABLE_ENV} == PORTABLE_ENV
+    assert portable["cpu"]["arch"] and portable["blas"]["name"] and portable["gpu"] is None
+    assert numerics_label(portable).startswith("portable AVX2, ")
+    assert numerics_label(native).startswith(f"native {native['torch_cpu_capability']}")
+
+
+def test_the_reporter_tells_a_native_record_from_a_portable_one(machines, tmp_path):
+    """One identity made natively and in portable mode: the conflict names the machines."""
+    for mode in ("native", "portable"):
+        run_dir = machines[("own", mode)]
+        start = len(run_dir.parts) - 1 - run_dir.parts[::-1].index("mixed-smoke") - 1
+        relative = Path(*run_dir.parts[start:])  # demo/mixed-smoke/seed0[/variant]
+        shutil.copytree(run_dir, tmp_path / relative)
+    _, problems = load_runs(tmp_path)
+    conflicts = [p for p in problems if p.status == "conflict"]
+    assert len(conflicts) == 2
+    for p in conflicts:
+        assert "; machine differs: native " in p.reason and " / portable AVX2, " in p.reason
+
+
+def test_verify_claims_names_the_first_metric_that_differs_and_both_machines(machines):
+    """The comparison verify-claims makes, on a portable record (the page's) and a native one
+    (a machine that did not pin)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import verify_claims
+
+    own, other = machines[("own", "portable")], machines[("own", "native")]
+    page = result_digest(own, load_record(own / "run.json"))
+    here = result_digest(other, load_record(other / "run.json"))
+    found = verify_claims.first_difference(page, here)
+    assert found is not None and found.split(":")[0] in (
+        "metric loss", "metric top1", "metric top5", "per-item file (eval_items.npz)",
+    )  # fmt: skip
+    shown = verify_claims.fingerprint_text(load_record(other / "run.json")["machine"])
+    assert shown.startswith("native ") and '"torch_cpu_capability"' in shown
+
+
+def test_a_machine_that_cannot_pin_says_why():
+    assert "this machine is aarch64" in cannot_honour({"arch": "aarch64"})
+    assert "no AVX2" in cannot_honour({"arch": "x86_64", "flags": ["sse4_2", "avx"]})
+    assert "Intel CPUs only" in cannot_honour(
+        {"arch": "x86_64", "flags": ["avx2", "fma"], "vendor": "AuthenticAMD"}
+    )
+    intel = {"arch": "x86_64", "flags": ["avx2", "fma"], "vendor": "GenuineIntel"}
+    assert cannot_honour(intel) is None
+    environ: dict[str, str] = {}
+    assert "torch was loaded in this process" in pin(environ)  # this test process has torch
+    assert environ == {}  # nothing pinned that could not take effect
+    assert asked_on_command_line(["experiment=demo", "trainer.portable=true"])
+    assert asked_on_command_line(["-m", "trainer.portable=false,true"])
+    assert not asked_on_command_line(["trainer.portable=false", "trainer.device=cpu"])
+
+
+def _verify(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(VERIFY), *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=900)  # fmt: skip
+
+
+def test_verify_claims_refuses_a_page_without_digests_and_bad_options(tmp_path):
+    page = tmp_path / "claims.md"
+    page.write_text("# What this suite reproduces on a laptop\n\nno digests\n")
+    done = _verify(str(page))
+    assert done.returncode == 2 and "carries no run digests" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert _verify(str(page), "--sample", "0").returncode == 2
+    (tmp_path / "kept" / "x").mkdir(parents=True)
+    done = _verify(str(page), "--runs-dir", str(tmp_path / "kept"))
+    assert done.returncode == 2 and "is not empty" in done.stderr
+
+
+@pytest.mark.slow
+def test_verify_claims_end_to_end_on_a_tiny_page(tmp_path):
+    """reproduce-claims --tiny on one claim (portable, with digests), then verify-claims: the
+    sample is bit-identical; a page whose digest was changed fails naming the run, the metric and
+    both machines."""
+    out = tmp_path / "claims"
+    args = [sys.executable, str(REPRODUCE), "--tiny", "--claims", "table1_mixed_matches_digits",
+            "--out", str(out), "--docs", str(out / "page.md")]  # fmt: skip
+    made = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env=_clean_env())  # fmt: skip
+    assert made.returncode == 0, made.stderr[-3000:]
+    text = (out / "page.md").read_text()
+    assert "## Digests of the runs" in text and "trainer.portable=true" in text
+    done = _verify(str(out / "page.md"), "--sample", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "1 runs bit-identical to" in done.stdout
+    block = text.split("```json run-digests\n")[1].split("```")[0]
+    entry = json.loads(block)["runs"][0]
+    wrong = json.dumps(entry["metrics"]["loss"] + 1e-12)
+    bad = text.replace(json.dumps(entry["digest"]), json.dumps("0" * 64), 1)
+    bad = bad.replace(f'"loss": {json.dumps(entry["metrics"]["loss"])}', f'"loss": {wrong}', 1)
+    (out / "bad.md").write_text(bad)
+    done = _verify(str(out / "bad.md"))  # every run: the changed one differs, the others not
+    assert done.returncode == 1
+    assert f"{entry['run']}: differs, metric loss: " in done.stderr
+    assert f"1 of {len(json.loads(block)['runs'])} runs differ" in done.stderr
+    assert "the page's machine: portable AVX2" in done.stderr
+    assert "this machine:       portable AVX2" in done.stderr
