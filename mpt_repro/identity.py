@@ -78,7 +78,15 @@ NOT_COMPARED = (
     "data.pin_memory",
     "telemetry",  # observes gradients, changes none (tests/test_report_comparison.py)
     "distributed.timeout_s",
+    # fsdp2: when a block's gathered weights are freed (memory and time, the same numbers)
+    "distributed.reshard_after_forward",
 )
+# Keys added after records were written, at the value that runs what those records ran: left
+# out of a comparison at that value, so that a run of today pairs with one written before them.
+# A DDP run and an FSDP2 run are never one identity (distributed.strategy is compared, and the
+# report labels a group by it), although with distributed.reduce_dtype=preset their numbers are
+# meant to match up to the order of the reductions (docs/distributed.md says which were measured).
+ADDED_AT = {"distributed.strategy": "ddp", "distributed.reduce_dtype": "preset"}
 
 
 def _under(key: str, prefixes: Iterable[str]) -> bool:
@@ -224,7 +232,11 @@ def comparison_config(config: Mapping[str, Any] | None) -> dict[str, Any]:
     """The flattened resolved configuration with NOT_COMPARED taken out."""
     if not isinstance(config, Mapping):
         return {}
-    return {k: v for k, v in flatten(config).items() if not _under(k, NOT_COMPARED)}
+    return {
+        k: v
+        for k, v in flatten(config).items()
+        if not _under(k, NOT_COMPARED) and not (k in ADDED_AT and v == ADDED_AT[k])
+    }
 
 
 def comparison_key(config: Mapping[str, Any] | None) -> str:
@@ -256,7 +268,8 @@ def difference_labels(configs: Mapping[str, Mapping[str, Any]], most: int = 4) -
     ]
     labels = {}
     for group, flat in configs.items():
-        parts = [f"{k}={_shown(flat.get(k, missing), missing)}" for k in varying]
+        # a key left out at the value older records ran (ADDED_AT) is shown at it: strategy=ddp
+        parts = [f"{k}={_shown(flat.get(k, ADDED_AT.get(k, missing)), missing)}" for k in varying]
         extra = len(parts) - most
         labels[group] = ", ".join(parts[:most]) + (f", … +{extra} more" if extra > 0 else "")
     return labels

@@ -383,3 +383,20 @@ def test_bytes_per_rank_fall_with_the_world_size(tmp_path: Path) -> None:
     replica = held["ddp", 2]
     assert held["fsdp2", 2] == pytest.approx(replica / 2, rel=0.02)
     assert held["fsdp2", 4] == pytest.approx(replica / 4, rel=0.05)
+
+
+def test_a_ddp_run_and_an_fsdp2_run_are_two_identities_labelled_by_strategy() -> None:
+    from mpt_repro.identity import comparison_config, comparison_key, difference_labels
+
+    def flat(*overrides: str) -> dict:
+        return to_plain(compose(["experiment=demo", "precision=mixed", *overrides]))
+
+    ddp, sharded = flat(), flat("distributed.strategy=fsdp2")
+    lazy = flat("distributed.strategy=fsdp2", "distributed.reshard_after_forward=false")
+    assert comparison_key(ddp) != comparison_key(sharded) == comparison_key(lazy)
+    older = {**ddp, "distributed": dict(ddp["distributed"])}  # a record written before fsdp2
+    for key in ("strategy", "reduce_dtype", "reshard_after_forward"):
+        del older["distributed"][key]
+    assert comparison_key(older) == comparison_key(ddp)
+    labels = difference_labels({"a": comparison_config(ddp), "b": comparison_config(sharded)})
+    assert labels == {"a": "distributed.strategy=ddp", "b": "distributed.strategy=fsdp2"}
