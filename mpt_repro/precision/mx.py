@@ -42,14 +42,6 @@ SCALE_BIAS = 127
 SCALE_EXP_MIN, SCALE_EXP_MAX = -127, 127
 SCALE_NAN = 0xFF
 ELEMENTS: dict[str, Format] = {f.name: f for f in (E4M3, E5M2, E3M2, E2M3, E2M1)}
-# the names the MX spec and Rouhani et al. 2023 give the formats, by element
-MX_NAMES = {
-    "e4m3": "MXFP8 (E4M3)",
-    "e5m2": "MXFP8 (E5M2)",
-    "e3m2": "MXFP6 (E3M2)",
-    "e2m3": "MXFP6 (E2M3)",
-    "e2m1": "MXFP4 (E2M1)",
-}
 # element bits: what an MX tensor stores per value is these plus 8 bits of scale per block
 ELEMENT_BITS = {"e4m3": 8, "e5m2": 8, "e3m2": 6, "e2m3": 6, "e2m1": 4}
 # telemetry counters of one quantization, in this order (mx_quantize's `stats`)
