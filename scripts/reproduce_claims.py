@@ -288,7 +288,7 @@ def page_header(judged: dict, total: float, argv: list[str], folder: Path, runs_
         "A claim is reproduced only when all its tests are; each test compares runs that differ "
         "in what the claim is about, and says what result would have refuted it.",
         "",
-        f"- made: {when}, on {machine_text()}",
+        f"- made: {when}, judged on {machine_text()}",
         f"- judged at commit: {git_commit() or 'unknown'}; runs trained at: "
         f"{', '.join(trained_at) or 'none'} (their run.json)",
         f"- command: `{shlex.join(['scripts/reproduce_claims.py', *argv])}`",
@@ -301,6 +301,18 @@ def page_header(judged: dict, total: float, argv: list[str], folder: Path, runs_
         "spending: a group-sequential design whose error rate stays at most α = 0.05 however "
         "the stopping depends on the data; Jennison & Turnbull 2000, ch. 7)",
     ]
+
+
+def trained_on(machines: dict) -> str:
+    """The machines the runs ran on, from their run.json fingerprints: CPU model and the CPU
+    capability torch used (portable mode pins it)."""
+    shown = set()
+    for m in machines.values():
+        m = m or {}
+        cpu = (m.get("cpu") or {}).get("model") or "unknown CPU"
+        shown.add(f"{cpu}, torch CPU capability {m.get('torch_cpu_capability') or 'unknown'}, "
+                  f"{m.get('threads') or '?'} thread(s) a run")  # fmt: skip
+    return "; ".join(sorted(shown)) or "no run recorded its machine"
 
 
 def sweep_lines(done: list[tuple]) -> list[str]:
@@ -358,9 +370,11 @@ def write_pages(args, argv, judged: dict[tuple[str, str], Judged], done, total, 
     frame = judged_frame(judged)
     args.out.mkdir(parents=True, exist_ok=True)
     frame.to_csv(args.out / "claims.csv", index=False)
-    digests = digest_section(run_digests(sweeps([j.claim for j in judged.values()]), runs_dir))
+    found = run_digests(sweeps([j.claim for j in judged.values()]), runs_dir)
+    digests = digest_section(found)
     folder = args.claims_dir or ROOT / "conf" / "claims"
     header = page_header(judged, total, argv, folder, runs_dir)
+    header.insert(header.index("") + 3, f"- runs trained on: {trained_on(found['machines'])}")
     text = page_text(judged, header, sweep_lines(done), args.tiny) + "\n" + digests
     (args.out / "claims.md").write_text(text)
     if args.docs:

@@ -378,8 +378,8 @@ def test_the_runner_makes_the_runs_and_writes_the_page_structure_only(tmp_path):
     assert len(table) == 2 and set(table["Verdict"]) == {"inconclusive", "not testable here"}
     page = (out / "claims.md").read_text()
     assert "**Structure only**" in page.splitlines()[2]
-    assert "1 seed(s); a verdict needs at least 3" in page
-    assert "the interval of no_scaling − fp32 wholly short of 1 worse" in page
+    assert "1 paired seed(s); a verdict needs at least 3" in page
+    assert "the interval of no_scaling − fp32 wholly short of 1.5 worse" in page
     assert "runs trained at: " in page and "CPU capability" in page
     made = {part for p in (out / "runs").rglob("run.json") for part in p.parts}
     assert {"seed0", "seed1000", "fp32-smoke", "no_scaling-smoke"} <= made
