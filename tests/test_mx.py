@@ -234,6 +234,8 @@ def test_a_real_run_records_its_mx_layers_and_their_block_telemetry(mx_run):
     first = json.loads(lines[0])
     entry = first["layers"][summary["wrapped"][0]]["mx"]["errors"]
     assert set(entry) == set(mx.STATS) and entry["nonzero"] > 0
+    assert "telemetry_mx_blocks.png" in d["telemetry"]["figures"]
+    assert (mx_run / "telemetry_mx_blocks.png").stat().st_size > 10_000
 
 
 def test_the_bench_computes_what_an_mx_storage_would_save_and_marks_the_emulation():

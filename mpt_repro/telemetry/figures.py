@@ -9,6 +9,9 @@ Writes into the run directory (or --out):
   telemetry_weight_grad_hist.png  the same for weight gradients
   telemetry_underflow_heatmap.png per-layer fractions over training (layers x sampled steps):
                                   activation- and weight-gradient underflow, lost updates
+  telemetry_mx_blocks.png         MX runs only (mx_counts.py): per layer and tensor kind, the
+                                  shares of values underflowed in their block, of clamped and
+                                  of saturated block scales
 """
 
 from __future__ import annotations
@@ -215,6 +218,12 @@ def draw_figures(
     heading = f"What FP16 would lose, per layer and sampled step ({run_dir.name})"
     draw_heatmap(out_dir / FIGURES[2], samples, heading)
     written.append(out_dir / FIGURES[2])
+    from mpt_repro.telemetry import mx_counts  # MX runs: what the blocks did (issue 46)
+
+    mx_heading = f"What the MX blocks did, per layer, {len(samples)} sampled steps ({run_dir.name})"
+    labels = layer_labels(samples)
+    if mx_counts.draw(out_dir / mx_counts.FIGURE, samples, labels, mx_heading, _plt()):
+        written.append(out_dir / mx_counts.FIGURE)
     return written
 
 

@@ -88,3 +88,42 @@ def log_text(record: dict) -> str | None:
         for k, v in s["network"].items()
     ]
     return "MX blocks: " + "; ".join(parts)
+
+
+FIGURE = "telemetry_mx_blocks.png"
+_MEASURES = (
+    ("underflow", "values underflowed to 0 in their block (% of nonzero)"),
+    ("scale_clamped", "blocks whose scale clamped at 2^-127 (% of nonzero blocks)"),
+    ("saturated", "blocks whose largest value saturated (% of nonzero blocks)"),
+)
+
+
+def draw(path: Any, records: list[dict], labels: dict[str, str], heading: str, plt: Any) -> bool:
+    """Layers x tensor kinds, one panel per measure, shares over the run's sampled steps (the
+    figure beside the FP16 heatmap, for MX runs; `plt`: figures' pyplot); False (nothing
+    drawn) without MX counts."""
+    s = summarize(records)
+    if s is None:
+        return False
+    layers = list(s["layers"])
+    kinds = [k for k in KINDS if k in s["network"]]
+    height = max(3.0, 0.16 * len(layers) + 1.5)
+    fig, axes = plt.subplots(1, len(_MEASURES), figsize=(4.2 * len(_MEASURES), height))
+    for i, (ax, (key, title)) in enumerate(zip(axes, _MEASURES)):
+        data = [
+            [100 * s["layers"][layer].get(k, {}).get(key, float("nan")) for k in kinds]
+            for layer in layers
+        ]
+        top = max([v for row in data for v in row if v == v] + [1e-3])
+        im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="magma", vmin=0, vmax=top)
+        ax.set_title(title, fontsize=9)
+        ax.set_xticks(range(len(kinds)))
+        ax.set_xticklabels(kinds, fontsize=7)
+        ax.set_yticks(range(len(layers)))
+        ax.set_yticklabels([labels.get(n, n) for n in layers] if i == 0 else [], fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.02)
+    fig.suptitle(heading, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return True
