@@ -80,6 +80,19 @@ def refusal(cfg: Any) -> str | None:
             "precision step was not built for sharded (DTensor) gradients; use "
             "trainer.compile=false"
         )
+    if str(cfg.task) == "gan":
+        return (
+            "experiment=dcgan cannot run under distributed.strategy=fsdp2: the generator's loss "
+            "runs through the discriminator with its parameters frozen, and rank 0 alone draws "
+            "the sample grid, both forwards that a sharded model would have every rank join; use "
+            "distributed.strategy=ddp"
+        )
+    if cfg.telemetry.get("enabled", False):
+        return (
+            "telemetry cannot run under distributed.strategy=fsdp2: it observes rank 0's whole "
+            "gradients and layers, and each rank holds a shard of them; use "
+            "distributed.strategy=ddp for a diagnostic run"
+        )
     if cfg.distributed.sync_bn:
         return (
             "distributed.sync_bn=true is a DDP setting (SyncBatchNorm); under "
@@ -153,7 +166,7 @@ def shard(model: Any, policy: Any, dcfg: Any) -> Any:
     parameters). Returns the model (the same object, now an FSDPModule)."""
     import torch
     from torch import nn
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
     register_dtensor_ops()
     m = mapping(policy.cfg, dcfg)
@@ -178,6 +191,8 @@ def shard(model: Any, policy: Any, dcfg: Any) -> Any:
     reduce = None if m["reduce_dtype"] == m["shards"] else dtype[m["reduce_dtype"]]
     mp = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
     for block in blocks(model):
+        if isinstance(block, FSDPModule):  # a BatchNorm layer the loop above sharded already
+            continue
         fully_shard(block, mp_policy=mp, reshard_after_forward=reshard)
         block.mpt_reshard_after_forward = reshard  # what evaluation restores (gathered)
     # the root's parameters stay gathered from its forward to its backward (FSDP2's own choice

@@ -61,6 +61,8 @@ def test_each_preset_maps_onto_fsdp2_as_ddp_computes_it() -> None:
         (["precision=pseudo_fp16"], "pseudo FP16"),
         (["precision=adaptive"], "adaptive, layer-wise"),
         (["trainer.compile=true"], "trainer.compile=true"),
+        (["experiment=dcgan"], "experiment=dcgan"),
+        (["telemetry=diagnostic"], "telemetry"),
     ],
 )
 def test_what_cannot_run_sharded_is_refused_in_one_line(overrides: list, named: str) -> None:
