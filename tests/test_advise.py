@@ -518,3 +518,26 @@ def test_the_diagnostic_run_lands_beside_the_run_it_repeats(tmp_path):
     assert diagnostic.parent == plain.parent == tmp_path / "demo" / "fp32-smoke" / "seed0"
     assert plain.name == "trainer.max_steps=300"
     assert diagnostic.name == "telemetry=diagnostic,telemetry.every=15,trainer.max_steps=300"
+
+
+def test_a_diagnostic_run_that_did_not_train_calls_no_recipe_safe(tmp_path, diagnostic):
+    """Issue 44: lr=1e12 ended with loss 9.4e11 and top-1 below chance, without a non-finite
+    loss; every recipe was called safe and "plain precision=mixed is enough" (the real run:
+    test_bad_input_round5.py, slow)."""
+    run_dir = _copy(diagnostic, tmp_path)
+    record = read_run(run_dir)
+    lr = record["config"]["optim"]["lr"]
+    record["metrics"].update(loss=9.4e11, top1=6.25)
+    (run_dir / "run.json").write_text(json.dumps(record))
+    advice = build_advice(run_dir)
+    retry = f"optim.lr={lr / 10:g}"
+    assert {p.verdict for p in advice.predictions} == {
+        f"unknown: the diagnostic run did not train; run it again with {retry}"
+    }
+    from mpt_repro.advise.render import markdown
+
+    text = markdown(advice)
+    assert "**The diagnostic run did not train** (its final loss 9.4e+11 is far above" in text
+    assert "and its top-1 6.25% is at chance (10%)" in text
+    assert "None: the diagnostic run did not train (above); run it again first." in text
+    assert "is enough" not in text and "| safe |" not in text

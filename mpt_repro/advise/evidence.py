@@ -158,7 +158,9 @@ def _read_run_json(run_dir: Path) -> dict:
     try:
         record = json.loads(read_text(path))
     except NotARegularFile as e:
-        raise AdviceError(f"{e}, not a run record: mpt-advise never opens it") from None
+        raise AdviceError(
+            f"{e.path} is {e.what}, not a run record: mpt-advise never opens it"
+        ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise AdviceError(f"{path} cannot be read ({e})") from None
     if not isinstance(record, dict):

@@ -532,8 +532,8 @@ def _to_check(record: dict, row: dict, path: Path) -> list[Problem]:
 
 def _damaged(path: Path, record: dict) -> list[str]:
     """The files beside a run.json that are there but cannot be used: a FIFO or a device (never
-    opened: it would wait for a writer), an items file that is not a whole .npz archive."""
-    import zipfile
+    opened: it would wait for a writer), an items file cut short or holding pickled objects."""
+    from mpt_repro.evidence import read_items
 
     evaluation = record.get("evaluation") if isinstance(record.get("evaluation"), dict) else {}
     items = evaluation.get("items_file")
@@ -543,8 +543,11 @@ def _damaged(path: Path, record: dict) -> list[str]:
         what = not_a_regular_file(file)
         if what:
             found.append(f"its {name} is {what}, not a file mpt-run wrote: never opened")
-        elif name.endswith(".npz") and file.is_file() and not zipfile.is_zipfile(file):
-            found.append(f"its {name} is not a whole .npz archive (cut short?): no interval")
+        elif name.endswith(".npz") and file.is_file():
+            try:
+                read_items(file)
+            except (OSError, ValueError) as err:  # it says what the file is instead
+                found.append(f"its {name} cannot be used ({err}): no interval rests on it")
     return found
 
 
