@@ -524,3 +524,26 @@ def test_a_diagnostic_run_that_blew_up_is_not_advised_as_safe(tmp_path) -> None:
     assert "an untrained 10-class model starts from" in done.stdout
     assert "| safe |" not in done.stdout and "is enough" not in done.stdout
     assert "optim.lr=1e+11" in done.stdout and "optim.lr=1e12 " not in done.stdout
+
+
+@pytest.mark.slow
+def test_a_task_without_a_per_item_column_names_it_and_its_eval_step(toy, tmp_path) -> None:
+    """It said "per-item columns of different lengths: [0, 256]"."""
+    broken = tmp_path / "broken"
+    shutil.copytree(toy / "toyreg", broken / "toyreg")
+    task = broken / "toyreg" / "task.py"
+    full = 'return {"sq_err": err * err, "items": torch.ones_like(err)}'
+    assert full in task.read_text()
+    task.write_text(task.read_text().replace(full, 'return {"items": torch.ones_like(err)}'))
+    args = [MPT_RUN, "experiment=toyreg", "budget=smoke", "trainer.progress=false"]
+    done = run(
+        [*args, f"paths.runs_dir={tmp_path / 'runs'}"],
+        300,
+        cwd=tmp_path,
+        env=env(PYTHONPATH=str(broken), MPT_PLUGINS="toyreg"),
+    )
+    line = one_line_error(done, code=1)
+    assert (
+        "per-item columns of different lengths (items: 256, sq_err: 0 items): the task's "
+        "eval_step returned no sq_err column, which its metrics' formulas read"
+    ) in line
