@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print("against the bare loop (bench.baseline=true):")
         print(against)
+    from mpt_repro.bench.results import format_state
+
+    if (held := format_state(doc)) is not None:
+        print()
+        print(held)
     print()
     print(describe_run(doc))
     if bench.write and doc["results"]:
@@ -141,6 +146,10 @@ def _say_budget_reached(bench: BenchConfig, measured: dict[str, list[dict]]) -> 
 
 def _run_one(spec: Path, timeout_s: int) -> tuple[int, str]:
     cmd = [sys.executable, "-m", "mpt_repro.bench.worker", str(spec)]
+    nproc = json.loads(spec.read_text())["bench"]["nproc"]
+    if nproc > 1:  # bench.nproc: the worker's processes under torchrun, one step over all
+        launch = ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd = [sys.executable, *launch, "-m", "mpt_repro.bench.worker", str(spec)]
     try:
         # stderr passes through: the worker's progress lines and, on a crash, its traceback
         code = subprocess.run(cmd, timeout=timeout_s).returncode

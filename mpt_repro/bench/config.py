@@ -42,6 +42,9 @@ class BenchConfig:
     # start (its estimate: the longest of that preset so far, else of any), and what was
     # measured is written; for a machine lent for minutes (scripts/gpu_check.sh). 0: no limit
     budget_s: int = 0
+    # processes per worker (torchrun; Gloo on the CPU): the preset's step under
+    # distributed.strategy (ddp | fsdp2), and the bytes each rank holds
+    nproc: int = 1
 
 
 HELP = {
@@ -60,6 +63,8 @@ HELP = {
     "write": "false: print the table, write no file",
     "timeout_s": "limit for one worker process (one preset, one repeat), seconds",
     "budget_s": "seconds for the whole bench: start no worker that would end past it (0: none)",
+    "nproc": "processes per worker under torchrun (with distributed.strategy=fsdp2: the bytes of "
+    "parameters, gradients and optimizer state each rank holds)",
 }
 
 USAGE = """\
@@ -187,6 +192,7 @@ def _check_bench(b: BenchConfig) -> None:
         ("overhead_steps", 0),
         ("baseline_rounds", 1),
         ("baseline_steps", 1),
+        ("nproc", 1),
     ):
         if getattr(b, name) < low:
             raise ConfigError(f"bench.{name} must be >= {low} (got {getattr(b, name)})")

@@ -205,6 +205,24 @@ def format_table(doc: dict) -> str:
     return "\n".join(lines)
 
 
+def format_state(doc: dict) -> str | None:
+    """What each rank holds for parameters, gradients and optimizer state after the timed steps
+    (bench.nproc processes; fsdp.state_bytes), one line per preset; None when not measured."""
+    lines = []
+    for row in doc["results"]:
+        per_rank = (row.get("detail") or {}).get("state_bytes_per_rank")
+        if per_rank:
+            shown = ", ".join(f"{b / 2**20:.3f}" for b in per_rank)
+            n = len(per_rank)
+            lines.append(f"  {row['preset']}: {shown} MiB ({n} process{'es' if n > 1 else ''})")
+    if not lines:
+        return None
+    suite = doc["config"].get("suite") or {}
+    strategy = suite.get("distributed", {}).get("strategy", "ddp")
+    head = f"parameters + gradients + optimizer state per rank (distributed.strategy={strategy}):"
+    return "\n".join([head, *lines])
+
+
 def describe_run(doc: dict) -> str:
     """The lines under the table: what was measured, where, and what the proxies mean."""
     d, c = doc["device"], doc["config"]

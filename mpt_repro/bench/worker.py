@@ -37,7 +37,10 @@ def main(argv: list[str] | None = None) -> int:
             Path(spec["out"]).write_text(json.dumps({"error": f"out of memory: {_short(e)}"}))
             return 3
         raise
-    Path(spec["out"]).write_text(json.dumps(result, indent=1))
+    from mpt_repro import distributed
+
+    if distributed.is_main():  # bench.nproc > 1: rank 0 writes what every rank measured
+        Path(spec["out"]).write_text(json.dumps(result, indent=1))
     return 0
 
 
@@ -62,6 +65,9 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     bs = build_step(cfg, device)
     out = {"preset": preset, "repeat": repeat, **_timed(cfg, bs, b, device, say)}
     say(f"{out['samples_per_s']:.4g} samples/s")
+    out["state_bytes_per_rank"] = _state_bytes(bs)
+    if b.nproc > 1:  # the counts and windows below are one process's: not measured over ranks
+        return out
     if repeat == 0 and b.instrument:
         if bs.step_on is None:  # e.g. an LM's streams: one whole step, counted as it is
             step_on, n = (lambda _: bs.step()), bs.samples
@@ -79,15 +85,25 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _state_bytes(bs: Any) -> list[int]:
+    """Bytes of parameters, gradients and optimizer state each rank holds (fsdp.state_bytes)."""
+    from mpt_repro import distributed, fsdp
+
+    mine = fsdp.state_bytes(bs.task.models.values(), bs.task.optimizers.values())
+    return [held["total"] for held in distributed.all_gather_object(mine)]
+
+
 def _bench_config(overrides: list[str], preset: str) -> tuple[Any, Any]:
     """The run's config and device, set up as mpt-run sets them."""
     import torch
 
+    from mpt_repro import distributed
     from mpt_repro.bench.step import enum_name
     from mpt_repro.run import pick_device, set_backends
 
     cfg = compose(overrides, preset)
-    device = pick_device(cfg.trainer.device)
+    # bench.nproc > 1: this process is one rank of torchrun's (a no-op in one process)
+    device = distributed.setup(cfg.distributed, pick_device(cfg.trainer.device))
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     set_backends(cfg.trainer)
