@@ -541,3 +541,35 @@ def test_a_diagnostic_run_that_did_not_train_calls_no_recipe_safe(tmp_path, diag
     assert "and its top-1 6.25% is at chance (10%)" in text
     assert "None: the diagnostic run did not train (above); run it again first." in text
     assert "is enough" not in text and "| safe |" not in text
+
+
+def test_a_diagnostic_run_far_from_its_fp32_run_says_so_and_asks_for_fp32(tmp_path, diagnostic):
+    """Issue 44: a diagnostic run recorded under another preset whose metric is far from the
+    FP32 run of the same settings beside it describes no training that works either."""
+    import shutil
+
+    record = read_run(diagnostic)
+    fp32_dir = tmp_path / "runs" / "demo" / f"fp32-{record['budget']}" / "seed0"
+    fp32_dir.mkdir(parents=True)
+    (fp32_dir / "run.json").write_text(json.dumps(record))
+    run_dir = Path(
+        shutil.copytree(
+            diagnostic, fp32_dir.parent.with_name(f"mixed-{record['budget']}") / "seed0"
+        )
+    )
+    top1 = record["metrics"]["top1"]
+    mixed = {**record, "precision": "mixed", "metrics": {**record["metrics"], "top1": top1 / 2}}
+    (run_dir / "run.json").write_text(json.dumps(mixed))
+    advice = build_advice(run_dir)
+    assert {p.verdict for p in advice.predictions} == {
+        "unknown: the diagnostic run did not train as FP32 does; run it again with "
+        "precision=fp32 (an FP32 diagnostic run sees every gradient)"
+    }
+    from mpt_repro.advise.render import markdown
+
+    text = markdown(advice)
+    assert (
+        f"**The diagnostic run did not train as FP32 does** (its top1 {top1 / 2:.3g} is far "
+        f"below the {top1:.3g} of the same run in FP32 ({fp32_dir}))"
+    ) in text
+    assert "| safe |" not in text

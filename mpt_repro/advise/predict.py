@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KINDS, RunEvidence
@@ -225,11 +226,15 @@ def pct(x: float) -> str:
     return f"{100 * x:.2f}%" if x < 0.1 else f"{100 * x:.1f}%"
 
 
+AWAY_FROM_FP32 = "did not train as FP32 does"
+
+
 def unusable(evidence: RunEvidence) -> tuple[str, str] | None:
     """(in short, why) the diagnostic run's gradients describe no training that works, or None
     when they may be judged: it diverged; it ended with a non-finite metric; or, for a
     classifier, its loss ended more than ten times above the ln(classes) an untrained model
-    starts from (lr=1e12: loss 9e11, top-1 below chance, yet every recipe was called safe)."""
+    starts from (lr=1e12: loss 9e11, top-1 below chance, yet every recipe was called safe); or,
+    recorded under another preset, it ended far from the FP32 run of the same settings."""
     record = evidence.record
     if record.get("status") == "diverged":
         return "diverged", str(record.get("reason") or "no reason recorded")
@@ -240,7 +245,8 @@ def unusable(evidence: RunEvidence) -> tuple[str, str] | None:
         return "did not train", f"it ended with a non-finite {', '.join(bad)}"
     classes, loss = _classes(record), numbers.get("loss")
     if classes is None or loss is None or loss <= 10 * math.log(classes):
-        return None
+        far = _far_from_fp32(evidence, numbers)
+        return (AWAY_FROM_FP32, far) if far else None
     why = (
         f"its final loss {loss:.3g} is far above the {math.log(classes):.2f} (ln {classes}) an "
         f"untrained {classes}-class model starts from"
@@ -249,6 +255,61 @@ def unusable(evidence: RunEvidence) -> tuple[str, str] | None:
     if top1 is not None and top1 <= 1.1 * chance:
         why += f", and its top-1 {top1:.3g}% is at chance ({chance:.3g}%)"
     return "did not train", why
+
+
+def _far_from_fp32(evidence: RunEvidence, numbers: dict[str, float]) -> str | None:
+    """A diagnostic run recorded under another preset, against the completed FP32 run of the
+    same settings beside it (the same folder but for the preset's): its final loss more than
+    twice FP32's, or its primary metric worse by more than a tenth of FP32's."""
+    record = evidence.record
+    reference = _fp32_record(Path(evidence.run_dir), record)
+    if reference is None:
+        return None
+    ref = reference[1].get("metrics") if isinstance(reference[1].get("metrics"), dict) else {}
+    where = f"the same run in FP32 ({reference[0]})"
+    loss, ref_loss = numbers.get("loss"), ref.get("loss")
+    if _finite(ref_loss) and ref_loss > 0 and loss is not None and loss > 2 * ref_loss:
+        return f"its final loss {loss:.3g} is more than twice the {ref_loss:.3g} of {where}"
+    metric = record.get("primary_metric")
+    value, ref_value = numbers.get(metric), ref.get(metric)
+    if value is None or not _finite(ref_value):
+        return None
+    higher = record.get("higher_is_better") is not False
+    worse = (ref_value - value) if higher else (value - ref_value)
+    if worse <= 0.1 * abs(ref_value):
+        return None
+    side = "below" if higher else "above"
+    return f"its {metric} {value:.3g} is far {side} the {ref_value:.3g} of {where}"
+
+
+def _fp32_record(run_dir: Path, record: dict) -> tuple[Path, dict] | None:
+    """(folder, record) of the completed FP32 run beside a run of another preset: the folder
+    `<preset>-<budget>` named `fp32-<budget>`, with the same overrides' folder or without its
+    telemetry ones (the plain run); None when there is none."""
+    import json
+
+    from mpt_repro.safeio import read_text
+
+    preset, budget = record.get("precision"), record.get("budget")
+    parts = list(run_dir.parts)
+    if preset in (None, "fp32") or f"{preset}-{budget}" not in parts:
+        return None
+    at = len(parts) - 1 - parts[::-1].index(f"{preset}-{budget}")
+    sibling = Path(*parts[:at], f"fp32-{budget}", *parts[at + 1 :])
+    rest = [o for o in sibling.name.split(",") if not o.startswith("telemetry")]
+    plain = sibling.with_name(",".join(rest)) if rest else sibling.parent
+    for folder in (sibling, plain):
+        try:
+            found = json.loads(read_text(folder / "run.json"))
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict) and found.get("status") == "completed":
+            return folder, found
+    return None
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
 def _classes(record: dict) -> int | None:
@@ -266,7 +327,8 @@ def _classes(record: dict) -> int | None:
 def lower_lr(evidence: RunEvidence) -> float | None:
     """A tenth of the learning rate of a diagnostic run whose evidence cannot be used (None: it
     can, or its record names no learning rate)."""
-    if unusable(evidence) is None:
+    found = unusable(evidence)
+    if found is None or found[0] == AWAY_FROM_FP32:  # there the preset, not the rate, is to change
         return None
     lr = ((evidence.record.get("config") or {}).get("optim") or {}).get("lr")
     return float(lr) / 10 if isinstance(lr, (int, float)) and lr > 0 else None
@@ -278,9 +340,17 @@ def diverged_verdict(evidence: RunEvidence) -> str | None:
     found = unusable(evidence)
     if found is None:
         return None
+    return f"unknown: the diagnostic run {found[0]}; run it again with {retry_words(evidence)}"
+
+
+def retry_words(evidence: RunEvidence) -> str:
+    """What a new diagnostic run changes first: precision=fp32 where this one's preset lost what
+    FP32 keeps, else a tenth of its learning rate."""
+    found = unusable(evidence)
+    if found is not None and found[0] == AWAY_FROM_FP32:
+        return "precision=fp32 (an FP32 diagnostic run sees every gradient)"
     lr = lower_lr(evidence)
-    retry = f"optim.lr={lr:g}" if lr is not None else "a lower optim.lr"
-    return f"unknown: the diagnostic run {found[0]}; run it again with {retry}"
+    return f"optim.lr={lr:g}" if lr is not None else "a lower optim.lr"
 
 
 def verdict(p: Prediction, static: StaticScale, keep: float) -> str:

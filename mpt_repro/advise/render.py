@@ -8,11 +8,13 @@ import shlex
 from mpt_repro.advise import formats as fm
 from mpt_repro.advise.evidence import KIND_NAMES, KINDS, RunEvidence
 from mpt_repro.advise.predict import (
+    AWAY_FROM_FP32,
     Advice,
     Prediction,
     default_recipe,
     lower_lr,
     pct,
+    retry_words,
     scale_text,
     unusable,
 )
@@ -275,13 +277,17 @@ def header_lines(advice: Advice) -> list[str]:
     found = unusable(ev)
     if found is not None:
         lr = lower_lr(ev)
+        change = (
+            "Change the learning rate first: the commands below use "
+            + (f"a tenth of its learning rate (optim.lr={lr:g})." if lr else "its settings.")
+            + " Run the diagnostic again with them."
+            if found[0] != AWAY_FROM_FP32
+            else f"Run the diagnostic again with {retry_words(ev)} first."
+        )
         lines.insert(
             0,
             f"**The diagnostic run {found[0]}** ({found[1]}): its gradients describe no "
-            "training that works, so no recipe is called safe on them. Change the learning "
-            "rate first: the commands below use "
-            + (f"a tenth of its learning rate (optim.lr={lr:g})." if lr else "its settings.")
-            + " Run the diagnostic again with them.",
+            f"training that works, so no recipe is called safe on them. {change}",
         )
     scales = sorted(set(ev.loss_scales))
     if ev.precision != "fp32" or scales not in ([], [1.0]):
