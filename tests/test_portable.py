@@ -35,7 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 MPT_RUN = str(Path(sys.executable).with_name("mpt-run"))
 VERIFY = ROOT / "scripts" / "verify_claims.py"
 REPRODUCE = ROOT / "scripts" / "reproduce_claims.py"
-SWEEP = ["-m", "experiment=demo", "budget=smoke", "precision=mixed", "seed=0"]
+# README's command ("The same numbers on another machine"), at this machine's two kernel levels
+RUN = ["experiment=demo", "budget=smoke", "precision=mixed"]
+PORTABLE = "trainer.portable=true"
 # an AVX2 machine's own picks: each library's kernels at AVX2
 AVX2_MACHINE = {
     "ATEN_CPU_CAPABILITY": "avx2",
@@ -63,7 +65,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _start(folder: Path, env: dict, *more: str) -> subprocess.Popen:
-    args = [MPT_RUN, *SWEEP, *more, "trainer.progress=false", f"paths.runs_dir={folder}"]
+    args = [MPT_RUN, *RUN, *more, "trainer.progress=false", f"paths.runs_dir={folder}"]
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -81,7 +83,7 @@ def _make(root: Path, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], Pa
     for pair in (wanted[i : i + 2] for i in range(0, len(wanted), 2)):
         started = {}
         for level, mode in pair:
-            more = ("trainer.portable=true",) if mode == "portable" else ()
+            more = (PORTABLE,) if mode == "portable" else ()
             folder = root / f"{level}-{mode}"
             started[(level, mode)] = (folder, _start(folder, _clean_env(**levels[level]), *more))
         for key, (folder, proc) in started.items():
@@ -95,7 +97,7 @@ def _make(root: Path, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], Pa
 
 @pytest.fixture(scope="module")
 def machines(tmp_path_factory):
-    """The sweep in portable mode at both levels, and natively at this machine's own."""
+    """The demo run in portable mode at both levels, and natively at this machine's own."""
     wanted = [("own", "portable"), ("other", "portable"), ("own", "native")]
     return _make(tmp_path_factory.mktemp("machines"), wanted)
 
@@ -196,6 +198,20 @@ def test_a_machine_that_cannot_pin_says_why():
     assert asked_on_command_line(["experiment=demo", "trainer.portable=true"])
     assert asked_on_command_line(["-m", "trainer.portable=false,true"])
     assert not asked_on_command_line(["trainer.portable=false", "trainer.device=cpu"])
+
+
+def test_the_readme_shows_the_portable_run_and_make_verify_claims():
+    """README's commands: the portable run is the one the fixture makes at two levels; make
+    verify-claims runs the script (its end-to-end test is slow: it re-runs a page's runs)."""
+    readme = (ROOT / "README.md").read_text()
+    assert f"mpt-run {' '.join(RUN)} {PORTABLE}" in readme
+    assert "make verify-claims ARGS='--sample 3'" in readme
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    made = subprocess.run(["make", "--no-print-directory", "-n", "verify-claims",
+                           "ARGS=--sample 3"], cwd=ROOT, capture_output=True, text=True,
+                          check=True, env=env)  # fmt: skip
+    last = made.stdout.splitlines()[-1].rstrip()
+    assert last == ".venv/bin/python scripts/verify_claims.py --sample 3"
 
 
 def _verify(*args: str) -> subprocess.CompletedProcess:
