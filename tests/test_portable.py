@@ -65,7 +65,7 @@ def _clean_env(**extra: str) -> dict[str, str]:
 
 
 def _start(folder: Path, env: dict, *more: str) -> subprocess.Popen:
-    args = [MPT_RUN, *RUN, *more, "trainer.progress=false", f"paths.runs_dir={folder}"]
+    args = [MPT_RUN, *more, *RUN, "trainer.progress=false", f"paths.runs_dir={folder}"]
     return subprocess.Popen(args, cwd=ROOT, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)  # fmt: skip
 
@@ -77,21 +77,28 @@ def _levels() -> dict[str, dict[str, str]]:
     return {"own": {}, "other": AVX2_MACHINE if _native_capability() != "AVX2" else SSE_MACHINE}
 
 
+# a native run is a sweep over two seeds: seed 1 sits beside a portable seed 0 in one group
+NATIVE = ("-m", "seed=0,1")
+
+
 def _make(root: Path, wanted: list[tuple[str, str]]) -> dict[tuple[str, str], Path]:
-    """{(level, mode): run directory} for each (level, mode) wanted, two processes at a time."""
+    """{(level, mode): seed 0's run directory} for each (level, mode) wanted, and a native
+    sweep's seed 1 as (level, "native seed 1"); two processes at a time."""
     levels, made = _levels(), {}
     for pair in (wanted[i : i + 2] for i in range(0, len(wanted), 2)):
         started = {}
         for level, mode in pair:
-            more = (PORTABLE,) if mode == "portable" else ()
+            more = (PORTABLE,) if mode == "portable" else NATIVE
             folder = root / f"{level}-{mode}"
             started[(level, mode)] = (folder, _start(folder, _clean_env(**levels[level]), *more))
         for key, (folder, proc) in started.items():
             _, err = proc.communicate(timeout=600)
             assert proc.returncode == 0, err[-3000:]
-            found = list(folder.rglob("run.json"))
-            assert len(found) == 1, found
-            made[key] = found[0].parent
+            found = sorted(folder.rglob("run.json"))
+            assert len(found) == (1 if key[1] == "portable" else 2), found
+            made[key] = found[0].parent  # seed0 sorts first
+            if len(found) == 2:
+                made[(key[0], "native seed 1")] = found[1].parent
     return made
 
 
@@ -165,6 +172,19 @@ def test_the_reporter_tells_a_native_record_from_a_portable_one(machines, tmp_pa
     assert len(conflicts) == 2
     for p in conflicts:
         assert "; machine differs: native " in p.reason and " / portable AVX2, " in p.reason
+
+
+def test_the_reporter_labels_a_group_whose_machines_differ(machines, tmp_path):
+    """A native seed 1 and a portable seed 0 of one preset: one group, labelled by its machines
+    (the Δ and interval would otherwise mix kernels silently)."""
+    for key in (("own", "native seed 1"), ("own", "portable")):
+        run_dir = machines[key]
+        start = len(run_dir.parts) - 1 - run_dir.parts[::-1].index("mixed-smoke") - 1
+        shutil.copytree(run_dir, tmp_path / Path(*run_dir.parts[start:]))
+    runs, problems = load_runs(tmp_path)
+    assert len(runs) == 2 and not [p for p in problems if p.status == "conflict"]
+    (label,) = set(runs["group_label"])
+    assert label.startswith("machine differs: native ") and " / portable AVX2, " in label
 
 
 def test_verify_claims_names_the_first_metric_that_differs_and_both_machines(machines):
