@@ -12,7 +12,9 @@ The claims files are checked first (mpt_repro.claims.load_claims: one line namin
 the key, exit 2, before any run). The claims' runs are gathered into as few sweeps as possible
 (one per experiment, budget, overrides and telemetry), each a Hydra multirun of `mpt-run` with
 resume=true: a second call finds the finished runs and runs only what is missing. Each run uses
-one thread (OMP_NUM_THREADS=1, faster for these small models on a CPU than two). Every claim is
+one thread (OMP_NUM_THREADS=1, faster for these small models on a CPU than two), in portable mode
+(trainer.portable=true: the same bits on any x86-64 machine with AVX2), and the page ends with
+every run's digest, which `make verify-claims` checks on another machine. Every claim is
 judged on seed set A and again on the disjoint set B (mpt_repro/claims_run.py), adding seeds
 look by look until its tests are decided or its sequential rule or CPU budget stops it; the
 page (claims.md under --out, and with --docs the committed page) shows both sets' verdicts,
