@@ -145,6 +145,8 @@ def pin_for(cfg: Any, log: Any = None) -> None:
     if not trainer.get("portable", False):
         return
     problem = pin()
+    if str(trainer.get("device", "")).startswith("cuda"):
+        problem = "portable mode pins CPU kernels only, and this run is on a GPU"
     if problem:
         line = f"trainer.portable=true cannot be honoured here: {problem}; the record says so"
         if log is not None:

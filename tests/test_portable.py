@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+import torch  # loaded before any test: pin() must find it so and leave os.environ alone
 
 from mpt_repro.machine import (
     PORTABLE_ENV,
@@ -53,8 +54,6 @@ SSE_MACHINE = {
 
 
 def _native_capability() -> str:
-    import torch
-
     return torch.backends.cpu.get_cpu_capability()
 
 
@@ -232,6 +231,23 @@ def test_the_readme_shows_the_portable_run_and_make_verify_claims():
                           check=True, env=env)  # fmt: skip
     last = made.stdout.splitlines()[-1].rstrip()
     assert last == ".venv/bin/python scripts/verify_claims.py --sample 3"
+
+
+def test_a_portable_run_that_cannot_be_pinned_says_so_in_one_line(capsys):
+    """mpt-run's job asks before it imports torch: here torch is loaded (this test process), and
+    a GPU run is named as such."""
+    from omegaconf import OmegaConf
+
+    from mpt_repro.machine import pin_for
+
+    pin_for(OmegaConf.create({"trainer": {"portable": False, "device": "cpu"}}))
+    assert capsys.readouterr().err == ""
+    pin_for(OmegaConf.create({"trainer": {"portable": True, "device": "cpu"}}))
+    err = capsys.readouterr().err
+    assert err.startswith("mpt-run: warning: trainer.portable=true cannot be honoured here: ")
+    assert "torch was loaded" in err and err.count("\n") == 1
+    pin_for(OmegaConf.create({"trainer": {"portable": True, "device": "cuda"}}))
+    assert "pins CPU kernels only, and this run is on a GPU" in capsys.readouterr().err
 
 
 def _verify(*args: str) -> subprocess.CompletedProcess:
