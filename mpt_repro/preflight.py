@@ -273,8 +273,15 @@ def unwritable(run_dir: Path) -> str | None:
     None. Probed by creating and removing a temporary file: permission bits lie to root and say
     nothing of a read-only mount."""
     folder = run_dir
-    while not folder.exists() and folder != folder.parent:
-        folder = folder.parent
+    try:
+        while not folder.exists() and folder != folder.parent:
+            folder = folder.parent
+    except OSError as e:  # a folder name past the file system's 255 bytes
+        return (
+            f"cannot use {run_dir} ({e.strerror or e}: a folder name of "
+            f"{max(len(p.encode()) for p in run_dir.parts)} bytes): choose a shorter "
+            "paths.runs_dir=DIR"
+        )
     try:
         with tempfile.TemporaryFile(dir=folder):
             pass

@@ -547,3 +547,19 @@ def test_a_task_without_a_per_item_column_names_it_and_its_eval_step(toy, tmp_pa
         "per-item columns of different lengths (items: 256, sq_err: 0 items): the task's "
         "eval_step returned no sq_err column, which its metrics' formulas read"
     ) in line
+
+
+@pytest.mark.timeout(60)
+def test_a_folder_name_past_255_bytes_is_one_line_for_mpt_run_and_mpt_advise(tmp_path) -> None:
+    """`OSError: [Errno 36] File name too long`, a traceback (mpt-report's: the driver above)."""
+    long_name = tmp_path / ("a" * 300)
+    done = run([MPT_RUN, *SMOKE, f"paths.runs_dir={long_name}"], 50)
+    line = one_line_error(done)
+    assert f"cannot use {long_name}/demo/fp32-smoke/seed0 (File name too long" in line
+    assert "a folder name of 300 bytes): choose a shorter paths.runs_dir=DIR" in line
+    advised = run([PY, "-m", "mpt_repro.advise", str(long_name)], 50)
+    assert advised.returncode == 2 and "Traceback" not in advised.stderr, advised.stderr[-2000:]
+    assert advised.stderr == (
+        f"mpt-advise: error: {long_name} cannot be read (File name too long): give a run "
+        "directory\n"
+    )

@@ -86,7 +86,7 @@ def split_targets(targets: list[str]) -> tuple[list[Path], list[str]]:
     dirs, overrides = [], []
     for t in targets:
         key = t.split("=", 1)[0]
-        if Path(t).is_dir():
+        if _is_dir(Path(t)):
             dirs.append(Path(t))
         elif "=" in t and ("/" not in key or key.startswith("hydra/")):
             overrides.append(t)
@@ -95,6 +95,18 @@ def split_targets(targets: list[str]) -> tuple[list[Path], list[str]]:
     if dirs and overrides:
         raise AdviceError("give run directories or mpt-run overrides, not both")
     return dirs, overrides
+
+
+def _is_dir(path: Path) -> bool:
+    """Whether `path` is a folder; a name too long for the file system is refused naming it."""
+    from mpt_repro.advise.evidence import AdviceError
+
+    try:
+        return path.is_dir()
+    except OSError as e:
+        raise AdviceError(
+            f"{path} cannot be read ({e.strerror or e}): give a run directory"
+        ) from None
 
 
 def out_dir(args: argparse.Namespace, run_dir: Path, i: int, n: int) -> Path:
