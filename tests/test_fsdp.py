@@ -32,7 +32,6 @@ from mpt_repro.errors import ConfigError
 # -- what a preset becomes, what is refused (no processes) --------------------------------------
 def _mapping(*overrides: str) -> dict:
     cfg = compose(["experiment=demo", "distributed.strategy=fsdp2", *overrides])
-    validate(cfg)
     return fsdp.mapping(cfg.precision, cfg.distributed)
 
 
@@ -136,7 +135,10 @@ def _train(precision: dict, strategy: str, rank: int, overflow_at: int | None = 
     model.append(nn.Linear(32, 5))
     model = distributed.shard_model(policy.prepare_model(model), policy, dcfg)
     opt = policy.build_optimizer(
-        model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9), name="model"
+        # fused, as optim.fused=auto makes it: the skip stays on the device (found_inf)
+        model,
+        lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True),
+        name="model",
     )
     forward = distributed.wrap_model(model, dcfg)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -160,6 +162,7 @@ def _train(precision: dict, strategy: str, rank: int, overflow_at: int | None = 
         "weights": [w.detach().float().clone() for w in weights],
         "bytes": fsdp.state_bytes([model], [opt]),
         "sharded": opt.sharded,
+        "skips": opt.skips,
     }
 
 
@@ -210,6 +213,7 @@ def test_fsdp2_gives_ddp_losses_step_by_step(policy_runs: dict, preset: str) -> 
 
 def test_overflow_on_one_ranks_shard_skips_the_step_on_both(policy_runs: dict) -> None:
     r0, r1 = policy_runs[0]["overflow"], policy_runs[1]["overflow"]
+    assert r0["skips"] == "on_device"  # fused SGD on the shards: no host read per clean step
     assert r0["stepped"] == r1["stepped"] == [True, True, False, True]
     assert r0["scale"] == r1["scale"] == 512.0  # backed off once from 1024, on both ranks
     for a, b in zip(r0["weights"], r1["weights"]):
@@ -402,3 +406,30 @@ def test_a_ddp_run_and_an_fsdp2_run_are_two_identities_labelled_by_strategy() ->
     assert comparison_key(older) == comparison_key(ddp)
     labels = difference_labels({"a": comparison_config(ddp), "b": comparison_config(sharded)})
     assert labels == {"a": "distributed.strategy=ddp", "b": "distributed.strategy=fsdp2"}
+
+
+@pytest.mark.slow
+def test_mpt_bench_runs_a_preset_sharded_and_reports_bytes_per_rank() -> None:
+    """mpt-bench bench.nproc=2 distributed.strategy=fsdp2: each worker under torchrun, the bytes
+    each rank holds under the table, half of what one process holds (bench.nproc=1)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def bench(*args: str) -> list[float]:
+        cmd = [str(Path(sys.executable).with_name("mpt-bench")), "experiment=demo"]
+        cmd += ["trainer.device=cpu", "bench.presets=[mixed]", "bench.warmup=1", "bench.steps=2"]
+        cmd += ["bench.repeats=1", "bench.write=false", "bench.overhead_steps=0", *args]
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
+        proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        (line,) = [x for x in proc.stdout.splitlines() if x.startswith("  mixed: ")]
+        return [float(v) for v in line.split(":", 1)[1].split(" MiB")[0].split(",")]
+
+    (one,) = bench("bench.nproc=1")
+    two = bench("bench.nproc=2", "distributed.strategy=fsdp2")
+    assert len(two) == 2
+    # one process under mixed: FP16 weights + FP32 masters, their gradients, momentum (14 bytes
+    # a parameter); each of 2 sharded ranks: FP32 shards, gradients, momentum (12 / 2)
+    assert two[0] == two[1] == pytest.approx(one * 6 / 14, rel=0.02)
