@@ -24,7 +24,6 @@ the question) the verdict is "no verdict: <why>; <what would give one>".
 
 from __future__ import annotations
 
-import inspect
 import math
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
@@ -49,6 +48,9 @@ class Settings:
     tolerance: dict[str, str]  # metric -> "0.5" (absolute) or "2%" (relative to the reference)
     resamples: int = 2000  # bootstrap resamples of the evaluation set
     bootstrap_seed: int = 0  # fixed: the same records give the same report
+    # experiment -> {metric: (tolerance, why)}: where an experiment's evaluation set or the
+    # paper's claim about it asks for its own (comparison.yaml `experiments`)
+    per_experiment: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
 
 
 @lru_cache(maxsize=1)
@@ -59,12 +61,17 @@ def default_settings() -> Settings:
         raw = OmegaConf.to_container(OmegaConf.load(f))
     tolerance = {str(k): str(v) for k, v in raw["tolerance"].items()}
     boot = raw.get("bootstrap") or {}
+    per_experiment = {
+        str(name): {str(m): (str(v["tolerance"]), str(v["why"])) for m, v in metrics.items()}
+        for name, metrics in (raw.get("experiments") or {}).items()
+    }
     return Settings(
         str(raw["reference"]),
         float(raw["confidence"]),
         tolerance,
         int(boot.get("resamples", 2000)),
         int(boot.get("seed", 0)),
+        per_experiment,
     )
 
 
@@ -79,7 +86,13 @@ def with_tolerances(settings: Settings, items: list[str]) -> Settings:
                 f"--tolerance {item!r}: expected METRIC=VALUE, e.g. top1=0.3 or perplexity=2%"
             )
         tolerance[metric] = value
-    return replace(settings, tolerance=tolerance)
+    # the user's value holds for every experiment: an experiment's own gives way to it
+    given = {item.partition("=")[0] for item in items}
+    per_experiment = {
+        name: {m: v for m, v in metrics.items() if m not in given}
+        for name, metrics in settings.per_experiment.items()
+    }
+    return replace(settings, tolerance=tolerance, per_experiment=per_experiment)
 
 
 def parse_tolerance(text: str) -> tuple[float, bool] | None:
@@ -92,15 +105,32 @@ def parse_tolerance(text: str) -> tuple[float, bool] | None:
     return (value, relative) if math.isfinite(value) and value >= 0 else None
 
 
-def tolerance_for(settings: Settings, metric: str, reference_mean: float | None) -> float | None:
-    """The tolerance in the metric's unit (a relative one scaled by |reference mean|)."""
-    text = settings.tolerance.get(metric, settings.tolerance.get("default", "0"))
-    value, relative = parse_tolerance(text) or (0.0, False)
+def tolerance_for(
+    settings: Settings, metric: str, reference_mean: float | None, experiment: str | None = None
+) -> float | None:
+    """The tolerance in the metric's unit (a relative one scaled by |reference mean|): the
+    experiment's own where comparison.yaml sets one, else the metric's."""
+    value, relative = parse_tolerance(tolerance_setting(settings, metric, experiment)[0]) or (
+        0.0,
+        False,
+    )
     if not relative:
         return value
     if reference_mean is None or not math.isfinite(reference_mean):
         return None
     return value / 100 * abs(reference_mean)
+
+
+def tolerance_setting(
+    settings: Settings, metric: str, experiment: str | None = None
+) -> tuple[str, str]:
+    """(the tolerance as written, where it comes from) for a metric of an experiment."""
+    own = settings.per_experiment.get(str(experiment), {}).get(metric)
+    if own is not None:
+        return own[0], f"{experiment}: {own[1]}"
+    if metric in settings.tolerance:
+        return settings.tolerance[metric], f"the {metric} default (comparison.yaml)"
+    return settings.tolerance.get("default", "0"), "the default for any metric (comparison.yaml)"
 
 
 def t_quantile(p: float, dof: float) -> float:
@@ -121,10 +151,10 @@ def z_quantile(confidence: float) -> float:
 def evaluation_evidence(
     pairs: list[tuple[pd.Series, pd.Series]], metric: str, settings: Settings
 ) -> EvalEvidence:
-    """The bootstrap standard error of the mean paired difference of `metric` over `pairs`
-    (a preset's run and the reference's, per seed), resampling the evaluation's items: one
-    draw of item indices serves every run (all evaluated the same items). Unknown, with the
-    reason, when a record keeps no per-item file or the files do not fit together."""
+    """The evaluation set's share of the uncertainty of the mean paired difference of `metric`
+    over `pairs` (a preset's run and the reference's, per seed), from resampling the evaluated
+    items. Unknown, with the reason, when a record keeps no per-item file or the files do not
+    fit together."""
     loaded = []
     for mine, ref in pairs:
         for row in (mine, ref):
@@ -135,28 +165,82 @@ def evaluation_evidence(
     problem = _misaligned(loaded)
     if problem:
         return EvalEvidence(problem=problem)
-    formula, items, unit = loaded[0].formula, loaded[0].items, loaded[0].unit
+    data_items = _first(
+        [(row.get("evaluation") or {}).get("data_items") for pair in pairs for row in pair]
+    )
+    runs = [(loaded[i].columns, loaded[i + 1].columns) for i in range(0, len(loaded), 2)]
+    first = loaded[0]
+    return crossed_evidence(runs, first.formula, first.unit, settings, data_items)
+
+
+def crossed_evidence(
+    runs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
+    formula: Any,
+    unit: str,
+    settings: Settings,
+    data_items: int | None = None,
+) -> EvalEvidence:
+    """The evaluation set's share of Var(d̄) in a crossed design (seeds × items, both sampled),
+    from per-item columns: `runs` holds, per seed, (the preset's columns, the reference's).
+
+    One bootstrap of the items (the same draw for every run) gives two variances: SE_sh², that
+    of the mean difference d̄, and each seed's own SE_i², that of its d_i. In a two-way random
+    effects model d_ij = μ + a_i + b_j + (ab)_ij, SE_sh² ≈ σ_b²/N + σ_ab²/(nN) and
+    mean_i SE_i² ≈ σ_b²/N + σ_ab²/N, so the items' main effect, the part of Var(d̄) that no
+    number of seeds removes, is (n·SE_sh² − mean_i SE_i²)/(n − 1) (method of moments; Owen 2007,
+    "The pigeonhole bootstrap"). The seed × item part σ_ab²/(nN) is already in the seeds' s²/n:
+    counting the shared SE² as well would count it twice (docs/report.md)."""
+    items = len(next(iter(runs[0][0].values())))
+    identical = all(
+        all(np.array_equal(mine[c], ref[c]) for c in formula.columns()) for mine, ref in runs
+    )
     if items < 2:
         return EvalEvidence(items, unit, problem=f"{items} {unit} evaluated")
+    diffs = _resampled_differences(runs, formula, items, settings)  # (resamples, seeds)
+    if not np.isfinite(diffs).all():
+        return EvalEvidence(items, unit, problem="the resampled metric was undefined")
+    n = diffs.shape[1]
+    shared = float(np.var(diffs.mean(axis=1), ddof=1))
+    each = float(np.mean(np.var(diffs, axis=0, ddof=1)))
+    item_var = shared if n < 2 else max(0.0, (n * shared - each) / (n - 1))
+    return EvalEvidence(
+        items,
+        unit,
+        math.sqrt(item_var),
+        None,
+        shared_var=shared,
+        each_var=each,
+        data_items=int(data_items) if data_items else None,
+        identical=identical,
+    )
+
+
+def _resampled_differences(
+    runs: list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]],
+    formula: Any,
+    items: int,
+    settings: Settings,
+) -> np.ndarray:
+    """Each seed's metric difference (preset − reference) on each bootstrap resample of the
+    items, one draw of item indices serving every run: an array (resamples, seeds)."""
     columns = formula.columns()
     # every run's every column side by side: one resample's sums are then one row of
     # counts @ table, for all runs at once
-    table = np.stack([run.columns[c] for run in loaded for c in columns], axis=1).astype(float)
-    width = len(columns)
-
-    def statistic(index: np.ndarray, axis: int = -1) -> np.ndarray:
-        sums = _item_counts(np.atleast_2d(index), items) @ table
+    table = np.stack([run[c] for pair in runs for run in pair for c in columns], axis=1).astype(
+        float
+    )
+    width, rng = len(columns), np.random.default_rng(settings.bootstrap_seed)
+    batch = max(1, 2_000_000 // items)  # at most ~2M drawn indices in memory at once
+    out = []
+    for start in range(0, settings.resamples, batch):
+        drawn = rng.integers(0, items, size=(min(batch, settings.resamples - start), items))
+        sums = _item_counts(drawn, items) @ table
         values = [
             formula.value({c: sums[:, r * width + j] for j, c in enumerate(columns)})
-            for r in range(len(loaded))
+            for r in range(2 * len(runs))
         ]
-        diff = np.mean([values[i] - values[i + 1] for i in range(0, len(values), 2)], axis=0)
-        return diff if index.ndim > 1 else diff[0]  # scipy also asks for the sample's own
-
-    se = bootstrap_se(np.arange(items), statistic, settings)
-    if not math.isfinite(se):
-        return EvalEvidence(items, unit, problem="the resampled metric was undefined")
-    return EvalEvidence(items, unit, se, None)
+        out.append(np.stack([values[2 * i] - values[2 * i + 1] for i in range(len(runs))], 1))
+    return np.concatenate(out)
 
 
 def _item_counts(drawn: np.ndarray, items: int) -> np.ndarray:
@@ -165,27 +249,6 @@ def _item_counts(drawn: np.ndarray, items: int) -> np.ndarray:
     offsets = np.arange(len(drawn))[:, None] * items
     counts = np.bincount((drawn + offsets).ravel(), minlength=drawn.size)
     return counts.reshape(drawn.shape).astype(np.float64)  # float: the product runs in BLAS
-
-
-def bootstrap_se(index: np.ndarray, statistic: Any, settings: Settings) -> float:
-    """The standard error of statistic(resampled index) over settings.resamples resamples
-    (scipy.stats.bootstrap; percentile method, whose standard error is that of the bootstrap
-    distribution), from a fixed seed."""
-    from scipy.stats import bootstrap
-
-    seeded = np.random.default_rng(settings.bootstrap_seed)
-    # scipy 1.15 renamed random_state to rng
-    rng = {"rng": seeded} if "rng" in inspect.signature(bootstrap).parameters else {}
-    found = bootstrap(
-        (index,),
-        statistic,
-        n_resamples=settings.resamples,
-        vectorized=True,
-        method="percentile",
-        batch=max(1, 2_000_000 // max(len(index), 1)),  # at most ~2M indices in memory at once
-        **(rng or {"random_state": seeded}),
-    )
-    return float(found.standard_error)
 
 
 @dataclass(frozen=True)
@@ -235,11 +298,25 @@ def _read_run_items(path: Path, block: dict, metric: str, recorded: float) -> _I
         recomputed = float(formula.value({c: columns[c].sum() for c in formula.columns()}))
     except (OSError, ValueError, KeyError, TypeError) as err:
         return f"{path} cannot be read ({type(err).__name__}: {err})"
-    same = math.isclose(recomputed, recorded, rel_tol=1e-9, abs_tol=1e-9)
-    if step != block.get("step") or not same:
-        return f"{path} does not hold the evaluation run.json records ({metric} {recomputed:.6g})"
     items = len(next(iter(columns.values())))
+    problem = _items_disagree(block, metric, step, items, recomputed, recorded)
+    if problem:
+        return f"{path} does not hold the evaluation run.json records: {problem}"
     return _Items(formula, items, str(block.get("unit")), columns, str(path))
+
+
+def _items_disagree(
+    block: dict, metric: str, step: Any, items: int, recomputed: float, recorded: float
+) -> str | None:
+    """What differs between an items file and the evaluation its run.json records: the step,
+    the number of items (a file tiled or cut keeps its ratios), or the metric its sums give."""
+    if step != block.get("step"):
+        return f"its step is {step}, the record's {block.get('step')}"
+    if block.get("items") is not None and items != block["items"]:
+        return f"it holds {items:,} items, the record {block['items']:,}"
+    if not math.isclose(recomputed, recorded, rel_tol=1e-9, abs_tol=1e-9):
+        return f"its sums give {metric} {recomputed:.6g}, the record {recorded:.6g}"
+    return None
 
 
 def _misaligned(runs: list[_Items]) -> str | None:
@@ -279,6 +356,9 @@ class Delta:
     evidence: EvalEvidence = field(default_factory=lambda: EvalEvidence())
     n_conflicting: int = 0  # paired seeds with two records that disagree (collect.py)
     confidence: float = 0.95
+    reference: str = "fp32"
+    # the verdict's kind, one of DECISIONS
+    decision: str = "no verdict"
 
     @property
     def seed_part(self) -> float | None:
@@ -286,19 +366,51 @@ class Delta:
         return None if self.sd is None or self.n < 2 else self.sd**2 / self.n
 
 
+# The kinds of verdict, each at the level docs/report.md states (an interval at `confidence`):
+# matches: the interval lies within ±X and holds 0 (an equivalence test, TOST, at
+#   (1 − confidence)/2 per side);
+# differs: the interval excludes 0 but is not wholly past X (within tolerance, or crossing it);
+# worse / better: the interval lies wholly past X on that side;
+# identical: every run scored every item exactly as its reference (the preset changes nothing);
+# no verdict: the evidence cannot decide (the reason, and what would decide).
+DECISIONS = ("matches", "differs", "worse", "better", "identical", "no verdict")
+# the power a plan is made for: the chance that a preset whose true difference is 0 would
+# read "matches" (docs/report.md, "Planning")
+POWER = 0.8
+# below this chance, seeds whose differences agree more closely than the evaluation set alone
+# lets each vary (the interaction floor) are taken for runs the seed does not change
+SPREAD_FLOOR_P = 0.001
+
+
 @dataclass(frozen=True)
 class EvalEvidence:
-    """The evaluation set under a difference: its size, and the standard error of the mean
-    difference that resampling its items gives (None with the reason when unknown)."""
+    """The evaluation set under a difference: its size, and its share of the uncertainty of the
+    mean difference (None with the reason when unknown).
+
+    `se` is the items' main effect, √((n·SE_sh² − mean SE_i²)/(n − 1)): the part of the mean's
+    standard error that more seeds do not remove. `each_var − se²` is the seed × item part each
+    seed's difference carries (σ_ab²/N), already inside the seeds' spread: the smallest spread
+    seeds can show if they change the run at all."""
 
     items: int | None = None
     unit: str = "items"
     se: float | None = None
     problem: str | None = "no per-item record"
+    shared_var: float | None = None  # SE_sh²: bootstrap variance of d̄, one draw for all seeds
+    each_var: float | None = None  # mean_i SE_i²: each seed's own bootstrap variance of d_i
+    data_items: int | None = None  # the items the evaluation data hold (the most a plan asks)
+    identical: bool = False  # every run's per-item columns equal its reference's
 
     def half_width(self, confidence: float) -> float | None:
         """The interval the evaluation set alone would allow (normal quantile)."""
         return None if self.se is None else z_quantile(confidence) * self.se
+
+    @property
+    def interaction(self) -> float:
+        """σ_ab²/N: the variance each seed's difference has from its items alone."""
+        if self.each_var is None or self.se is None:
+            return 0.0
+        return max(0.0, self.each_var - self.se**2)
 
 
 def paired_delta(
@@ -327,11 +439,12 @@ def paired_delta(
         sum(diffs) / n if n else None,
         None,
         None,
-        tolerance_for(settings, metric, ref_mean),
+        tolerance_for(settings, metric, ref_mean, _first(preset_runs["experiment"])),
         n_diverged,
         len(preset_runs),
         "",
         confidence=settings.confidence,
+        reference=settings.reference,
     )
     if n >= 2:
         delta.sd = math.sqrt(sum((d - delta.mean) ** 2 for d in diffs) / (n - 1))
@@ -359,18 +472,28 @@ def _finite_runs(runs: pd.DataFrame, metric: str) -> dict[int, tuple[pd.Series, 
 
 
 def interval(d: Delta) -> tuple[float | None, float | None]:
-    """d̄ ± t(ν) · √(s²/n + SE²); with the evaluation set's share unknown, the seeds' alone
-    (t with n − 1 degrees of freedom, as before schema 4); none from fewer than two seeds."""
+    """d̄ ± t(ν) · √(s²/n + V_items), V_items the items' main effect (EvalEvidence.se²) and ν by
+    Welch–Satterthwaite on the two parts (n − 1 and N − 1 degrees of freedom); with the
+    evaluation set's share unknown, the seeds' alone (t with n − 1); none from fewer than two
+    seeds."""
     if d.mean is None or d.seed_part is None:
         return None, None
-    seed_var, se = d.seed_part, d.evidence.se
-    eval_var = se**2 if se is not None else 0.0
-    total = seed_var + eval_var
-    if total == 0:
-        return d.mean, d.mean
-    dof = (d.n - 1) * (total / seed_var) ** 2 if seed_var > 0 else math.inf
-    half = t_quantile(1 - (1 - d.confidence) / 2, dof) * math.sqrt(total)
+    items = d.evidence.items if d.evidence.se is not None else None
+    half = half_width(d.seed_part, d.n, (d.evidence.se or 0.0) ** 2, items, d.confidence)
     return d.mean - half, d.mean + half
+
+
+def half_width(
+    seed_part: float, n: int, item_part: float, items: int | None, confidence: float
+) -> float:
+    """t(1 − α/2, ν) · √(seed_part + item_part), ν = (A + B)² / (A²/(n − 1) + B²/(N − 1))."""
+    total = seed_part + item_part
+    if total <= 0:
+        return 0.0
+    spread = seed_part**2 / (n - 1) if n > 1 else math.inf
+    spread += item_part**2 / (items - 1) if items and items > 1 else 0.0
+    dof = total**2 / spread if spread > 0 else math.inf
+    return t_quantile(1 - (1 - confidence) / 2, dof) * math.sqrt(total)
 
 
 def _nonfinite(runs: pd.DataFrame) -> set[int]:
@@ -394,32 +517,59 @@ def _conflicting(runs: pd.DataFrame) -> set[int]:
 
 
 def verdict(d: Delta) -> str:
+    """The verdict's text; sets d.decision (one of DECISIONS)."""
+    d.decision, text = _decide(d)
+    return text
+
+
+def _decide(d: Delta) -> tuple[str, str]:
     if d.n_diverged or d.n_nonfinite:  # an outcome the interval of the finite pairs would hide
         bad = [f"{d.n_diverged} of {d.n_seeds} seeds diverged"] if d.n_diverged else []
         if d.n_nonfinite:
             bad.append(f"{d.n_nonfinite} of {d.n_seeds} seeds ended with a non-finite {d.metric}")
-        return "worse: " + ", ".join(bad)
+        return "worse", "worse: " + ", ".join(bad)
     if d.n == 0:
-        return "no paired seeds: none completed with a finite metric under both presets"
+        return (
+            "no verdict",
+            "no paired seeds: none completed with a finite metric under both presets",
+        )
+    ref = reference_name(d.reference)
+    if d.evidence.identical and d.n >= MIN_SEEDS and not _untrained_or_conflicting(d):
+        return "identical", (
+            f"identical to {ref} on every item on this device (the preset changes nothing here)"
+        )
     why = _no_verdict(d)
     if why:
-        return f"no verdict: {why}"
+        return "no verdict", f"no verdict: {why}"
     tol = d.tolerance
     shown = "?" if tol is None else tolerance_text(tol)
-    if tol is not None and -tol <= d.low and d.high <= tol:
-        return f"matches FP32 (CI within ±{shown})"
-    better_side = d.low > 0 if d.higher_is_better else d.high < 0
-    worse_side = d.high < 0 if d.higher_is_better else d.low > 0
-    if better_side:
-        return "better"
-    if worse_side:
-        return "worse"
-    return f"no verdict: CI wider than ±{shown}; {resolution(d)}"
+    low, high = d.low, d.high
+    side = "better" if (low > 0) == d.higher_is_better else "worse"  # when 0 is outside
+    if tol is not None and -tol <= low and high <= tol:
+        if low <= 0 <= high:
+            return "matches", f"matches {ref} (CI within ±{shown})"
+        return "differs", f"differs within tolerance: {side} than {ref}, by less than {shown}"
+    if tol is not None and (low > tol or high < -tol):
+        return side, f"{side}: by more than {shown} (CI wholly past it)"
+    if low > 0 or high < 0:
+        return "differs", (
+            f"differs: {side} than {ref}; whether by more than {shown} is not resolved "
+            f"(CI crosses it); {resolution(d)}"
+        )
+    return "no verdict", f"no verdict: CI wider than ±{shown}; {resolution(d)}"
+
+
+def reference_name(reference: str) -> str:
+    return "FP32" if reference == "fp32" else reference
 
 
 def tolerance_text(tol: float) -> str:
     """0.5, 1000, 5.886: four significant digits at most (a relative tolerance is a product)."""
     return f"{float(f'{tol:.4g}'):g}"
+
+
+def _untrained_or_conflicting(d: Delta) -> bool:
+    return bool(d.n_untrained or d.n_conflicting)
 
 
 def _no_verdict(d: Delta) -> str | None:
@@ -436,12 +586,9 @@ def _no_verdict(d: Delta) -> str | None:
             f"{d.n} paired seed{'s' if d.n != 1 else ''}; a verdict needs at least {MIN_SEEDS} "
             f"(mpt-run -m ... seed={','.join(map(str, range(MIN_SEEDS)))})"
         )
-    if d.sd == 0:
-        return (
-            f"the {d.n} paired differences have no spread (all {d.mean:+.4g}): seed-to-seed "
-            "variation cannot be estimated from them: run more seeds (and check that the seed "
-            "changes the run)"
-        )
+    flat = _too_little_spread(d)
+    if flat:
+        return flat
     if d.evidence.se is None:
         return f"the evaluation set's own sampling error is unknown ({d.evidence.problem})"
     if d.low is None or d.high is None:
@@ -449,45 +596,110 @@ def _no_verdict(d: Delta) -> str | None:
     return None
 
 
+def _too_little_spread(d: Delta) -> str | None:
+    """Seeds whose differences vary less than chance allows, judged against a floor (never by
+    an exact comparison): with per-item records, the seed × item variance each seed's
+    difference has from its items alone (a χ² test of s² against it at SPREAD_FLOOR_P); without
+    them, rounding (a spread below 1e-9 of the difference's size)."""
+    from scipy.special import chdtr
+
+    sd, floor = d.sd or 0.0, d.evidence.interaction
+    if floor > 0:
+        chance = float(chdtr(d.n - 1, (d.n - 1) * sd**2 / floor))
+        if chance >= SPREAD_FLOOR_P:
+            return None
+        said = (
+            f"the {d.n} paired differences (sd {sd:.3g}) vary less than their evaluation set "
+            f"alone makes each seed's vary (sd {math.sqrt(floor):.3g}; a chance of {chance:.1g})"
+        )
+    elif sd > 1e-9 * max(1.0, abs(d.mean or 0.0)):
+        return None
+    else:
+        said = f"the {d.n} paired differences have no spread (all {d.mean:+.4g})"
+    return f"{said}: check that the seed changes the runs (data order, initialisation)"
+
+
+# -- planning --------------------------------------------------------------------------------
 def resolution(d: Delta) -> str:
-    """What would resolve an interval too wide for a verdict, at the variation observed: more
-    seeds, more items, or both. The target half-width is the larger of the distances that would
-    show a match (X − |d̄|) or a difference (|d̄|); each plan is the smallest that brings the
-    interval (the same t quantile and degrees of freedom as `interval`) within it."""
-    tol, mean, ev = d.tolerance or 0.0, abs(d.mean or 0.0), d.evidence
-    target = max(tol - mean, mean)
-    if target <= 0:
-        return "a difference of exactly 0 against a tolerance of 0 cannot be resolved"
-    seed_var, eval_var = (d.sd or 0.0) ** 2, (ev.se or 0.0) ** 2
-    seeds = _plan(lambda n: _half(d, seed_var / n, eval_var, n) <= target)
+    """What would resolve the tolerance, planned for POWER: the seeds and items with which a
+    preset whose true difference is 0 would read "matches" with that chance (the interval's
+    half-width plus the mean's own error within X: SE · (t + z_POWER) ≤ X, the power of a TOST
+    at a true difference of 0). Seeds are planned against the part seeds remove (the seed
+    variance, and the seed × item part at the items evaluated), items against the part only
+    items remove (the items' main effect). Never more items than the evaluation data hold:
+    beyond them, the tolerance that can be resolved."""
+    tol, ev = d.tolerance, d.evidence
+    if not tol or tol <= 0:
+        return "a tolerance of 0 cannot be resolved"
+    plan = Plan.of(d)
+    seeds = plan.seeds_for(tol, 1.0)
     if seeds is not None:
-        return f"about {seeds} seeds would resolve ±{target:.3g} at the spread observed"
-    shown = ev.half_width(d.confidence) or 0.0
-    said = (
-        f"the evaluation set ({ev.items:,} {ev.unit}) alone leaves ±{shown:.3g}, more than "
-        f"seeds can remove (±{target:.3g} needed)"
-    )
-    if not ev.items:
-        return said
-
-    def fits(n: int, scale: float) -> bool:  # n seeds, and `scale` times the items
-        return _half(d, seed_var / n, eval_var / scale, n) <= target
-
+        return f"about {seeds} seeds would resolve ±{tolerance_text(tol)} ({plan.said})"
+    held = f"the evaluation set's {ev.items:,} {ev.unit} alone leave ±{plan.item_half(1.0):.3g}"
+    most = (ev.data_items or ev.items) / ev.items
+    for scale in (1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32, 64, 128):
+        if scale > most:
+            break
+        seeds = plan.seeds_for(tol, scale)
+        if seeds is not None:
+            return (
+                f"{held}, more than seeds remove: about {seeds} seeds and "
+                f"{math.ceil(scale * ev.items):,} {ev.unit} would ({plan.said})"
+            )
     n = max(d.n, MIN_SEEDS)
-    scale = _plan(lambda k: fits(n, k), limit=10_000, start=2)
-    if scale is not None:
-        return f"{said}: about {scale * ev.items:,} {ev.unit} would, with {n} seeds"
-    both = _plan(lambda k: fits(k * n, k), limit=10_000, start=2)
-    if both is None:
-        return said
-    return f"{said}: about {both * n} seeds and {both * ev.items:,} {ev.unit} together would"
+    reach = plan.reachable(n, min(most, 128.0))
+    return (
+        f"{held}: ±{tolerance_text(tol)} cannot be resolved on this data (its evaluation data "
+        f"hold {ev.data_items or ev.items:,} {ev.unit}); with {n} seeds a tolerance of "
+        f"±{reach:.2g} can be, with {4 * n} ±{plan.reachable(4 * n, min(most, 128.0)):.2g}"
+    )
 
 
-def _half(d: Delta, seed_part: float, eval_var: float, n: int) -> float:
-    """The interval's half-width for these variance parts (compare `interval`)."""
-    total = seed_part + eval_var
-    dof = (n - 1) * (total / seed_part) ** 2 if seed_part > 0 else math.inf
-    return t_quantile(1 - (1 - d.confidence) / 2, dof) * math.sqrt(total)
+@dataclass(frozen=True)
+class Plan:
+    """The variance parts of a difference, as more seeds (n) and items (×scale) would change
+    them: seed variance σ_a², seed × item σ_ab²/N, items' main effect σ_b²/N."""
+
+    seed_var: float
+    interaction: float
+    item_var: float
+    items: int
+    confidence: float
+
+    @classmethod
+    def of(cls, d: Delta) -> Plan:
+        ev = d.evidence
+        interaction = ev.interaction
+        seed_var = max(0.0, (d.sd or 0.0) ** 2 - interaction)
+        return cls(seed_var, interaction, (ev.se or 0.0) ** 2, ev.items or 0, d.confidence)
+
+    @property
+    def said(self) -> str:
+        return (
+            f"{POWER:.0%} power if the true difference is 0, at the spread observed: seeds "
+            f"sd {math.sqrt(self.seed_var + self.interaction):.3g}, items ±"
+            f"{self.item_half(1.0):.3g}"
+        )
+
+    def se(self, n: int, scale: float) -> tuple[float, float]:
+        seed_part = (self.seed_var + self.interaction / scale) / n
+        return seed_part, self.item_var / scale
+
+    def needed(self, n: int, scale: float) -> float:
+        """The tolerance resolved with POWER at n seeds and scale × the items."""
+        seed_part, item_part = self.se(n, scale)
+        items = math.ceil(scale * self.items) if self.items else None
+        half = half_width(seed_part, n, item_part, items, self.confidence)
+        return half + z_quantile(POWER) * math.sqrt(seed_part + item_part)
+
+    def seeds_for(self, tol: float, scale: float) -> int | None:
+        return _plan(lambda n: self.needed(n, scale) <= tol)
+
+    def reachable(self, n: int, scale: float) -> float:
+        return self.needed(n, scale)
+
+    def item_half(self, scale: float) -> float:
+        return z_quantile(self.confidence) * math.sqrt(self.item_var / scale)
 
 
 def _plan(ok: Any, limit: int = 1000, start: int = MIN_SEEDS) -> int | None:

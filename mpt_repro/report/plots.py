@@ -15,7 +15,15 @@ must work over SSH and in CI.
 
 from __future__ import annotations
 
+import functools
+import hashlib
+import multiprocessing
+import os
+import pickle
+import shutil
+import sys
 import textwrap
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -52,7 +60,7 @@ def preset_styles(presets: list[str]) -> dict[str, dict]:
     its place among all the presets conf/ knows (plus these), so fp32 looks alike everywhere and
     no two presets share a colour."""
     colours = palette()
-    everyone = catalog.preset_order([*catalog.presets(), *presets])
+    everyone = _display_order(tuple(sorted(presets)))
     return {
         p: {
             "color": colours[i % len(colours)],
@@ -64,6 +72,14 @@ def preset_styles(presets: list[str]) -> dict[str, dict]:
     }
 
 
+@functools.cache
+def _display_order(presets: tuple[str, ...]) -> list[str]:
+    """Every preset conf/ knows, plus these, in display order: once per set of presets a report
+    draws (placing a preset reads its config file, found through the plugins' entry points:
+    about a quarter of a second, which every figure paid three times)."""
+    return catalog.preset_order([*catalog.presets(), *presets])
+
+
 def plain_axis(ax, which: str = "y") -> None:
     """Tick labels as plain numbers: no offset or scientific factor at the axis end."""
     axis = ax.yaxis if which == "y" else ax.xaxis
@@ -73,10 +89,10 @@ def plain_axis(ax, which: str = "y") -> None:
         axis.set_major_formatter(formatter)
 
 
-def _save(fig, path: Path) -> Path:
+def _save(fig, path: Path, key: str | None = None) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    fig.savefig(path, dpi=100, metadata={KEY_FIELD: key} if key else None)
     plt.close(fig)
     return path
 
@@ -200,12 +216,13 @@ def paired_band(
     column: str,
     level: float,
     eval_se: float | None = None,
+    eval_items: int | None = None,
 ) -> pd.DataFrame | None:
     """Per step: the mean over seeds of (preset − reference) for the same seed, and the report's
     interval around it where at least MIN_SEEDS seeds logged the step: the seeds' spread with the
     evaluation set's share `eval_se` (the bootstrap standard error of the final evaluation, the
-    one with per-item records), as compare.interval combines them."""
-    from mpt_repro.report.compare import t_quantile
+    one with per-item records; its items' main effect), as compare.interval combines them."""
+    from mpt_repro.report.compare import half_width
 
     diffs = []
     for seed, frame in frames.items():
@@ -224,12 +241,10 @@ def paired_band(
     eval_var = (eval_se or 0.0) ** 2
     half = []
     for sd, n in zip(stats["std"].fillna(0.0), stats["count"]):
-        seed_var = sd**2 / n
-        if n < MIN_SEEDS or seed_var + eval_var == 0:
+        if n < MIN_SEEDS or sd**2 / n + eval_var <= 0:
             half.append(np.nan)  # no interval, as the table gives no verdict
             continue
-        dof = (n - 1) * ((seed_var + eval_var) / seed_var) ** 2 if seed_var > 0 else np.inf
-        half.append(t_quantile(1 - (1 - level) / 2, dof) * np.sqrt(seed_var + eval_var))
+        half.append(half_width(sd**2 / n, n, eval_var, eval_items, level))
     stats["low"], stats["high"] = stats["mean"] - half, stats["mean"] + half
     return stats
 
@@ -271,8 +286,8 @@ def plot_deltas(ax, evals, reference_name, metric, styles, level, diverged=(), d
         if preset == reference_name:
             continue
         delta = (deltas or {}).get(preset)
-        se = delta.evidence.se if delta is not None else None
-        band = paired_band(frames, reference, metric, level, se)
+        ev = delta.evidence if delta is not None else None
+        band = paired_band(frames, reference, metric, level, ev and ev.se, ev and ev.items)
         if band is None:
             continue
         style = styles[preset]
@@ -464,7 +479,19 @@ def experiment_plots(
     """Curves and loss-scale trace per comparison group (subject, configuration) and setting,
     from each metrics.csv; the Δ panel with the report's intervals and verdicts (`deltas`:
     compare.group_deltas of the runs)."""
-    written: list[Path] = []
+    figures, problems = experiment_figures(runs, folder, reference, level, deltas)
+    return draw_figures(figures), problems
+
+
+def experiment_figures(
+    runs: pd.DataFrame,
+    folder: Path,
+    reference: str = "fp32",
+    level: float = 0.95,
+    deltas: dict | None = None,
+) -> tuple[list[Figure], list[Problem]]:
+    """experiment_plots' figures, to be drawn (draw_figures)."""
+    written: list[Figure] = []
     problems: list[Problem] = []
     keys = ["subject", "comparison", "budget", "data", "device"]
     groups_per_subject = runs.groupby(["subject", "budget", "data", "device"])[
@@ -482,27 +509,19 @@ def experiment_plots(
         if groups_per_subject[(subject, budget, data, device)] > 1:  # the label, then the key
             group = slugify(str(part["group_label"].iloc[0]))[:60]
             stem += f"_{group}_{comparison[:6]}" if group else f"_{comparison or 'unrecorded'}"
-        fig = curves_figure(
-            curves.train,
-            curves.evals,
-            curves.diverged,
-            metric,
-            setting,
-            curves.by_seed,
-            reference,
-            level,
-            (deltas or {}).get(tuple(part.iloc[0][k] for k in PAIR_KEYS)),
-            curves.notes,
-        )
-        written.append(_save(fig, folder / f"{stem}_curves.png"))
+        args = (curves.train, curves.evals, curves.diverged, metric, setting, curves.by_seed,
+                reference, level, (deltas or {}).get(tuple(part.iloc[0][k] for k in PAIR_KEYS)),
+                curves.notes)  # fmt: skip
+        written.append(Figure(folder / f"{stem}_curves.png", curves_figure, args))
         task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
         figure = train_figure(task) if task else None
         if figure:
-            fig = train_perplexity_figure(curves.train, curves.diverged, setting, figure)
-            written.append(_save(fig, folder / f"{stem}_train_perplexity.png"))
-
-        fig = loss_scale_figure(curves, styles, setting)
-        written.append(_save(fig, folder / f"{stem}_loss_scale.png"))
+            args = (curves.train, curves.diverged, setting, figure)
+            written.append(
+                Figure(folder / f"{stem}_train_perplexity.png", train_perplexity_figure, args)
+            )
+        args = (curves, styles, setting)
+        written.append(Figure(folder / f"{stem}_loss_scale.png", loss_scale_figure, args))
     return written, problems
 
 
@@ -636,6 +655,11 @@ def _number(x) -> bool:
 
 def cost_plots(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list[Path]:
     """A cost figure per budget and device, from the completed runs."""
+    return draw_figures(cost_figures(agg, folder, reference))
+
+
+def cost_figures(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list[Figure]:
+    """cost_plots' figures, to be drawn (draw_figures)."""
     written = []
     for (budget, device), part in agg.groupby(["budget", "device"]):
         if not (part["n_completed"] > 0).any():
@@ -644,7 +668,120 @@ def cost_plots(agg: pd.DataFrame, folder: Path, reference: str = "fp32") -> list
         slow = slow_device(part)
         if slow:  # say it on the figure itself: it travels without the report's text
             title += "\n" + textwrap.fill(SLOW_FP16_NOTE.format(why=slow), 110)
-        fig = cost_figure(part, title, reference)
-        if fig is not None:
-            written.append(_save(fig, folder / f"{slugify('cost', budget, device)}.png"))
+        path = folder / f"{slugify('cost', budget, device)}.png"
+        written.append(Figure(path, cost_figure, (part, title, reference)))  # None: no group
     return written
+
+
+# -- drawing: in processes of their own, and only what changed ----------------------------------
+KEY_FIELD = "mpt-report-key"  # the PNG text field that holds what a figure was drawn from
+PARALLEL_FROM = 8  # figures to draw before processes are started for them (each costs ~0.5 s)
+
+
+@dataclass
+class Figure:
+    """One PNG of the report: ``make(*args)`` returns the matplotlib figure saved at ``path``
+    (``make`` a module-level function, ``args`` picklable: a figure may be drawn in another
+    process)."""
+
+    path: Path
+    make: Callable
+    args: tuple
+
+
+def draw_plots(runs, agg, folder: Path, settings, deltas=None, previous: Path | None = None):
+    """Every figure of a report (experiment_figures, then cost_figures) drawn into ``folder``;
+    returns (their paths, the problems found reading curves). ``previous``: the plots folder of
+    the report this one replaces, whose figures drawn from the same data are copied, not
+    redrawn."""
+    figures, problems = experiment_figures(
+        runs, folder, settings.reference, settings.confidence, deltas
+    )
+    figures += cost_figures(agg, folder, settings.reference)
+    return draw_figures(figures, previous), problems
+
+
+def draw_figures(
+    figures: list[Figure], previous: Path | None = None, processes: int | None = None
+) -> list[Path]:
+    """Save each figure, in order of the list: a figure whose key (a digest of what it is drawn
+    from and of the code that draws it) equals that of the PNG of its name in ``previous`` is
+    copied from there; the others are drawn, in ``processes`` processes (default: one per CPU
+    this process may use) once there are PARALLEL_FROM of them. matplotlib spends about half a
+    second on a figure, so a report over a thousand runs (some 170 figures) spends most of its
+    time here."""
+    todo = []
+    for figure in figures:
+        key = figure_key(figure)
+        old = previous / figure.path.name if previous is not None else None
+        if old is not None and key_of(old) == key:
+            figure.path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(old, figure.path)
+        else:
+            todo.append((figure, key))
+    processes = min(processes or _usable_cpus(), len(todo))
+    if processes < 2 or len(todo) < PARALLEL_FROM:
+        drawn = [_draw(figure, key) for figure, key in todo]
+    else:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(processes, mp_context=_start_method()) as pool:
+            chunk = max(1, len(todo) // (4 * processes))
+            drawn = list(pool.map(_draw_item, todo, chunksize=chunk))
+    left_out = {figure.path for (figure, _), path in zip(todo, drawn) if path is None}
+    return [figure.path for figure in figures if figure.path not in left_out]
+
+
+def _draw(figure: Figure, key: str) -> Path | None:
+    """The figure saved, or None where its function found nothing to draw."""
+    fig = figure.make(*figure.args)
+    return None if fig is None else _save(fig, figure.path, key)
+
+
+def _draw_item(item: tuple[Figure, str]) -> Path:
+    return _draw(*item)
+
+
+def figure_key(figure: Figure) -> str:
+    """A digest of the drawing function, its arguments and the code that draws (this module and
+    matplotlib's version): equal keys draw equal figures."""
+    digest = hashlib.sha256(_code_digest().encode())
+    digest.update(figure.make.__qualname__.encode())
+    digest.update(pickle.dumps(figure.args, protocol=4))
+    return digest.hexdigest()
+
+
+@functools.cache
+def _code_digest() -> str:
+    return hashlib.sha256(Path(__file__).read_bytes() + matplotlib.__version__.encode()).hexdigest()
+
+
+def key_of(png: Path) -> str | None:
+    """The key a PNG of a report was saved with (None: no such file, or not one of ours)."""
+    try:
+        from PIL import Image
+
+        with Image.open(png) as image:
+            return image.info.get(KEY_FIELD)
+    except (OSError, ValueError):
+        return None
+
+
+def _usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _start_method():
+    """fork where the process holds no torch (nothing to re-import: the workers start at once);
+    else a fork server that imports this module once."""
+    if "fork" in multiprocessing.get_all_start_methods() and "torch" not in sys.modules:
+        return multiprocessing.get_context("fork")
+    context = multiprocessing.get_context(
+        "forkserver" if "forkserver" in multiprocessing.get_all_start_methods() else "spawn"
+    )
+    if context.get_start_method() == "forkserver":
+        context.set_forkserver_preload([__name__])
+    return context
