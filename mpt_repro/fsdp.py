@@ -188,7 +188,8 @@ def shard(model: Any, policy: Any, dcfg: Any) -> Any:
                 fully_shard(bn, mp_policy=bn_policy, reshard_after_forward=reshard)
                 bn.mpt_reshard_after_forward = reshard
     param = None if m["param_dtype"] == m["shards"] else dtype[m["param_dtype"]]
-    reduce = None if m["reduce_dtype"] == m["shards"] else dtype[m["reduce_dtype"]]
+    # FSDP2 reads reduce_dtype=None as "the gathered dtype", not the shards' own
+    reduce = None if m["reduce_dtype"] == m["param_dtype"] else dtype[m["reduce_dtype"]]
     mp = MixedPrecisionPolicy(param_dtype=param, reduce_dtype=reduce)
     for block in blocks(model):
         if isinstance(block, FSDPModule):  # a BatchNorm layer the loop above sharded already
