@@ -225,7 +225,8 @@ def _tests_table(claim: Claim, a: Judged, b: Judged | None) -> list[str]:
         "|---|---|---|---|---|",
     ]
     for i, test in enumerate(claim.tests):
-        tol = f"±{test.tolerance}" if test.kind == "delta" else f"{test.threshold:g}"
+        shown = f"{test.threshold * test.scale:.3g}{test.unit}"
+        tol = f"±{test.tolerance}" if test.kind == "delta" else shown
         why = f"{tol}: {test.reason}" if test.reason else f"{tol} (no reason stated)"
         results = [_result(j, i) for j in (a, b) if j is not None] + ([] if b else ["—"])
         cells = [_test_words(test), why, refutation(test, test.tolerance), *results]
@@ -239,7 +240,7 @@ def _test_words(test) -> str:
         return f"{test.preset} {test.expect} {test.reference} ({metric})"
     if test.kind == "spread":
         return f"SD of {test.figure} over {test.preset} seeds {test.expect} {test.threshold:g}"
-    against = test.reference or f"{test.threshold:g}"
+    against = test.reference or f"{test.threshold * test.scale:.3g}{test.unit}"
     return f"{test.label or test.figure}: {test.preset} {test.expect} {against}"
 
 
