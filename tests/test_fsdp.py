@@ -113,22 +113,28 @@ STEPS = 4
 PRESETS = ("fp32", "mixed", "bf16")
 
 
-def _dcfg(strategy: str) -> dict:
+def _dcfg(strategy: str, reduce_dtype: str = "preset") -> dict:
     return {
         "backend": "gloo",
         "timeout_s": 120,
         "strategy": strategy,
         "reshard_after_forward": True,
-        "reduce_dtype": "preset",
+        "reduce_dtype": reduce_dtype,
         "find_unused_parameters": False,
     }
 
 
-def _train(precision: dict, strategy: str, rank: int, overflow_at: int | None = None) -> dict:
+def _train(
+    precision: dict,
+    strategy: str,
+    rank: int,
+    overflow_at: int | None = None,
+    reduce: str = "preset",
+) -> dict:
     """STEPS SGD steps of a small MLP on this rank's data; the global mean loss of each step."""
     from mpt_repro.precision import PrecisionPolicy
 
-    dcfg = OmegaConf.create(_dcfg(strategy))
+    dcfg = OmegaConf.create(_dcfg(strategy, reduce))
     policy = PrecisionPolicy(OmegaConf.create(precision), "cpu")
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 32), nn.ReLU())
@@ -182,6 +188,7 @@ def _worker(rank: int, port: int, presets: dict, out: dict) -> None:
             for strategy in ("ddp", "fsdp2"):
                 found[name, strategy] = _train(precision, strategy, rank)
         found["overflow"] = _train(presets["mixed"], "fsdp2", rank, overflow_at=2)
+        found["reduce32"] = _train(presets["mixed"], "fsdp2", rank, reduce="float32")
         out[rank] = found
     finally:
         distributed.teardown()
@@ -209,6 +216,15 @@ def test_fsdp2_gives_ddp_losses_step_by_step(policy_runs: dict, preset: str) -> 
     for a, b in zip(ddp["weights"], sharded["weights"]):
         assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
     assert policy_runs[1][preset, "fsdp2"]["losses"] == sharded["losses"]  # one global loss
+
+
+def test_the_reduce_dtype_knob_reduces_fp16_gradients_in_fp32(policy_runs: dict) -> None:
+    """mixed with distributed.reduce_dtype=float32: the same first loss (the same weights), then
+    other updates than the FP16 reduction's (the sums keep what FP16 rounds away)."""
+    fp16, fp32 = policy_runs[0]["mixed", "fsdp2"], policy_runs[0]["reduce32"]
+    assert fp32["losses"][0] == fp16["losses"][0]
+    assert fp32["losses"][1:] != fp16["losses"][1:]
+    assert fp32["losses"] == pytest.approx(fp16["losses"], rel=1e-2)
 
 
 def test_overflow_on_one_ranks_shard_skips_the_step_on_both(policy_runs: dict) -> None:
