@@ -449,3 +449,28 @@ def test_mpt_bench_runs_a_preset_sharded_and_reports_bytes_per_rank() -> None:
     # one process under mixed: FP16 weights + FP32 masters, their gradients, momentum (14 bytes
     # a parameter); each of 2 sharded ranks: FP32 shards, gradients, momentum (12 / 2)
     assert two[0] == two[1] == pytest.approx(one * 6 / 14, rel=0.02)
+
+
+@pytest.mark.slow
+def test_accumulation_and_uneven_evaluation_shards_under_fsdp2(tmp_path: Path) -> None:
+    """trainer.accumulate=2 (the first micro-batch's gradients kept unreduced, FSDP2's
+    set_requires_gradient_sync) and 33 evaluation images over 2 ranks (17 and 16: two batches on
+    one rank, one on the other, on the gathered weights): the DDP run's numbers, no hang."""
+    args = [
+        *CLI["demo"],
+        "data.eval_limit=33",
+        "data.eval_batch_size=16",
+        "trainer.max_steps=4",
+        "trainer.accumulate=2",
+        "precision=mixed",
+    ]
+    runs = {}
+    for strategy in ("ddp", "fsdp2"):
+        runs[strategy] = tmp_path / strategy
+        launch([*args, f"distributed.strategy={strategy}"], 2, runs[strategy])
+    a, b = read_run(runs["ddp"]), read_run(runs["fsdp2"])
+    assert a["evaluation"]["items"] == b["evaluation"]["items"] == 33
+    assert b["metrics"] == pytest.approx(a["metrics"], rel=1e-6)
+    assert [x for _, x in train_rows(runs["fsdp2"])] == pytest.approx(
+        [x for _, x in train_rows(runs["ddp"])], rel=1e-6
+    )
