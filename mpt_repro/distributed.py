@@ -484,7 +484,7 @@ def describe(cfg: Any) -> dict[str, Any]:
         "strategy": cfg.distributed.strategy,
         # the preset on FSDP2 (fsdp.mapping): shards' dtype, param_dtype, reduce_dtype
         "fsdp2": fsdp.mapping(cfg.precision, cfg.distributed)
-        if fsdp.enabled(cfg.distributed)
+        if fsdp.enabled(cfg.distributed) and is_distributed()  # one process shards nothing
         else None,
     }
 
