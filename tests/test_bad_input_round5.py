@@ -83,7 +83,12 @@ def _damaged_folder(sweep: Path, root: Path) -> dict[str, Path]:
         "unknown preset": copy_run(sweep, root, "fp33", 7, lambda r: r.update(precision="fp33")),
         "no config": copy_run(sweep, root, "fp32", 8, lambda r: r.pop("config")),
         "direction": copy_run(sweep, root, "fp32", 9, lambda r: r.update(higher_is_better=False)),
+        "other step": copy_run(sweep, root, "fp32", 10),
     }
+    items = put["other step"] / "eval_items.npz"
+    with np.load(items) as data:
+        columns = {k: data[k] for k in data.files}
+    np.savez_compressed(items, **{**columns, "_step": np.asarray(3)})
     fifo(put["fifo items"] / "eval_items.npz")
     fifo(put["fifo metrics"] / "metrics.csv")
     items = put["cut items"] / "eval_items.npz"
@@ -162,6 +167,9 @@ def test_one_report_lists_every_damaged_input_and_reports_the_rest(sweep, tmp_pa
         put["cut items"]
     )
     assert "holds pickled Python objects, not the number columns" in line_of(put["pickled items"])
+    assert "eval_items.npz holds the evaluation of step 3, the record's 6" in line_of(
+        put["other step"]
+    )
     assert "a FIFO (named pipe), not a benchmark file" in line_of(put["fifo bench"])
     assert "top1=1e+308 beyond any value a run records" in line_of(put["huge metric"])
     assert "precision 'fp33' is no preset of this suite" in line_of(put["unknown preset"])
@@ -176,7 +184,7 @@ def test_one_report_lists_every_damaged_input_and_reports_the_rest(sweep, tmp_pa
     runs = (out / "runs.csv").read_text()
     assert "fp33" not in runs and "fp33" not in (out / "groups.csv").read_text()
     tabled = {(r["precision"], r["seed"]) for r in _csv(out / "runs.csv")}
-    assert tabled == {("fp32", s) for s in range(6)}  # the items and curves: flagged, kept
+    assert tabled == {("fp32", s) for s in (*range(6), 10)}  # items, curves: flagged, kept
     # an items file of pickled objects: said what it is, never numpy's advice to load it unsafely
     deltas = (out / "deltas.csv").read_text()
     assert "allow_pickle" not in deltas + text and "unsafely" not in deltas + text

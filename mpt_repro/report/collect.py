@@ -545,9 +545,15 @@ def _damaged(path: Path, record: dict) -> list[str]:
             found.append(f"its {name} is {what}, not a file mpt-run wrote: never opened")
         elif name.endswith(".npz") and file.is_file():
             try:
-                read_items(file)
+                step, _ = read_items(file)
             except (OSError, ValueError) as err:  # it says what the file is instead
                 found.append(f"its {name} cannot be used ({err}): no interval rests on it")
+                continue
+            if step != evaluation.get("step"):  # what differs, not the metric it recomputes
+                found.append(
+                    f"its {name} holds the evaluation of step {step}, the record's "
+                    f"{evaluation.get('step')}: no interval rests on it"
+                )
     return found
 
 
