@@ -1,6 +1,6 @@
 """`make demo` (scripts/demo.py) at the smoke budget, then the seeds command its closing lines
 print, run exactly as printed: it must run beside the demo's own seed-0 runs, not collide with
-them, and the report over the folder then has three seeds a preset."""
+them, and the report over the folder then has five seeds a preset."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ def test_the_demo_and_its_seeds_hint_run_as_printed(tmp_path):
     done = subprocess.run([str(BIN / "mpt-run"), *sweep[1:]], cwd=ROOT, capture_output=True,
                           text=True, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
-    assert len(list(runs.rglob("run.json"))) == 9  # 3 presets x seeds 0, 1, 2; seed 0 kept
+    assert len(list(runs.rglob("run.json"))) == 15  # 3 presets x seeds 0-4; seed 0 kept
     done = subprocess.run([str(BIN / "mpt-report"), *report[1:], "--no-plots", "--quiet"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     deltas = (tmp_path / "report" / "deltas.csv").read_text()
-    assert "mixed" in deltas and ",3," in deltas  # three paired seeds
+    assert "mixed" in deltas and ",5," in deltas  # five paired seeds

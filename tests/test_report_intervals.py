@@ -111,7 +111,7 @@ def test_the_interval_adds_the_items_main_effect_to_the_seeds_and_matches_scipy(
     dof = (seed_var + eval_var) ** 2 / (seed_var**2 / 2 + eval_var**2 / (n_img - 1))
     half = stats.t.ppf(0.975, dof) * math.sqrt(seed_var + eval_var)
     assert d.low == pytest.approx(mean - half) and d.high == pytest.approx(mean + half)
-    assert d.verdict.startswith("no verdict: CI wider than ±0.5"), d.verdict
+    assert d.verdict.startswith("no verdict: CI wider than ±1.5"), d.verdict  # the demo's own
     # and the same interval reaches deltas.csv and the table
     assert cli.main([str(tmp_path), "--out", str(tmp_path / "r"), "--quiet", "--no-plots"]) == 0
     row = pd.read_csv(tmp_path / "r" / "deltas.csv").iloc[0]
@@ -127,12 +127,12 @@ def test_the_interval_adds_the_items_main_effect_to_the_seeds_and_matches_scipy(
 
 def test_differences_on_other_images_each_seed_are_resolved_by_seeds(tmp_path):
     """360 images, as the demo's: mixed disagrees with fp32 on 11 or 12 images per seed (others
-    each time), winning about as many as it loses. Which images differ is the seed's doing, so
+    each time), a net −4, +1 and +5 images. Which images differ is the seed's doing, so
     the seeds' spread holds it and more seeds resolve it: the plan asks for seeds, not images
     (it once said the evaluation set alone left more than seeds can remove)."""
     rng = np.random.default_rng(0)
     order = rng.permutation(360)
-    for seed, (lost, won) in enumerate(((6, 5), (5, 6), (6, 6))):
+    for seed, (lost, won) in enumerate(((8, 4), (5, 6), (3, 8))):
         fp32 = np.ones(360)
         start = 12 * seed
         mixed = flips(360, list(order[start : start + lost]), fp32)
@@ -140,7 +140,7 @@ def test_differences_on_other_images_each_seed_are_resolved_by_seeds(tmp_path):
         write_run(tmp_path, "fp32", seed, fp32)
         write_run(tmp_path, "mixed", seed, mixed)
     d = mixed_delta(tmp_path)
-    assert d.decision == "no verdict" and "seeds would resolve ±0.5" in d.verdict, d.verdict
+    assert d.decision == "no verdict" and "seeds would resolve ±1.5" in d.verdict, d.verdict
     assert "images would" not in d.verdict and "more than seeds" not in d.verdict
     assert d.evidence.se < 0.5 * math.sqrt(d.evidence.each_var)
 

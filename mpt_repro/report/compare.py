@@ -359,6 +359,7 @@ class Delta:
     reference: str = "fp32"
     # the verdict's kind, one of DECISIONS
     decision: str = "no verdict"
+    tolerance_source: str = ""  # where the tolerance comes from (compare.tolerance_setting)
 
     @property
     def seed_part(self) -> float | None:
@@ -445,6 +446,7 @@ def paired_delta(
         "",
         confidence=settings.confidence,
         reference=settings.reference,
+        tolerance_source=tolerance_setting(settings, metric, _first(preset_runs["experiment"]))[1],
     )
     if n >= 2:
         delta.sd = math.sqrt(sum((d - delta.mean) ** 2 for d in diffs) / (n - 1))

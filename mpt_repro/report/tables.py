@@ -32,7 +32,13 @@ from mpt_repro.paper import (
 from mpt_repro.record import SLOW_FP16_NOTE
 from mpt_repro.report.aggregate import preset_order
 from mpt_repro.report.collect import PAIR_KEYS
-from mpt_repro.report.compare import MIN_SEEDS, default_settings, delta_text, group_deltas
+from mpt_repro.report.compare import (
+    MIN_SEEDS,
+    default_settings,
+    delta_text,
+    group_deltas,
+    tolerance_text,
+)
 
 NOT_COMPARABLE = "n/c"  # a difference with the paper that the setting cannot support
 
@@ -483,18 +489,33 @@ def _outcome_text(g: pd.Series) -> str:
     return "; ".join(outcome)
 
 
+def tolerance_notes(found: list) -> list[str]:
+    """One line per tolerance the verdicts used: its value and where it comes from."""
+    said = sorted(
+        {(d.metric, tolerance_text(d.tolerance), d.tolerance_source) for d in found if d.tolerance}
+    )
+    if not said:
+        return []
+    return [
+        "Tolerances: "
+        + "; ".join(f"{metric} ±{tol}, {source}" for metric, tol, source in said)
+        + "."
+    ]
+
+
 def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
     """Every preset against fp32, per setting: the paired difference of the primary metric with
     its confidence interval and the verdict against the paper's claim that mixed precision
     matches FP32."""
     tables = []
     for (budget, data, device), part in by_setting(agg):
-        rows = []
+        rows, used = [], []
         for experiment in sorted(part["experiment"].unique()):
             for group in group_rows(part, experiment):
                 found = deltas.get(group.key) or {}
                 for p in preset_order(found, pd.DataFrame(list(group.presets.values()))):
                     d = found[p]
+                    used.append(d)
                     rows.append(
                         {
                             "Experiment": group.label,
@@ -505,7 +526,9 @@ def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
                             f"Δ to {settings.reference} ({settings.confidence:.0%} CI)": delta_text(
                                 d, 3
                             ),
-                            "Tolerance": "" if d.tolerance is None else f"±{d.tolerance:g}",
+                            "Tolerance": ""
+                            if d.tolerance is None
+                            else f"±{tolerance_text(d.tolerance)}",
                             "Verdict": d.verdict,
                         }
                     )
@@ -524,6 +547,7 @@ def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
                     "differences that vary between seeds, and an interval, seeds and evaluation "
                     "set together, that the tolerance can decide; otherwise it says `no verdict`, "
                     "why, and what would give one.",
+                    *tolerance_notes(used),
                 ],
             )
         )
