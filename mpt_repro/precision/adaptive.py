@@ -202,7 +202,12 @@ def _scale_incoming(cell: _OutCell, grads):
     """Pre-hook on the node that produced a layer's output: record statistics, multiply by s_L."""
     if cell.record_scale is not None:
         g = grads[cell.index] if cell.index < len(grads) else None
-        if g is not None:
+        rows = cell.layer.owner._stat_rows(g) if g is not None else None
+        if rows is not None:  # two kernels, straight into the layer's row (_StatRows)
+            with torch.no_grad():
+                cell.layer.g_stats = rows.record(cell.layer.index, g)
+            cell.layer.g_scale = (cell.record_scale, g.numel())
+        elif g is not None:
             with torch.no_grad():
                 # no host sync (read at the next plan) and no FP32 copy of g: vector_norm
                 # accumulates the FP16 values in FP32 itself. Raw [|g|_2, max g, min g]: the
@@ -223,11 +228,44 @@ def _scale_incoming(cell: _OutCell, grads):
     return tuple(None if g is None else g * cell.factor for g in grads)
 
 
+class _StatRows:
+    """Where the layers' backwards leave their gradient statistics: one FP32 row per layer,
+    [|g|_2, max g, min g], the layer's ``g_stats`` being a view of its row. The norm is written
+    into the row by its kernel (``out=``), the extremes into an FP16 pair (aminmax's ``out=`` has
+    the gradient's dtype) that one copy merges into the rows at the plan: two kernels per layer,
+    where [norm, max, min] stacked into a row of its own took three. The values are the stacked
+    ones exactly (the same kernels; FP16 to FP32 is exact)."""
+
+    def __init__(self, layers: int, device: torch.device, dtype: torch.dtype):
+        self.dtype, self.device = dtype, device
+        self.rows = torch.zeros(layers, 3, dtype=torch.float32, device=device)
+        self.extremes = torch.zeros(layers, 2, dtype=dtype, device=device)  # max, min
+        # views made once: a view made per step would be an op per layer again
+        self.row = list(self.rows.unbind(0))
+        self.norm = list(self.rows[:, 0].unbind(0))
+        self.hi, self.lo = list(self.extremes[:, 0].unbind(0)), list(self.extremes[:, 1].unbind(0))
+        self.pending = False  # extremes written since the last merge
+
+    def record(self, i: int, g: Tensor) -> Tensor:
+        torch.linalg.vector_norm(g, dtype=torch.float32, out=self.norm[i])
+        torch.aminmax(g, out=(self.lo[i], self.hi[i]))
+        self.pending = True
+        return self.row[i]
+
+    def merged(self) -> Tensor:
+        """The rows, with the extremes recorded since the last merge copied in (one kernel)."""
+        if self.pending:
+            self.rows[:, 1:].copy_(self.extremes)
+            self.pending = False
+        return self.rows
+
+
 class _Layer:
     """One weighted layer: its current exponent, last gradient statistics and history."""
 
-    def __init__(self, name: str, module: nn.Module, owner: AdaptiveScaler):
+    def __init__(self, name: str, module: nn.Module, owner: AdaptiveScaler, index: int = 0):
         self.name, self.module, self.owner = name, module, owner
+        self.index = index  # its row in the owner's _StatRows
         self.weights = [
             p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")
         ]
@@ -444,6 +482,7 @@ class AdaptiveScaler(LossScaler):
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
         self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
+        self._rows: _StatRows | None = None  # made at the first recording (device, dtype)
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -457,10 +496,26 @@ class AdaptiveScaler(LossScaler):
             name = mname or type(m).__name__
             while name in self.layers:  # a second model attached to a shared scaler
                 name = "+" + name
-            layer = _Layer(name, m, self)
+            layer = _Layer(name, m, self, index=len(self.layers))
             self.layers[name] = layer
             m.register_forward_pre_hook(functools.partial(self._wrap_input, layer))
             m.register_forward_hook(functools.partial(self._hook_output, layer))
+
+    def _stat_rows(self, g: Tensor) -> _StatRows | None:
+        """The rows the layers record into, or None where this gradient cannot go there (the
+        ``code`` formula's two more statistics; a gradient of another dtype or device)."""
+        if self.formula == "code":
+            return None
+        if self._rows is None:
+            self._rows = _StatRows(len(self.layers), g.device, g.dtype)
+        rows = self._rows
+        fits = g.dtype == rows.dtype and g.device == rows.device
+        return rows if fits and len(rows.row) == len(self.layers) else None  # none attached since
+
+    def _merged_stats(self) -> None:
+        """The layers' rows complete (their extremes merged), before anything reads them."""
+        if self._rows is not None:
+            self._rows.merged()
 
     def _wrap_input(self, layer: _Layer, module, args):
         if (
@@ -624,7 +679,16 @@ class AdaptiveScaler(LossScaler):
 
         with torch.no_grad():
             device = have[0].weights[0].device
-            grads = torch.stack([lay.g_stats.to(device) for lay in have])
+            self._merged_stats()
+            rows = self._rows
+            if (
+                rows is not None
+                and len(have) == len(self.layers)
+                and all(lay.g_stats is rows.row[lay.index] for lay in have)
+            ):
+                grads = rows.rows  # every layer's row, in order: no stack
+            else:
+                grads = torch.stack([lay.g_stats.to(device) for lay in have])
             grads[:, 0] = grads[:, 0].square()  # sums of squares (one kernel for all layers)
             # Under DDP every rank must plan the same scales: DDP averages gradients that must all
             # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of
@@ -757,6 +821,7 @@ class AdaptiveScaler(LossScaler):
         }
 
     def state_dict(self) -> dict:
+        self._merged_stats()
         sd = super().state_dict()
         sd.update(
             cap_exp=self.cap_exp,
