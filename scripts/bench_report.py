@@ -8,8 +8,12 @@ results folder: groups of 3 seeds x 4 presets (fp32, amp, mixed, no_scaling), ea
 learning rate of its own (`optim.lr` in the config and the overrides, as a sweep over it writes
 them), and gives every copy an evaluation of `--items` images whose per-image results differ by
 run (a fixed seed), written as the trainer writes them (evidence.from_columns and write_items).
-Then times `mpt-report --no-plots` and `mpt-report` (plots too) over the folder, and prints a
-table. The bootstrap of every paired difference is included (that is what grows with the items).
+Then times, over the folder, `mpt-report --no-plots`; `mpt-report` (plots too) into a new
+folder; the same again into that folder (every figure's data unchanged: copied from the report it
+replaces); and again after one run's training curve changed (its group's figures redrawn). Prints
+a table with each one's wall and CPU time (the CPU time of its figure-drawing processes included)
+and the machine's load. The bootstrap of every paired difference is included (that is what grows
+with the items).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import os
 import resource
 import shutil
 import subprocess
@@ -90,17 +95,32 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "runs"
         copies(real_run(Path(tmp) / "template"), root, args.runs, args.items)
-        report = [str(BIN / "mpt-report"), str(root), "--quiet"]
-        rows = [
-            ("mpt-report --no-plots", timed([*report, "--no-plots"])),
-            ("mpt-report (with plots)", timed(report)),
-        ]
+        report = [str(BIN / "mpt-report"), str(root), "--quiet", "--out", str(Path(tmp) / "r")]
+        load = os.getloadavg()[0]
+        rows = [("mpt-report --no-plots", timed([*report, "--no-plots"]))]
+        subprocess.run(["rm", "-rf", str(Path(tmp) / "r")], check=True)
+        rows.append(("mpt-report (plots, new folder)", timed(report)))
+        rows.append(("the same again (unchanged)", timed(report)))
+        one_run_changed(root)
+        rows.append(("again, one run's curve changed", timed(report)))
+        load = max(load, os.getloadavg()[0])
     groups = f"groups of 3 seeds x {len(PRESETS)} presets"
-    print(f"{args.runs} runs, {args.items} images each ({groups})")
-    print(f"| {'command':<26} | wall time (s) | CPU time (s) |")
-    print(f"|{'-' * 28}|---------------|--------------|")
+    print(f"{args.runs} runs, {args.items} images each ({groups}); {len(os.sched_getaffinity(0))}"
+          f" CPUs, load average up to {load:.1f} while it ran")  # fmt: skip
+    print(f"| {'command':<32} | wall time (s) | CPU time (s) |")
+    print(f"|{'-' * 34}|---------------|--------------|")
     for name, (wall, cpu) in rows:
-        print(f"| {name:<26} | {wall:13.1f} | {cpu:12.1f} |")
+        print(f"| {name:<32} | {wall:13.1f} | {cpu:12.1f} |")
+
+
+def one_run_changed(root: Path) -> None:
+    """One run's training losses 1% higher: its comparison group's figures change, no other."""
+    import pandas as pd
+
+    path = next(root.rglob("metrics.csv"))
+    frame = pd.read_csv(path)
+    frame["loss"] = frame["loss"] * 1.01
+    frame.to_csv(path, index=False)
 
 
 if __name__ == "__main__":

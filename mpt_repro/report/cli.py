@@ -141,14 +141,16 @@ def build_report(
     plots: bool = True,
     bench_dir: Path | None = None,
     settings: Settings | None = None,
+    previous: Path | None = None,
 ) -> tuple[str, list[Table], list[Problem]]:
-    """Read, aggregate, write every output; return the Markdown text, the tables, the problems."""
+    """Read, aggregate, write every output; return the Markdown text, the tables, the problems.
+    ``previous``: the plots folder of the report this one replaces."""
     # pandas, scipy and matplotlib load here, not with the module: `mpt-report --help` is quick
     from mpt_repro.report.aggregate import aggregate
     from mpt_repro.report.bench import bench_tables
     from mpt_repro.report.collect import load_runs, problems_frame
     from mpt_repro.report.compare import default_settings, group_deltas
-    from mpt_repro.report.plots import cost_plots, experiment_plots
+    from mpt_repro.report.plots import draw_plots
     from mpt_repro.report.render import markdown, write_table
     from mpt_repro.report.tables import all_tables
 
@@ -171,11 +173,9 @@ def build_report(
     write_raw(out, runs, agg, settings, deltas)
     images = []
     if plots and not runs.empty:
-        curves, curve_problems = experiment_plots(
-            runs, out / "plots", settings.reference, settings.confidence, deltas
-        )
+        # figures drawn in parallel; those of `previous` drawn from the same data are copied
+        images, curve_problems = draw_plots(runs, agg, out / "plots", settings, deltas, previous)
         problems = problems + curve_problems
-        images = curves + cost_plots(agg, out / "plots")
     problems_frame(problems).to_csv(out / "problems.csv", index=False)
 
     text = header(results_dir, len(runs), left_out(problems), len(benches))
@@ -337,6 +337,7 @@ def _write(args, out: Path, bench_dir: Path, settings: Settings) -> int:
                 plots=not args.no_plots,
                 bench_dir=bench_dir,
                 settings=settings,
+                previous=out / "plots",
             )[0],
         )
     except KeyboardInterrupt:

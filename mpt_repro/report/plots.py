@@ -23,7 +23,7 @@ import pickle
 import shutil
 import sys
 import textwrap
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -491,8 +491,21 @@ def experiment_figures(
     deltas: dict | None = None,
 ) -> tuple[list[Figure], list[Problem]]:
     """experiment_plots' figures, to be drawn (draw_figures)."""
-    written: list[Figure] = []
     problems: list[Problem] = []
+    figures = list(iter_experiment_figures(runs, folder, reference, level, deltas, problems))
+    return figures, problems
+
+
+def iter_experiment_figures(
+    runs: pd.DataFrame,
+    folder: Path,
+    reference: str,
+    level: float,
+    deltas: dict | None,
+    problems: list[Problem],
+) -> Iterator[Figure]:
+    """experiment_figures one comparison group at a time (its metrics.csv files read as it
+    comes): drawing can start while the next groups are read."""
     keys = ["subject", "comparison", "budget", "data", "device"]
     groups_per_subject = runs.groupby(["subject", "budget", "data", "device"])[
         "comparison"
@@ -512,17 +525,14 @@ def experiment_figures(
         args = (curves.train, curves.evals, curves.diverged, metric, setting, curves.by_seed,
                 reference, level, (deltas or {}).get(tuple(part.iloc[0][k] for k in PAIR_KEYS)),
                 curves.notes)  # fmt: skip
-        written.append(Figure(folder / f"{stem}_curves.png", curves_figure, args))
+        yield Figure(folder / f"{stem}_curves.png", curves_figure, args)
         task = next((t for t in part.get("task", []) if isinstance(t, str)), None)
         figure = train_figure(task) if task else None
         if figure:
             args = (curves.train, curves.diverged, setting, figure)
-            written.append(
-                Figure(folder / f"{stem}_train_perplexity.png", train_perplexity_figure, args)
-            )
+            yield Figure(folder / f"{stem}_train_perplexity.png", train_perplexity_figure, args)
         args = (curves, styles, setting)
-        written.append(Figure(folder / f"{stem}_loss_scale.png", loss_scale_figure, args))
-    return written, problems
+        yield Figure(folder / f"{stem}_loss_scale.png", loss_scale_figure, args)
 
 
 def loss_scale_figure(curves: GroupCurves, styles: dict[str, dict], setting: str):
@@ -694,42 +704,60 @@ def draw_plots(runs, agg, folder: Path, settings, deltas=None, previous: Path | 
     returns (their paths, the problems found reading curves). ``previous``: the plots folder of
     the report this one replaces, whose figures drawn from the same data are copied, not
     redrawn."""
-    figures, problems = experiment_figures(
-        runs, folder, settings.reference, settings.confidence, deltas
-    )
-    figures += cost_figures(agg, folder, settings.reference)
-    return draw_figures(figures, previous), problems
+    problems: list[Problem] = []
+
+    def figures() -> Iterator[Figure]:
+        yield from iter_experiment_figures(
+            runs, folder, settings.reference, settings.confidence, deltas, problems
+        )
+        yield from cost_figures(agg, folder, settings.reference)
+
+    return draw_figures(figures(), previous), problems
 
 
 def draw_figures(
-    figures: list[Figure], previous: Path | None = None, processes: int | None = None
+    figures: Iterable[Figure], previous: Path | None = None, processes: int | None = None
 ) -> list[Path]:
-    """Save each figure, in order of the list: a figure whose key (a digest of what it is drawn
-    from and of the code that draws it) equals that of the PNG of its name in ``previous`` is
-    copied from there; the others are drawn, in ``processes`` processes (default: one per CPU
-    this process may use) once there are PARALLEL_FROM of them. matplotlib spends about half a
-    second on a figure, so a report over a thousand runs (some 170 figures) spends most of its
-    time here."""
-    todo = []
-    for figure in figures:
-        key = figure_key(figure)
-        old = previous / figure.path.name if previous is not None else None
-        if old is not None and key_of(old) == key:
-            figure.path.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(old, figure.path)
-        else:
-            todo.append((figure, key))
-    processes = min(processes or _usable_cpus(), len(todo))
-    if processes < 2 or len(todo) < PARALLEL_FROM:
-        drawn = [_draw(figure, key) for figure, key in todo]
-    else:
-        from concurrent.futures import ProcessPoolExecutor
+    """Save each figure, in order: a figure whose key (a digest of what it is drawn from and of
+    the code that draws it) equals that of the PNG of its name in ``previous`` is copied from
+    there; the others are drawn, in ``processes`` processes (default: one per CPU this process
+    may use) from the PARALLEL_FROM-th on, each handed over as soon as it comes (the next
+    figures are made meanwhile). matplotlib spends about half a second on a figure, so a report
+    over a thousand runs (some 170 figures) spends most of its time here."""
+    from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(processes, mp_context=_start_method()) as pool:
-            chunk = max(1, len(todo) // (4 * processes))
-            drawn = list(pool.map(_draw_item, todo, chunksize=chunk))
-    left_out = {figure.path for (figure, _), path in zip(todo, drawn) if path is None}
-    return [figure.path for figure in figures if figure.path not in left_out]
+    processes = processes or _usable_cpus()
+    made: list[Figure] = []
+    waiting: list[tuple[Figure, str]] = []
+    futures, pool = [], None
+    try:
+        for figure in figures:
+            made.append(figure)
+            key = figure_key(figure)
+            if _copied(figure, key, previous):
+                continue
+            waiting.append((figure, key))
+            if pool is None and processes >= 2 and len(waiting) >= PARALLEL_FROM:
+                pool = ProcessPoolExecutor(processes, mp_context=_start_method())
+            if pool is not None:
+                futures += [(item[0].path, pool.submit(_draw_item, item)) for item in waiting]
+                waiting = []
+        drawn = {figure.path: _draw(figure, key) for figure, key in waiting}  # too few for a pool
+        drawn.update((path, future.result()) for path, future in futures)
+    finally:
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
+    return [f.path for f in made if drawn.get(f.path, f.path) is not None]
+
+
+def _copied(figure: Figure, key: str, previous: Path | None) -> bool:
+    """The figure copied from ``previous``, where the PNG of its name there has its key."""
+    old = previous / figure.path.name if previous is not None else None
+    if old is None or key_of(old) != key:
+        return False
+    figure.path.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(old, figure.path)
+    return True
 
 
 def _draw(figure: Figure, key: str) -> Path | None:
