@@ -186,6 +186,25 @@ def test_the_reporter_labels_a_group_whose_machines_differ(machines, tmp_path):
     assert label.startswith("machine differs: native ") and " / portable AVX2, " in label
 
 
+def test_a_record_before_schema_5_reads_with_no_machine_and_is_labelled_by_none(machines, tmp_path):
+    """A real record as schema 4 wrote it (no `machine`): read as null, and a group holding it
+    and a portable run says nothing of machines (nothing is known of the older one's)."""
+    from mpt_repro.record import upgrade
+
+    for key in (("own", "native seed 1"), ("own", "portable")):
+        run_dir = machines[key]
+        start = len(run_dir.parts) - 1 - run_dir.parts[::-1].index("mixed-smoke") - 1
+        shutil.copytree(run_dir, tmp_path / Path(*run_dir.parts[start:]))
+    (old,) = [p for p in tmp_path.rglob("run.json") if "portable" not in str(p)]
+    record = json.loads(old.read_text())
+    del record["machine"]
+    old.write_text(json.dumps({**record, "schema_version": 4}))
+    up = upgrade(json.loads(old.read_text()))
+    assert up["machine"] is None and up["upgraded_from"] == 4 and up["schema_version"] == 5
+    runs, _ = load_runs(tmp_path)
+    assert len(runs) == 2 and set(runs["group_label"]) == {""}
+
+
 def test_verify_claims_names_the_first_metric_that_differs_and_both_machines(machines):
     """The comparison verify-claims makes, on a portable record (the page's) and a native one
     (a machine that did not pin)."""
