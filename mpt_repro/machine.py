@@ -267,15 +267,19 @@ def numerics_label(machine: Mapping[str, Any] | None) -> str:
     two records whose labels differ may differ in their bits for that reason alone.
 
     `portable AVX2, x86_64, 1 thread`; `native AVX512 (oneDNN ≤AVX2), Intel(R) Xeon(R)
-    Processor, 2 threads`; on a GPU its name, CUDA, cuDNN and TF32."""
+    Processor, 2 threads`; on a GPU its name, driver, CUDA, cuDNN and TF32 switches."""
     if not isinstance(machine, Mapping):
         return ""
     gpu = machine.get("gpu")
     if isinstance(gpu, Mapping):
-        tf32 = "on" if gpu.get("tf32_matmul") or gpu.get("tf32_cudnn") else "off"
+
+        def switch(name: str) -> str:
+            return "on" if gpu.get(name) else "off"
+
         return (
             f"{gpu.get('name')}, driver {gpu.get('driver')}, CUDA {gpu.get('cuda')}, "
-            f"cuDNN {gpu.get('cudnn')}, TF32 {tf32}"
+            f"cuDNN {gpu.get('cudnn')}, TF32 matmul {switch('tf32_matmul')} "
+            f"cuDNN {switch('tf32_cudnn')}"
         )
     cpu = machine.get("cpu") if isinstance(machine.get("cpu"), Mapping) else {}
     threads = machine.get("threads")

@@ -269,6 +269,29 @@ def test_a_portable_run_that_cannot_be_pinned_says_so_in_one_line(capsys):
     assert "pins CPU kernels only, and this run is on a GPU" in capsys.readouterr().err
 
 
+def test_a_gpu_run_records_what_its_bits_depend_on_and_is_never_portable():
+    """The fields a GPU run's record carries (read from this torch build; the driver from
+    /proc where there is one), and its label."""
+    from mpt_repro.machine import fingerprint
+
+    device = {"type": "cuda", "name": "NVIDIA H100 80GB HBM3", "capability": "9.0", "count": 1}
+    found = fingerprint(device, portable=True)
+    gpu = found["gpu"]
+    assert gpu["name"] == device["name"] and gpu["cuda"] == torch.version.cuda
+    assert {"driver", "cudnn", "tf32_matmul", "tf32_cudnn", "float32_matmul_precision",
+            "fp16_reduced_precision_reduction", "bf16_reduced_precision_reduction",
+            "cudnn_deterministic", "cudnn_benchmark"} <= set(gpu)  # fmt: skip
+    assert (
+        found["portable"]["honoured"] is False
+        and "CPU kernels only" in (found["portable"]["reason"])
+    )
+    label = numerics_label(found)
+    on = {True: "on", False: "off"}
+    assert label.startswith("NVIDIA H100 80GB HBM3, driver ") and label.endswith(
+        f"TF32 matmul {on[gpu['tf32_matmul']]} cuDNN {on[gpu['tf32_cudnn']]}"
+    )
+
+
 def _verify(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(VERIFY), *args], cwd=ROOT, capture_output=True,
                           text=True, timeout=900)  # fmt: skip
