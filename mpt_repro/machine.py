@@ -16,11 +16,11 @@ cuDNN versions and the TF32 / reduced-precision switches.
 **Portable mode** (`trainer.portable=true`): one thread and every kernel choice pinned to AVX2,
 which almost every x86-64 machine made since 2015 has (`PORTABLE_ENV`). The variables must be set
 before torch loads (ATen, oneDNN, MKL and OpenMP read them once): mpt-run sets them when its
-command line asks (`asked_on_command_line`, before the configuration is composed), and a job
-whose configuration asks sets them before it imports torch (`pin_for`). A machine that cannot
-honour the mode (another architecture, no AVX2, torch already loaded with other kernels, a GPU
-run) says so in one line and its record is marked not portable (`portable.honoured: false` with
-the reason).
+command line asks (`asked_on_command_line`, before the configuration is composed: composing a
+job imports its task's module, and torch with it); a job whose configuration file asks finds
+torch loaded, and says so (`pin_for`). A machine that cannot honour the mode (another
+architecture, no AVX2, torch already loaded with other kernels, a GPU run) says so in one line
+and its record is marked not portable (`portable.honoured: false` with the reason).
 
 Nothing here imports torch at import time: the reporter reads records through `numerics_label`.
 """
