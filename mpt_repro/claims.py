@@ -544,7 +544,34 @@ def _judge_delta(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
         f"{test.preset} − {test.reference} {_metric_words(metric)}: {mean:+.4g} "
         f"[{low:+.4g}, {high:+.4g}] (n={n} seeds; {held}; {100 * confidence:.4g} %)"
     )
+    shown += _table_verdict(mine, ref, metric, test, tol, confidence)
     return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2, n)
+
+
+def _table_verdict(mine, ref, metric, test, tol: float, confidence: float) -> str:
+    """The verdict mpt-report's comparison table gives the same difference, said beside the
+    claim's own where they could differ (one difference, one verdict per page, or the reason
+    for two): the claim's test reads a stricter interval (the sequential rule's) against its
+    own tolerance, the table a 95 % interval against comparison.yaml's."""
+    from mpt_repro.report.compare import default_settings, paired_delta, tolerance_text
+
+    if metric != str(mine["primary_metric"].dropna().iloc[0]):
+        return ""  # the table compares the primary metric only
+    settings = replace(default_settings(), reference=test.reference)
+    d = paired_delta(mine, ref, settings)
+    if d is None:
+        return ""
+    why = []
+    if d.tolerance is None or not math.isclose(d.tolerance, tol, rel_tol=1e-6):
+        shown = "?" if d.tolerance is None else tolerance_text(d.tolerance)
+        why.append(f"its tolerance is ±{shown} ({d.tolerance_source}), this test's ±{tol:.3g}")
+    if not math.isclose(confidence, settings.confidence):
+        why.append(
+            f"it reads a {100 * settings.confidence:.4g} % interval, this test a "
+            f"{100 * confidence:.4g} % one (the sequential rule's)"
+        )
+    said = f"; mpt-report's comparison table: {d.verdict}"
+    return said + (f" ({'; '.join(why)})" if why else "")
 
 
 _EXPECT_WORDS = {"matches": "match", "worse": "be worse than", "better": "be better than"}
@@ -597,21 +624,13 @@ def _eval_delta(mine, ref, metric, test, confidence) -> tuple | str:
 
 
 def _delta_problem(d) -> str | None:
-    """Why a paired difference carries no verdict whatever the tolerance (mpt-report's rules),
-    or None when its interval can be read."""
-    from mpt_repro.report.compare import MIN_SEEDS
+    """Why a paired difference carries no verdict whatever the tolerance (mpt-report's own
+    rules: compare.no_verdict_reason), or None when its interval can be read."""
+    from mpt_repro.report.compare import no_verdict_reason
 
-    if d.n_untrained or d.n_conflicting:
-        return d.verdict
-    if d.n < MIN_SEEDS:
-        return f"{d.n} paired seed(s); a verdict needs at least {MIN_SEEDS}"
-    if not d.sd:
-        return f"the {d.n} paired differences have no spread: the seeds' variation is unknown"
-    if d.evidence.se is None:
-        return f"the evaluation set's own sampling error is unknown ({d.evidence.problem})"
-    if d.low is None or d.high is None:
-        return "no interval"
-    return None
+    if d.evidence.identical and not (d.n_untrained or d.n_conflicting):
+        return f"{d.verdict}: the claim cannot be tested on this device"
+    return no_verdict_reason(d)
 
 
 def _train_delta(mine, ref, metric, test, confidence) -> tuple | str:

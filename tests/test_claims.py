@@ -201,6 +201,23 @@ def test_verdicts_follow_the_stated_tests_and_a_claim_needs_all_of_them(tmp_path
     assert combined([]) == "inconclusive"
 
 
+def test_a_claim_shows_the_comparison_tables_verdict_and_why_they_differ(tmp_path, demo_runs):
+    """One difference, one verdict per page (issue 41): a claim's delta test that reads its own
+    tolerance (±1000) and the sequential rule's stricter interval shows, beside its own result,
+    the verdict mpt-report's comparison table gives the same runs (the demo's ±1.5, 95 %) and
+    why the two can differ; at the table's own tolerance and level only the verdict is shown."""
+    claims = _claims_folder(tmp_path / "claims", {"matches": [MATCHES]})
+    (outcome,) = judge(claims["matches"], demo_runs).outcomes
+    table = "mpt-report's comparison table: "
+    assert table in outcome.shown, outcome.shown
+    assert "its tolerance is ±1.5 (demo: 360 validation images" in outcome.shown
+    assert "this test's ±1e+03" in outcome.shown and "(the sequential rule's)" in outcome.shown
+    same = _claims_folder(tmp_path / "same", {"same": [{**MATCHES, "tolerance": "1.5"}]})
+    (outcome,) = judge(same["same"], demo_runs, confidence=0.95).outcomes
+    said = outcome.shown[outcome.shown.index(table) + len(table) :]
+    assert "its tolerance" not in said and "sequential" not in said, said
+
+
 @pytest.mark.parametrize(
     ("expect", "low", "high", "margin", "verdict"),
     [
@@ -378,7 +395,7 @@ def test_the_runner_makes_the_runs_and_writes_the_page_structure_only(tmp_path):
     assert len(table) == 2 and set(table["Verdict"]) == {"inconclusive", "not testable here"}
     page = (out / "claims.md").read_text()
     assert "**Structure only**" in page.splitlines()[2]
-    assert "1 paired seed(s); a verdict needs at least 3" in page
+    assert "1 paired seed; a verdict needs at least 3" in page
     assert "the interval of no_scaling − fp32 wholly short of 1.5 worse" in page
     assert "runs trained at: " in page and "CPU capability" in page
     made = {part for p in (out / "runs").rglob("run.json") for part in p.parts}

@@ -540,7 +540,7 @@ def _decide(d: Delta) -> tuple[str, str]:
         return "identical", (
             f"identical to {ref} on every item on this device (the preset changes nothing here)"
         )
-    why = _no_verdict(d)
+    why = no_verdict_reason(d)
     if why:
         return "no verdict", f"no verdict: {why}"
     tol = d.tolerance
@@ -574,7 +574,7 @@ def _untrained_or_conflicting(d: Delta) -> bool:
     return bool(d.n_untrained or d.n_conflicting)
 
 
-def _no_verdict(d: Delta) -> str | None:
+def no_verdict_reason(d: Delta) -> str | None:
     """Why the evidence under a difference cannot carry a verdict, or None when it can."""
     if d.n_untrained:  # a comparison with a model that never stepped says nothing of precision
         return f"{d.n_untrained} of {d.n} paired seeds applied no step"
