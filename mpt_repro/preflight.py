@@ -147,10 +147,9 @@ def task_target_problem(kind: str) -> str | None:
     """A task whose class a plugin names in a module Python cannot find: refused here, before
     torch loads and a run directory is made (the class itself is imported only by the run)."""
     from mpt_repro import registry
-    from mpt_repro.schema import missing_module
 
     target = registry.TASKS.get(kind)
-    problem = missing_module(target.partition(":")[0]) if target else None
+    problem = _module_missing(target.partition(":")[0]) if target else None
     if problem is None:
         return None
     owner = registry._OWNERS.get(f"the task {kind!r}", "its plugin")
@@ -159,6 +158,26 @@ def task_target_problem(kind: str) -> str | None:
         f"find ({problem}): fix the plugin's task(...) call, or put that module's folder on "
         "PYTHONPATH"
     )
+
+
+def _module_missing(module: str) -> str | None:
+    """Why Python cannot find `module`, searched as files without importing any package on the
+    way (a package's __init__ may import torch: mpt_repro.tasks does); None when it is there."""
+    import importlib.util
+    from importlib.machinery import PathFinder
+
+    parts = module.split(".")
+    try:
+        spec = importlib.util.find_spec(parts[0])  # a top-level name: nothing is imported
+    except (ImportError, ValueError):
+        spec = None
+    for i in range(1, len(parts)):
+        if spec is None or spec.submodule_search_locations is None:
+            break
+        spec = PathFinder.find_spec(parts[i], list(spec.submodule_search_locations))
+    else:
+        return None if spec is not None else f"no module named {module!r}"
+    return f"no module named {module!r}"
 
 
 def job_dir(cfg: Any, single: bool) -> Path:
