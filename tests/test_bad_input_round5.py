@@ -305,11 +305,13 @@ def readers() -> SimpleNamespace:
     from mpt_repro.errors import DataError
     from mpt_repro.evidence import read_items
     from mpt_repro.report.bench import bench_tables
+    from mpt_repro.report.cli import _claims
     from mpt_repro.report.collect import load_metrics_csv, read_record
     from mpt_repro.safeio import NotARegularFile
     from mpt_repro.telemetry.records import read_records
 
     return SimpleNamespace(
+        claims_section=_claims,
         AdviceError=AdviceError,
         load_evidence=load_evidence,
         _load=_load,
@@ -326,7 +328,7 @@ def readers() -> SimpleNamespace:
 
 
 @pytest.mark.timeout(20, func_only=True)  # the issue's limit: the walk itself, imports aside
-def test_every_reader_refuses_a_fifo_without_waiting(sweep, readers, tmp_path) -> None:
+def test_every_reader_refuses_a_fifo_without_waiting(sweep, readers, tmp_path, monkeypatch) -> None:
     """Each of the suite's readers, given a FIFO where its file goes: a refusal naming it, within
     the time limit (each used to wait for a writer for ever)."""
     r = readers
@@ -354,6 +356,16 @@ def test_every_reader_refuses_a_fifo_without_waiting(sweep, readers, tmp_path) -
     (tmp_path / "bench").mkdir()
     fifo(tmp_path / "bench" / "b.json")
     assert "FIFO" in r.bench_tables(tmp_path / "bench")[1][0].reason
+    claims = tmp_path / "conf" / "claims"  # the report's claims section reads conf/claims/
+    claims.mkdir(parents=True)
+    fifo(claims / "edited.yaml")
+    monkeypatch.setattr("mpt_repro.catalog.conf_dir", lambda: tmp_path / "conf")
+    table, problems = r.claims_section(None)
+    assert table is None
+    assert (
+        problems[0].reason
+        == "a FIFO (named pipe), not a claims file: never opened, and no claim judged"
+    )
 
 
 @pytest.mark.slow  # one more process with torch: the reader walk covers it in-process

@@ -206,8 +206,14 @@ def _claims(runs) -> tuple[Table | None, list[Problem]]:
     hand (a tolerance given as a number) must not stop the report of every folder of its runs."""
     from mpt_repro.catalog import conf_dir
     from mpt_repro.claims import claims_table
+    from mpt_repro.record import not_a_regular_file
     from mpt_repro.report.collect import Problem
 
+    for path in sorted((conf_dir() / "claims").glob("*.yaml")):  # a FIFO would never end
+        what = not_a_regular_file(path)
+        if what:
+            reason = f"{what}, not a claims file: never opened, and no claim judged"
+            return None, [Problem(str(path), "malformed", reason, hint="remove it")]
     try:
         return claims_table(runs), []
     except Exception as err:  # noqa: BLE001 - any damage in a claims file: listed, report goes on
