@@ -17,6 +17,8 @@ import stat
 from pathlib import Path
 from typing import IO
 
+from mpt_repro.errors import UserError
+
 _KINDS = (
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
@@ -26,11 +28,12 @@ _KINDS = (
 )
 
 
-class NotARegularFile(OSError):
+class NotARegularFile(OSError, UserError):
     """`path` exists but is not a regular file; `what` says what it is ("a FIFO (named pipe)").
 
     An OSError, so a reader that already turns "cannot be read" into its one line does so here
-    too; str() is that line's substance: `<path> is a FIFO (named pipe), not a regular file`."""
+    too; and a UserError, so one that does not still ends mpt-run in one line, exit 2. str() is
+    that line's substance: `<path> is a FIFO (named pipe), not a regular file`."""
 
     def __init__(self, path: Path | str, what: str):
         super().__init__(f"{path} is {what}, not a regular file")

@@ -302,7 +302,11 @@ def readers() -> SimpleNamespace:
     from mpt_repro.catalog import _load
     from mpt_repro.checkpoint import safe_load
     from mpt_repro.data.cifar import read_batch
-    from mpt_repro.errors import DataError
+    from mpt_repro.data.corpus import _token_lines
+    from mpt_repro.data.imagenet import load_rgb
+    from mpt_repro.data.parallel import read_lines
+    from mpt_repro.data.speech import _transcript_lines
+    from mpt_repro.errors import DataError, UserError
     from mpt_repro.evidence import read_items
     from mpt_repro.report.bench import bench_tables
     from mpt_repro.report.cli import _claims
@@ -317,7 +321,9 @@ def readers() -> SimpleNamespace:
         _load=_load,
         safe_load=safe_load,
         read_batch=read_batch,
+        data_readers=(_token_lines, load_rgb, read_lines, _transcript_lines),
         DataError=DataError,
+        UserError=UserError,
         read_items=read_items,
         bench_tables=bench_tables,
         load_metrics_csv=load_metrics_csv,
@@ -347,6 +353,11 @@ def test_every_reader_refuses_a_fifo_without_waiting(sweep, readers, tmp_path, m
     assert r.load_metrics_csv(str(run_dir)) is None
     with pytest.raises(r.DataError, match="is a FIFO"):
         r.read_batch(run_dir / "data_batch_1")
+    for reader in r.data_readers:  # a corpus, an image, a parallel text, a transcript
+        with pytest.raises(r.UserError, match="is a FIFO"):  # mpt-run: one line, exit 2
+            result = reader(run_dir / "data_batch_1")
+            if hasattr(result, "__next__"):  # the streamed ones open at their first line
+                next(result)
     with pytest.raises(r.AdviceError, match="telemetry.jsonl is a FIFO"):
         r.load_evidence(run_dir)
     fifo(run_dir / "run.json")

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from mpt_repro.errors import ConfigError, DataError
+from mpt_repro.safeio import open_regular
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -96,7 +97,7 @@ def _token_lines(path: Path) -> Iterator[list[str]]:
     """The non-blank lines of a file, split on whitespace. A file that is not UTF-8 is refused
     with the place of its first bad byte (a UnicodeDecodeError alone names neither)."""
     try:
-        with open(path, encoding="utf-8") as f:
+        with open_regular(path, "r", encoding="utf-8") as f:
             for line in f:
                 tokens = line.split()
                 if tokens:
@@ -111,7 +112,7 @@ def _not_utf8(path: Path, error: UnicodeDecodeError) -> str:
     if bad is None:  # decodable after all (the file changed?): report what Python saw
         return f"{path} is not UTF-8 text ({error}); convert it to UTF-8"
     line, column, byte = 1, 1, b""
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         remaining = bad
         while remaining > 0:
             chunk = f.read(min(1 << 20, remaining))
@@ -134,7 +135,7 @@ def _first_bad_utf8(path: Path) -> int | None:
 
     decoder = codecs.getincrementaldecoder("utf-8")()
     fed = 0  # bytes given to the decoder before this chunk
-    with open(path, "rb") as f:
+    with open_regular(path, "rb") as f:
         while True:
             chunk = f.read(1 << 20)
             held = len(decoder.getstate()[0])  # an unfinished character from the last chunk

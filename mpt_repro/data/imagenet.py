@@ -58,6 +58,7 @@ from torchvision.datasets.folder import IMG_EXTENSIONS
 from mpt_repro.data import ImageData, register_dataset
 from mpt_repro.data.device import normalize_on_device
 from mpt_repro.errors import ConfigError, DataError
+from mpt_repro.safeio import open_regular
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -116,7 +117,7 @@ class CorruptImage(DataError):
 def load_rgb(path: str) -> Image.Image:
     """PIL loader that names the file when it cannot be decoded (truncated, not an image...)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             img = Image.open(f)
             return img.convert("RGB")  # convert() forces the full decode inside the try
     except (OSError, SyntaxError, ValueError) as e:  # PIL.UnidentifiedImageError is an OSError
@@ -131,7 +132,7 @@ def load_rgb(path: str) -> Image.Image:
 def read_bytes(path: str) -> torch.Tensor:
     """A file's bytes as a uint8 tensor (the input of GPU decoding)."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             return torch.frombuffer(bytearray(f.read()), dtype=torch.uint8)
     except OSError as e:
         raise DataError(f"cannot read {path}: {e}") from None

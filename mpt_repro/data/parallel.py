@@ -52,6 +52,7 @@ import torch
 
 from mpt_repro.data import data_root
 from mpt_repro.errors import DataError
+from mpt_repro.safeio import open_regular
 
 PAD, GO, EOS, UNK = "_PAD", "_GO", "_EOS", "_UNK"
 SPECIALS = [PAD, GO, EOS, UNK]
@@ -145,14 +146,15 @@ def find_file(root: Path, name: str) -> Path | None:
 def read_lines(path: Path, limit: int | None = None) -> Iterator[str]:
     """The first `limit` lines (all when None) of a UTF-8 file, gzipped or not, streamed: the
     giga-fren files are 22.5M lines each."""
-    opened = gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
     try:
-        # newline="\n": lines end where the tutorial's binary reads end them (not at a lone \r)
-        with opened as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as f:
-            for n, line in enumerate(f):
-                if limit is not None and n >= limit:
-                    return
-                yield line.rstrip("\n")
+        with open_regular(path, "rb") as handle:  # a FIFO is refused, never waited on
+            opened = gzip.open(handle, "rb") if path.suffix == ".gz" else handle
+            # newline="\n": lines end where the tutorial's binary reads end them (not at a \r)
+            with opened as raw, io.TextIOWrapper(raw, encoding="utf-8", newline="\n") as f:
+                for n, line in enumerate(f):
+                    if limit is not None and n >= limit:
+                        return
+                    yield line.rstrip("\n")
     except (UnicodeDecodeError, OSError, EOFError) as e:
         raise DataError(f"{path}: not readable UTF-8 text ({type(e).__name__}: {e})") from None
 

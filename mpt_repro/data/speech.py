@@ -36,6 +36,7 @@ from mpt_repro.data import data_root
 from mpt_repro.data.sampling import EpochSampler
 from mpt_repro.errors import DataError
 from mpt_repro.models.deepspeech2 import window_samples
+from mpt_repro.safeio import read_bytes
 
 # CTC's blank first, then what English transcripts are written in (DS2's English alphabet)
 BLANK = "_"
@@ -214,7 +215,7 @@ def collate(batch: list[tuple[torch.Tensor, list[int]]]) -> dict[str, torch.Tens
 def _transcript_lines(listing: Path) -> list[str]:
     """The lines of a .trans.txt, read as UTF-8 whatever the locale; a byte that is not UTF-8 is
     refused naming the file and the line (LibriSpeech's transcripts are ASCII capitals)."""
-    raw = listing.read_bytes()
+    raw = read_bytes(listing)  # a FIFO is refused, never waited on
     try:
         return raw.decode("utf-8").splitlines()
     except UnicodeDecodeError as e:

@@ -36,6 +36,7 @@ import torch
 from torch.utils.data import Dataset
 
 from mpt_repro.errors import DataError
+from mpt_repro.safeio import open_regular
 
 VOC_CLASSES = (
     "aeroplane",
@@ -196,7 +197,7 @@ def read_split(root: str, split: str) -> list[Annotation]:
         raise DataError(f"{root} has no VOC{year}/ folder (needed by split {split!r}); {LAYOUT}")
     list_file = os.path.join(base, "ImageSets", "Main", f"{image_set}.txt")
     try:
-        with open(list_file) as f:
+        with open_regular(list_file, "r") as f:
             ids = [line.split()[0] for line in f if line.strip()]
     except FileNotFoundError:
         raise DataError(f"split file {list_file} is missing; {LAYOUT}") from None
@@ -218,7 +219,7 @@ def load_image(path: str) -> torch.Tensor:
     from torchvision.transforms.functional import pil_to_tensor
 
     try:
-        with open(path, "rb") as f:
+        with open_regular(path, "rb") as f:
             img = Image.open(f)
             img = img.convert("RGB")  # convert() forces the full decode inside the try
     except FileNotFoundError:
