@@ -97,3 +97,17 @@ def test_an_items_file_of_another_size_than_its_record_gives_no_verdict(tmp_path
     out = tmp_path / "r"
     assert cli.main([str(tmp_path / "runs"), "--out", str(out), "--quiet", "--no-plots"]) == 0
     assert "6,400 images" not in (out / "report.md").read_text()
+
+
+def test_differences_that_overflow_give_no_verdict_not_a_traceback():
+    """A metric near 1e308 (the report keeps such records out first: test_bad_input_round5.py);
+    compare itself says so rather than raising OverflowError."""
+    import math
+
+    from mpt_repro.report.compare import Delta, interval, verdict
+
+    d = Delta("mixed", "top1", True, 3, 1e308, None, None, 1.5, 0, 3, "", sd=math.inf)
+    d.low, d.high = interval(d)
+    assert verdict(d) == (
+        "no verdict: the paired differences overflow (a metric near the float range's end)"
+    )

@@ -449,7 +449,8 @@ def paired_delta(
         tolerance_source=tolerance_setting(settings, metric, _first(preset_runs["experiment"]))[1],
     )
     if n >= 2:
-        delta.sd = math.sqrt(sum((d - delta.mean) ** 2 for d in diffs) / (n - 1))
+        with np.errstate(over="ignore", invalid="ignore"):  # a metric near 1e308 gives inf
+            delta.sd = float(np.std(np.asarray(diffs, dtype=float), ddof=1))
     if n:
         pairs = [(mine[s][0], ref[s][0]) for s in seeds]
         delta.evidence = evaluation_evidence(pairs, metric, settings)
@@ -588,6 +589,8 @@ def no_verdict_reason(d: Delta) -> str | None:
             f"{d.n} paired seed{'s' if d.n != 1 else ''}; a verdict needs at least {MIN_SEEDS} "
             f"(mpt-run -m ... seed={','.join(map(str, range(MIN_SEEDS)))})"
         )
+    if not (math.isfinite(d.mean or 0.0) and math.isfinite(d.sd or 0.0)):
+        return "the paired differences overflow (a metric near the float range's end)"
     flat = _too_little_spread(d)
     if flat:
         return flat
