@@ -652,11 +652,11 @@ def resolution(d: Delta) -> str:
                 f"{math.ceil(scale * ev.items):,} {ev.unit} would ({plan.said})"
             )
     n = max(d.n, MIN_SEEDS)
-    reach = plan.reachable(n, min(most, 128.0))
+    reach = plan.needed(n, min(most, 128.0))
     return (
         f"{held}: ±{tolerance_text(tol)} cannot be resolved on this data (its evaluation data "
         f"hold {ev.data_items or ev.items:,} {ev.unit}); with {n} seeds a tolerance of "
-        f"±{reach:.2g} can be, with {4 * n} ±{plan.reachable(4 * n, min(most, 128.0)):.2g}"
+        f"±{reach:.2g} can be, with {4 * n} ±{plan.needed(4 * n, min(most, 128.0)):.2g}"
     )
 
 
@@ -699,9 +699,6 @@ class Plan:
 
     def seeds_for(self, tol: float, scale: float) -> int | None:
         return _plan(lambda n: self.needed(n, scale) <= tol)
-
-    def reachable(self, n: int, scale: float) -> float:
-        return self.needed(n, scale)
 
     def item_half(self, scale: float) -> float:
         return z_quantile(self.confidence) * math.sqrt(self.item_var / scale)

@@ -19,7 +19,7 @@ interval and verdict.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from scipy.optimize import brentq
@@ -124,7 +124,7 @@ class Cell:
     # the same with the shared-draw bootstrap variance in place of the items' main effect (the
     # estimator before issue 41, which counted the seed x item part twice)
     double_counted_var: float = 0.0
-    means: list = None  # the replications' d̄, for their empirical variance
+    means: list = field(default_factory=list)  # the replications' d̄, for their variance
 
     def add(self, d: Delta) -> None:
         self.reps += 1
@@ -136,7 +136,7 @@ class Cell:
         seed_part = (d.sd or 0.0) ** 2 / d.n
         self.estimated_var += seed_part + (d.evidence.se or 0.0) ** 2
         self.double_counted_var += seed_part + (d.evidence.shared_var or 0.0)
-        self.means = (self.means or []) + [d.mean]
+        self.means.append(d.mean)
 
     def row(self) -> dict:
         share = 100 / max(self.reps, 1)
