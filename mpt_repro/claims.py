@@ -13,7 +13,9 @@ key). The verdict is computed from the runs, never chosen after looking:
 - inconclusive: the evidence cannot decide yet (the interval still straddles the tolerance, or a
   problem with the runs), with the reason and the resolution reached;
 - not testable at this scale: what the paper claims happens where this machine's runs cannot go
-  (`setting: scale`, the reason stated); not testable here: the data or hardware are missing.
+  (`setting: scale`, the reason stated), or a claim whose seeds stopped while a test's interval
+  was still wider than its whole tolerance (`beyond_reach`); not testable here: the data or
+  hardware are missing.
 
 A test compares runs that differ in what the claim is about:
 
@@ -175,6 +177,7 @@ class Claim:
     tests: tuple[Test, ...] = ()
     evidence: tuple[Evidence, ...] = ()
     sequential: Sequential = Sequential()
+    amendment: str = ""  # a change to the rule after an earlier page, and its cost in error
 
 
 @dataclass
@@ -186,6 +189,7 @@ class Outcome:
     shown: str = ""  # the numbers: estimate, interval, seeds
     half_width: float | None = None  # the resolution reached (interval's half-width)
     n: int = 0
+    tolerance: float | None = None  # a delta test's ±X, in the metric's unit
 
 
 @dataclass
@@ -206,7 +210,8 @@ class Finding:
 
 # -- reading and checking the files ---------------------------------------------------------
 TOP_KEYS = {"keys": list, "statement": str, "section": str, "setting": str, "why": str,
-            "runs": dict, "tests": list, "evidence": list, "sequential": dict}  # fmt: skip
+            "runs": dict, "tests": list, "evidence": list, "sequential": dict,
+            "amendment": str}  # fmt: skip
 RUNS_KEYS = {"experiment": str, "budget": str, "presets": list, "seeds": list,
              "overrides": list, "telemetry": list, "telemetry_every": int}  # fmt: skip
 TEST_KEYS = {"kind": str, "preset": str, "expect": str, "reference": str, "metric": str,
@@ -285,7 +290,8 @@ def _claim(name: str, raw: Any) -> Claim:
     evidence = tuple(_evidence(e, i, runs) for i, e in enumerate(top.get("evidence") or []))
     claim = Claim(name, tuple(top["keys"]), top["statement"], top["section"], setting,
                   top.get("why", ""), runs, tests, evidence,
-                  _sequential(top.get("sequential") or {}))  # fmt: skip
+                  _sequential(top.get("sequential") or {}),
+                  top.get("amendment", ""))  # fmt: skip
     if setting in UNTESTED:
         if not claim.why or runs is not None or tests:
             raise ClaimsError(f"why: a claim {SETTINGS[setting]!r} states why, and no runs/tests")
@@ -430,6 +436,30 @@ def combined(verdicts: list[str]) -> str:
     return "not reproduced" if "not reproduced" in verdicts else "inconclusive"
 
 
+def beyond_reach(finding: Finding) -> Finding:
+    """An undecided finding whose seeds have stopped, relabelled "not testable at this scale"
+    where no test left undecided could have been decided: each is a delta test whose interval
+    is still wider than its whole tolerance (half-width > X), so not even a true difference of
+    0 could have read as a match. The reason says how many seeds the tolerance would need (the
+    interval shrinks about as 1/sqrt(seeds)); any other undecided finding stays inconclusive."""
+    open_ = [o for o in finding.outcomes if o.verdict == "inconclusive"]
+    if finding.decided or not open_:
+        return finding
+    if any(o.tolerance is None or o.half_width is None or o.half_width <= o.tolerance
+           for o in open_):  # fmt: skip
+        return finding
+    worst = max(open_, key=lambda o: o.half_width / o.tolerance)
+    needed = math.ceil(worst.n * (worst.half_width / worst.tolerance) ** 2)
+    reason = (
+        f"at the end of its budget ({worst.n} seeds) its interval is ±{worst.half_width:.3g}, "
+        f"wider than the tolerance ±{worst.tolerance:.3g} it is judged against: these runs "
+        f"cannot tell a difference inside the tolerance from one past it; about {needed} "
+        f"seeds would bring the interval to ±{worst.tolerance:.3g} (more for a fair chance of "
+        "a decision)"
+    )
+    return replace(finding, verdict="not testable at this scale", reason=reason)
+
+
 def matching_runs(spec: Runs, runs: pd.DataFrame) -> pd.DataFrame:
     """The tabulated runs of `spec`: its experiment, budget, recipe changes, presets and seeds
     (any seed when `spec.seeds` is empty)."""
@@ -545,7 +575,7 @@ def _judge_delta(test: Test, runs: pd.DataFrame, confidence: float) -> Outcome:
         f"[{low:+.4g}, {high:+.4g}] (n={n} seeds; {held}; {100 * confidence:.4g} %)"
     )
     shown += _table_verdict(mine, ref, metric, test, tol, confidence)
-    return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2, n)
+    return Outcome(verdict, f"{stated}: {said}", shown, (high - low) / 2, n, tol)
 
 
 def _table_verdict(mine, ref, metric, test, tol: float, confidence: float) -> str:

@@ -25,6 +25,7 @@ from mpt_repro.claims import (
     Claim,
     Finding,
     Sequential,
+    beyond_reach,
     judge,
     keys_text,
     refutation,
@@ -101,7 +102,7 @@ def decide_claims(
             finding = judge(claim, runs)
             stop = _stop(claim, finding)
             if stop:
-                out[key] = Judged(claim, finding, stop)
+                out[key] = Judged(claim, beyond_reach(finding), stop)
                 del pending[key]
             else:
                 nxt = claim.sequential.next_look(len(claim.runs.seeds))
@@ -208,7 +209,12 @@ def claim_section(judged: dict[tuple[str, str], Judged], claim: Claim) -> list[s
     lines.append(f"- verdict: {verdicts}")
     if said == "DISAGREE":
         lines.append("- the two seed sets disagree: the claim is not replicated")
+    for j, name in ((a, "A"), (b, "B")):
+        if j is not None and j.finding.verdict == UNTESTED["scale"]:
+            lines.append(f"- not testable at this scale on seeds {name}: {j.finding.reason}")
     lines.append(f"- seeds until decided: {claim.sequential.text()}")
+    if claim.amendment:
+        lines.append(f"- amended: {claim.amendment}")
     for j, name in ((a, "A"), (b, "B")):
         if j is not None:
             lines.append(f"- seeds {name}: {_seed_text(j)}, {j.stopped}; runs: "

@@ -29,7 +29,7 @@ from mpt_repro.claims import (
     judge,
     load_claims,
 )
-from mpt_repro.claims_run import REPLICA_SHIFT, decide_claims
+from mpt_repro.claims_run import REPLICA_SHIFT, decide_claims, page_text
 from mpt_repro.paper import load_reference
 from mpt_repro.report import cli
 from mpt_repro.report.collect import load_runs
@@ -310,7 +310,9 @@ def test_the_sequential_rule_keeps_its_error_rate_under_optional_stopping():
 def test_the_runner_adds_seeds_until_decided_on_two_disjoint_seed_sets(tmp_path):
     """decide_claims with each round's runs written by the real writer: a claim decided at
     the first look stops at 3 seeds; one whose runs cannot decide it (mixed differs from fp32
-    by about the tolerance) goes on to the last look; set B's seeds never meet set A's."""
+    by about the tolerance) goes on to the last look and stays inconclusive; one whose interval
+    is still wider than its whole tolerance at the end is "not testable at this scale", with the
+    seeds it would need; set B's seeds never meet set A's."""
     rng = np.random.default_rng(1)
     written: set[tuple[str, int]] = set()
 
@@ -326,8 +328,11 @@ def test_the_runner_adds_seeds_until_decided_on_two_disjoint_seed_sets(tmp_path)
                 write_run(tmp_path / "runs", "mixed", seed, flips(200, moved, fp32))
 
     wide = {**MATCHES, "tolerance": "1000"}
-    close = {**MATCHES, "tolerance": "1"}  # differences of 0-4 points: never decided
-    claims = _claims_folder(tmp_path / "claims", {"wide": [wide], "close": [close]})
+    close = {**MATCHES, "tolerance": "2"}  # differences of 0-4 points: never decided
+    beyond = {**MATCHES, "tolerance": "0.3"}  # intervals of about ±1.3 at 8 seeds
+    claims = _claims_folder(
+        tmp_path / "claims", {"wide": [wide], "close": [close], "beyond": [beyond]}
+    )
     judged = decide_claims(
         list(claims.values()), run_round, lambda: load_runs(tmp_path / "runs")[0]
     )
@@ -338,6 +343,14 @@ def test_the_runner_adds_seeds_until_decided_on_two_disjoint_seed_sets(tmp_path)
     assert len(close_a.finding.seeds) == 8 and "last look" in close_a.stopped
     assert not set(close_a.finding.seeds) & set(close_b.finding.seeds)
     assert close_a.finding.verdict == "inconclusive"
+    assert close_a.finding.outcomes[0].half_width < 2  # could have been decided, was not
+    beyond_a = judged[("beyond", "A")]
+    assert len(beyond_a.finding.seeds) == 8 and "last look" in beyond_a.stopped
+    assert beyond_a.finding.verdict == "not testable at this scale"
+    assert "wider than the tolerance ±0.3" in beyond_a.finding.reason
+    assert "seeds would bring the interval to ±0.3" in beyond_a.finding.reason
+    page = page_text(judged, [], [], tiny=False)
+    assert "- not testable at this scale on seeds A: at the end of its budget (8" in page
 
 
 # -- the report and the runner -------------------------------------------------------------
