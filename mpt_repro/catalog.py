@@ -14,6 +14,7 @@ Reading conf/ needs only omegaconf (no torch); `tasks()` imports the registry.
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -61,6 +62,47 @@ def config_file(group: str, name: str) -> Path:
 def options(group: str) -> list[str]:
     """The options of a config group, from its folders (e.g. the budgets or presets)."""
     return [name for name in group_files(group) if not name.startswith("_")]
+
+
+# -- a name that is not there: the one "did you mean" of every refusal ----------------------------
+# how close a misspelt name must be to a known one for mpt-run to suggest it (difflib's ratio)
+CLOSE_ENOUGH = 0.7
+# the example a group's refusal gives when nothing typed is close: the default of conf/config.yaml,
+# except where the default is costly (budget=paper trains the full recipe: GPU-days)
+CHEAP_EXAMPLES = {"budget": "smoke"}
+PLUGIN_HINT = (
+    "an experiment of a plugin is listed once its module is named in MPT_PLUGINS or by an entry "
+    "point (docs/adding-an-experiment.md)"
+)
+
+
+def nearest(name: str, known: Iterable[str], n: int = 2) -> list[str]:
+    """The known names closest to a misspelt one, best first (none when nothing is close): the
+    rule every "did you mean" of mpt-run follows, for keys and for a group's options alike."""
+    return difflib.get_close_matches(name, list(known), n, CLOSE_ENOUGH)
+
+
+def default_options() -> dict[str, str]:
+    """{group: option} of conf/config.yaml's defaults list."""
+    found = {}
+    for entry in _load(CONF_DIR / "config.yaml").get("defaults") or []:
+        if isinstance(entry, dict):
+            found.update({str(k): str(v) for k, v in entry.items()})
+    return found
+
+
+def unknown_option(group: str, option: str, known: list[str] | None = None) -> str:
+    """One line for `group=option` where the group has no such option: the nearest option, the
+    group's options and a cheap example; for an experiment, how a plugin's is named."""
+    known = known or options(group)
+    close = nearest(option, known)
+    hint = f" (did you mean {' or '.join(f'{group}={c}' for c in close)}?)" if close else ""
+    example = CHEAP_EXAMPLES.get(group) or default_options().get(group)
+    example = example if example in known else (known[0] if known else "...")
+    listed = ", ".join(known) if known else "see mpt-run --help"
+    text = f"{group}={option}: there is no such {group}{hint}; {group} is one of: {listed}"
+    text += "" if close else f" (e.g. {group}={example})"
+    return f"{text}; {PLUGIN_HINT}" if group == "experiment" else text
 
 
 def model_options() -> list[str]:

@@ -22,7 +22,6 @@ module before torch.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
 import re
 import typing
@@ -34,7 +33,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from mpt_repro import registry
-from mpt_repro.catalog import CONF_DIR, options, recipes  # noqa: F401  (re-exported)
+from mpt_repro.catalog import CONF_DIR, nearest, options, recipes  # noqa: F401  (re-exported)
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision.config import PrecisionConfig
 from mpt_repro.schema import read_when, register_option_schemas, require, schema_of
@@ -602,10 +601,7 @@ def _unknown_key_message(key: str) -> str:
         if not parent or k.startswith(parent + ".")
     ]
     known = sorted({k.split(".")[0] for k in below})
-    close = [
-        ".".join([*([parent] if parent else []), k, *rest])
-        for k in difflib.get_close_matches(name, known, 2, 0.7)
-    ]
+    close = [".".join([*([parent] if parent else []), k, *rest]) for k in nearest(name, known)]
     kind = "section" if rest else "setting"
     where = (
         f"{parent} has no {kind} {name!r}" if parent else f"there is no top-level {kind} {name!r}"

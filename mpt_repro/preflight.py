@@ -364,13 +364,22 @@ def composition_message(e: BaseException, overrides: list[str] | None = None) ->
 
 def _missing_option(message: str) -> str | None:
     """Hydra's "Could not find 'budget/quick'" with its options and its search path, as one line
-    naming the group's options (an option of no group: the groups)."""
+    naming the nearest option and the group's options (an option of no group: the groups)."""
     import re
+
+    from mpt_repro.catalog import options, unknown_option
 
     found = re.search(r"Could not find '([^']+)'", message)
     if not found:
         return None
     group, _, option = found.group(1).rpartition("/")
+    if not group:
+        return f"there is no config {option!r}; see mpt-run --help"
+    return unknown_option(group, option, options(group) or _hydra_options(message))
+
+
+def _hydra_options(message: str) -> list[str]:
+    """The options Hydra's message lists (a group of Hydra's own, which conf/ does not have)."""
     listed = message.split("Available options in", 1)
     known = []
     if len(listed) == 2:
@@ -378,13 +387,7 @@ def _missing_option(message: str) -> str | None:
             if not line.startswith(("\t", "  ")) or "=" in line:
                 break
             known.append(line.strip())
-    if not group:
-        return f"there is no config {option!r}; see mpt-run --help"
-    choices = ", ".join(known) if known else "see mpt-run --help"
-    return (
-        f"{group}={option}: there is no such {group}; {group} is one of: {choices} "
-        f"(e.g. {group}={known[0] if known else '...'})"
-    )
+    return known
 
 
 def _offending_value(message: str, key: str) -> str | None:

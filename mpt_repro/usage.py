@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import inspect
 import re
-import textwrap
 from typing import Any
 
-from mpt_repro.catalog import CONF_DIR, config_file, options
+from mpt_repro.catalog import CONF_DIR, config_file, default_options, options
 
 # The groups a user chooses from, in the order a command line names them (conf/<group>/);
 # the others (experiment_budget, experiment_recipe, schema) are composed by mpt-run itself
@@ -41,7 +40,7 @@ WIDTH = 100
 
 def short_help() -> str:
     """The text of `mpt-run --help`."""
-    defaults = _defaults()
+    defaults = default_options()
     lines = [
         _header().rstrip(),
         "",
@@ -68,8 +67,50 @@ def short_help() -> str:
 def _entry(name: str, text: str) -> str:
     """`name` and `text` on one line, `text` cut to the width (the files say the rest)."""
     head = f"{name:<24} " if len(name) < 24 else f"{name} "
-    room = max(WIDTH - len(head), 20)
-    return head + textwrap.shorten(text, room, placeholder=" ...") if text else name
+    return head + shortened(text, max(WIDTH - len(head), 20)) if text else name
+
+
+ELLIPSIS = " ..."
+
+
+def shortened(text: str, room: int) -> str:
+    """`text` in `room` characters: whole if it fits, else cut where a clause ends (at `,` `;`
+    `:` or before a parenthesis), never inside parentheses, brackets or quotes (a cut there read
+    as `(Krizhevsky et al. ...` with its closing half gone). A clause that keeps half the line
+    first, else the last word outside them, else the longest clause that fits; whole (a long
+    line, not a broken one) when nothing outside them fits."""
+    if len(text) <= room:
+        return text
+    fits = room - len(ELLIPSIS)
+    clauses, words = _cut_points(text)
+    for points, least in ((clauses, fits // 2), (words, fits // 2), (clauses + words, 1)):
+        usable = [i for i in points if least <= i <= fits]
+        if usable:
+            return text[: max(usable)].rstrip(" ,;:") + ELLIPSIS
+    return text
+
+
+def _cut_points(text: str) -> tuple[list[int], list[int]]:
+    """(where a clause may end, where a word ends), at the top level of `text`: outside
+    parentheses, brackets and quotes."""
+    depth, quote = 0, ""
+    clauses, words = [], []
+    for i, char in enumerate(text):
+        if quote:
+            quote = "" if char == quote else quote
+        elif char in '"`':
+            quote = char
+        elif char in "([":
+            if depth == 0 and i > 0 and text[i - 1] == " ":
+                clauses.append(i - 1)  # before the parenthesis: what precedes it is whole
+            depth += 1
+        elif char in ")]":
+            depth = max(depth - 1, 0)
+        elif depth == 0 and char == " ":
+            words.append(i)
+            if text[i - 1] in ",;:":
+                clauses.append(i - 1)
+    return clauses, words
 
 
 def _header() -> str:
@@ -77,17 +118,6 @@ def _header() -> str:
 
     config = OmegaConf.load(CONF_DIR / "config.yaml")
     return str(config.hydra.help.header)
-
-
-def _defaults() -> dict[str, str]:
-    """{group: option} of conf/config.yaml's defaults list."""
-    from omegaconf import OmegaConf
-
-    found = {}
-    for entry in OmegaConf.to_container(OmegaConf.load(CONF_DIR / "config.yaml")).get("defaults"):
-        if isinstance(entry, dict):
-            found.update({str(k): str(v) for k, v in entry.items()})
-    return found
 
 
 def _summary(path: Any) -> str:

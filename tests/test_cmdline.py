@@ -74,7 +74,7 @@ def test_names_that_become_folders_are_plain_names(override, expected) -> None:
 def test_an_unknown_choice_lists_the_choices_in_one_line() -> None:
     assert preflight(["experiment=demo", "budget=quick"]) == (
         "error: budget=quick: there is no such budget; budget is one of: paper, short, smoke "
-        "(e.g. budget=paper)"
+        "(e.g. budget=smoke)"
     )
 
 
