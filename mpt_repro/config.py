@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import re
 import typing
 from dataclasses import dataclass, field
@@ -258,19 +259,49 @@ def validate(cfg: DictConfig) -> None:
 def check_data_folder(cfg: DictConfig) -> None:
     """A data set read from a folder (its schema's needs_root) without data.root is refused
     before torch loads (mpt-run's start-up check; a configuration is valid without its folder,
-    a run is not), with the two ways to run: its folder, or made-up data. The loader
-    is data.name's, so its own schema decides (a budget may switch an option's data.name to an
-    embedded stand-in: the DCGAN's smoke runs read the digits)."""
+    a run is not), with the two ways to run: its folder, or made-up data. So is a data.root that
+    is not there, not a folder or empty: the loader would say so only after torch had loaded
+    (tens of seconds on a busy machine). The loader is data.name's, so its own schema decides (a
+    budget may switch an option's data.name to an embedded stand-in: the DCGAN's smoke runs read
+    the digits); whether the folder holds the right files stays the loader's to say."""
     name = option_name(cfg.data.name)
     schema = registry.option_schemas()["data"].get(name) or schema_of(cfg.data)
-    if not getattr(schema, "needs_root", False) or cfg.data.root:
-        return
-    raise ConfigError(
-        f"data {name} is read from a folder and data.root is not set: download it and pass "
-        f'data.root=DIR (README.md, "Data", gives each layout), or run '
-        f"experiment={cfg.experiment_name} on made-up inputs of the same shape with "
+    needs_root = getattr(schema, "needs_root", False)
+    root = cfg.data.get("root")
+    # the other way to run: made-up images of the same shape, or the data set's embedded copy
+    other = (
+        f"or run experiment={cfg.experiment_name} on made-up inputs of the same shape with "
         "data=synthetic (it measures speed and memory, not accuracy)"
+        if needs_root
+        else f"or leave data.root unset (null) to read the copy of data {name} mpt-repro ships"
     )
+    if root and (needs_root or "root" in getattr(schema, "reads", ())):
+        problem = folder_problem(Path(str(root)).expanduser())
+        if problem:
+            raise ConfigError(
+                f"data.root={root} {problem}: point it at the folder of data {name} "
+                f'(README.md, "Data", gives each layout), {other}'
+            )
+    if needs_root and not root:
+        raise ConfigError(
+            f"data {name} is read from a folder and data.root is not set: download it and pass "
+            f'data.root=DIR (README.md, "Data", gives each layout), {other}'
+        )
+
+
+def folder_problem(path: Path) -> str | None:
+    """What keeps `path` from being a data folder (missing, a file, empty, unreadable), or None;
+    asked of the file system alone (one directory entry read, no file opened)."""
+    try:
+        if not path.exists():
+            return "does not exist"
+        if not path.is_dir():
+            return "is a file, not a folder"
+        with os.scandir(path) as entries:
+            empty = next(entries, None) is None
+    except OSError as e:
+        return f"cannot be read ({e.strerror or e})"
+    return "is an empty folder" if empty else None
 
 
 def validate_optim(o: DictConfig) -> None:

@@ -120,13 +120,16 @@ def test_a_command_that_cannot_run_leaves_the_finished_run_untouched(finished, e
     assert snapshot(finished) == before  # .hydra/ included: Hydra no longer writes it first
 
 
-def test_overwrite_with_data_that_cannot_be_opened_keeps_the_finished_run(copy_of) -> None:
+def test_overwrite_with_data_that_cannot_be_opened_keeps_the_finished_run(copy_of, tmp_path):
     before = snapshot(copy_of)
+    stray = tmp_path / "not-imagenet"  # a folder, not empty (a missing one is refused earlier)
+    stray.mkdir()
+    (stray / "notes.txt").write_text("no train/ here")
     proc = run_cli(
         *SMOKE,
         "overwrite=true",
         "data=imagenet",
-        "data.root=/no/such/imagenet",
+        f"data.root={stray}",
         run_dir=copy_of,
         check=False,
     )
@@ -438,10 +441,11 @@ def test_a_sweep_that_finds_a_finished_run_ends_with_the_command_that_runs_the_r
 
 
 def test_a_sweep_whose_every_job_is_refused_at_build_leaves_nothing(tmp_path: Path) -> None:
-    """An empty data folder is found only when each job builds its data: every job says so, the
-    last line counts them, and the runs folder this command created is gone again, Hydra's
-    multirun.yaml included."""
+    """A data folder without the data set's layout (here a stray file, no class folders) is
+    found only when each job builds its data: every job says so, the last line counts them, and
+    the runs folder this command created is gone again, Hydra's multirun.yaml included."""
     (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no class folders")  # empty: refused earlier
     runs = tmp_path / "runs" / "sweep"
     proc = subprocess.run(
         [MPT_RUN, "-m", *SMOKE, "precision=fp32,mixed", "data=imagefolder",

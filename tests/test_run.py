@@ -229,8 +229,10 @@ def test_missing_data_folder_gives_a_clear_message(tmp_path: Path) -> None:
         run_dir=tmp_path / "run",
         check=False,
     )
-    assert proc.returncode == 2
-    assert "train/" in proc.stderr and "nowhere" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    # refused at start-up, before torch loads (the loader's layout message came only after it)
+    assert f"data.root={tmp_path / 'nowhere'} does not exist" in proc.stderr
+    assert 'README.md, "Data", gives each layout' in proc.stderr
     # a refusal before the run starts: the directory it would have used is not even created
     assert not (tmp_path / "run").exists()
 
