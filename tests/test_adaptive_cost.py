@@ -1,0 +1,112 @@
+"""What adaptive loss scaling costs per step on a network of 21 weighted layers (issue 47), and
+that making it cheaper changed none of its numbers.
+
+torchvision's ResNet-18 at 32 px, batch 2, on the CPU: one step after warm-up counted by
+mpt-bench's own counter (``SyncCounter``) beside ``mixed``, and the layer scales, parameter
+scales and weights of five steps compared with ``adaptive_resnet18_reference.json``, written
+from the implementation before the statistics were batched (the per-layer ``aminmax`` and
+``vector_norm`` version, commit 496e90f): ``python tests/test_adaptive_cost.py --write``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+import torch
+
+REFERENCE = Path(__file__).with_name("adaptive_resnet18_reference.json")
+CPU = torch.device("cpu")
+RESNET18 = ["experiment=resnet50", "model=custom", "model.target=torchvision.models:resnet18",
+            "data=synthetic", "data.image_size=32", "data.batch_size=2", "optim.lr=0.0001",
+            "trainer.device=cpu"]  # fmt: skip
+STEPS = 5
+
+
+def _build(preset: str):
+    from mpt_repro.bench.config import compose
+    from mpt_repro.bench.step import build_step
+
+    return build_step(compose(RESNET18, preset), CPU)  # its first step already taken
+
+
+def _scaler(bs):
+    (opt,) = bs.task.optimizers.values()
+    return opt.scaler
+
+
+def _digest(tensors) -> str:
+    h = hashlib.sha256()
+    for t in tensors:
+        h.update(t.detach().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def trace(steps: int = STEPS) -> dict:
+    """Per step: every layer's log2 scale and accumulated log2 scale, every parameter's log2
+    gradient scale, and a digest of the model's weights after the step (one thread: the CPU's
+    reductions are the same from run to run only at a fixed thread count)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        bs = _build("adaptive")
+        scaler = _scaler(bs)
+        (model,) = bs.task.models.values()
+        rows = []
+        for _ in range(steps):
+            bs.step()
+            rows.append(
+                {
+                    "applied": [lay.applied for lay in scaler.layers.values()],
+                    "accum": [lay.accum for lay in scaler.layers.values()],
+                    "param_exp": sorted(scaler._param_exp.values()),
+                    "weights": _digest(p for p in model.parameters()),
+                }
+            )
+        return {"layers": list(scaler.layers), "steps": rows}
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.slow  # ~10 s of CPU: one ResNet-18 build and six steps at 32 px
+def test_five_steps_of_resnet18_give_the_reference_scales_and_weights_bit_for_bit():
+    """Batching the statistics changed no number: every layer's scale, every accumulated scale,
+    every parameter's gradient scale and the weights after each of five steps are those of the
+    per-layer implementation (the weights as a SHA-256 of their bytes)."""
+    expected = json.loads(REFERENCE.read_text())
+    got = trace()
+    assert got["layers"] == expected["layers"] and len(got["layers"]) >= 20
+    for step, (g, e) in enumerate(zip(got["steps"], expected["steps"], strict=True)):
+        assert g == e, f"step {step + 1} differs"
+    # the reference is no trivial one: some layers' scales moved (the overflow bound, max|g W|)
+    assert any(e for row in expected["steps"] for e in row["applied"])
+
+
+def one_step_counted(preset: str) -> tuple[Counter, int, int]:
+    """ATen ops by name, all ATen ops, and host reads of one step after two warm-up steps,
+    counted by mpt-bench's SyncCounter (mpt_repro/bench/measure.py)."""
+    from mpt_repro.bench.measure import SyncCounter
+
+    bs = _build(preset)
+    for _ in range(2):
+        bs.step()
+    seen: Counter = Counter()
+
+    class Named(SyncCounter):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            seen[func._schema.name.split("::")[-1]] += 1
+            return super().__torch_dispatch__(func, types, args, kwargs)
+
+    with Named(CPU) as c:
+        bs.step()
+    return seen, c.dispatched, c.reads
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    REFERENCE.write_text(json.dumps(trace(), indent=1) + "\n")
+    print(f"wrote {REFERENCE}")
