@@ -117,5 +117,10 @@ def test_one_value_spelled_twice_is_a_duplicate_other_data_is_not(tmp_path) -> N
     runs = f"paths.runs_dir={tmp_path}"
     twice = preflight(["-m", "experiment=demo", "optim.lr=0.1,1e-1", runs])
     assert twice.startswith("error: the sweep lists the same run twice (experiment=demo ")
-    # data.root is not part of a folder's name: the run itself names the other data
-    assert preflight(["-m", "experiment=speech", "data.root=/a,/b", runs]) is None
+    # data.root is not part of a folder's name: the run itself names the other data (two
+    # folders that are there and not empty: a missing one is refused by the start-up check)
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "LibriSpeech").mkdir()
+    roots = f"data.root={tmp_path / 'a'},{tmp_path / 'b'}"
+    assert preflight(["-m", "experiment=speech", roots, f"{runs}/runs"]) is None
