@@ -1,42 +1,67 @@
-"""The plugin registry: what an experiment brings to the suite, registered by its own module.
+"""The registry: every way to extend the suite, registered one way, found one way.
 
-An experiment is its config files plus a plugin module that registers, without importing torch:
+What can be registered (the extension points), each by the module that brings it:
 
-- the schema of each model and data option it adds (`@option_schema("model", "my_net")`), which
-  its conf/model/*.yaml and conf/data/*.yaml name (`- /schema/model@_here_: my_net`);
-- its task kind and the class that trains it, by import path (`task("my_task", "pkg.mod:Cls")`):
-  the class is imported only when a run builds it, so a refusal stays fast;
-- how the report presents the task (`TaskReport`), and its config folder (`config_dir`).
+- an experiment's task kind and the class that trains it, by import path
+  (`task("my_task", "pkg.mod:Cls", TaskReport(...))`): the class is imported only when a run
+  builds it, so a refusal stays fast; the report view (`TaskReport`) comes with it;
+- the schema of each model and data option (`@option_schema("model", "my_net")`), which
+  conf/model/*.yaml and conf/data/*.yaml name (`- /schema/model@_here_: my_net`);
+- a model builder (`model("my_net", "pkg.nets:build")`, or `@register_model("my_net")` where it
+  is defined), a loss scaler (`loss_scaler("halving", "pkg.scaling:Halving")`, or
+  `@register_scaler`), a number-format converter (`converter(...)`, or `@register_converter`):
+  by import path from a plugin module, so that the module that defines them (torch) is imported
+  only when a run looks the name up;
+- a metric's unit, whether it is a percentage and which way is better (`metric("top1", "%",
+  higher_is_better=True)`), for the report's tables and plots;
+- a folder of config groups (`config_dir`), searched after the suite's.
 
-The built-in experiments are plugins like any other (mpt_repro/experiments/), named by the
-entry points of mpt-repro's own pyproject.toml. A plugin is found by one of
+One discovery rule for all of them. A plugin module is found by one of
 
     [project.entry-points."mpt_repro.experiments"]   # in an installed package's pyproject.toml
     my_task = "my_package.my_task"
     MPT_PLUGINS=my_task,other_task mpt-run ...          # modules on the Python path
 
-docs/adding-an-experiment.md walks through one. Nothing here imports torch.
+and the suite's own are plugins like any other: mpt_repro/experiments/ (named by mpt-repro's own
+entry points), and its built-in models, scalers and converters, found by the decorator that
+registers each in the source of mpt_repro/models/ and mpt_repro/precision/ (so a look-up imports
+the one module that defines the name: importing every model module loads torchvision).
+
+One refusal: a name registered twice, by two modules, is refused in one line naming both (an
+experiment would otherwise train another task, or a built-in model be silently replaced), unless
+the second registration is the same thing (two plugins that both report a perplexity, lower is
+better). And no state outlives a failed import: what a plugin registered before its import
+failed is forgotten, and the import is tried again at the next load(), so fixing MPT_PLUGINS
+(or the plugin) in a running process takes effect without reloading anything.
+
+docs/adding-an-experiment.md walks through one plugin. Nothing here imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from mpt_repro.errors import ConfigError
 
 ENTRY_POINT_GROUP = "mpt_repro.experiments"
 ENV_VAR = "MPT_PLUGINS"  # comma-separated modules, imported as entry points are
 
-# what the plugins registered (filled as they are imported, by load())
-OPTION_SCHEMAS: dict[str, dict[str, type]] = {"model": {}, "data": {}}
-TASKS: dict[str, str] = {}  # task kind -> "package.module:Class"
-CONFIG_DIRS: list[Path] = []  # a plugin's own conf/ folders, searched after the suite's
+# the points registered by import path ("package.module:attribute", imported at the first
+# look-up), and where the suite's own are: (package, the decorator that registers each)
+BY_IMPORT_PATH = {
+    "model": ("mpt_repro.models", "register_model"),
+    "loss scaler": ("mpt_repro.precision", "register_scaler"),
+    "converter": ("mpt_repro.precision", "register_converter"),
+}
 
 
 @dataclass(frozen=True)
@@ -58,48 +83,138 @@ class TaskReport:
     paper_reference: tuple[str, str] | None = None
 
 
-REPORTS: dict[str, TaskReport] = {}
-_loaded: list[str] = []  # the plugin modules imported, in order
-_failure: list[ConfigError] = []
-_failed: list[str] = []  # the plugin modules whose import failed
-_tolerant = [False]  # load_available() was called: go on without the plugins that fail
+@dataclass(frozen=True)
+class Metric:
+    """What a metric is, as the task that reports it says: its unit ("%" for a percentage,
+    "" for a plain number) and which way is better (None: neither, such as the probability a
+    GAN's discriminator gives a real image)."""
+
+    unit: str = ""
+    higher_is_better: bool | None = None
+
+    @property
+    def percent(self) -> bool:
+        """A percentage: its axes start at 0 and say %."""
+        return self.unit == "%"
+
+
+# what is registered: {point: {name: value}}; a point by import path holds the path until the
+# first look-up imports it. The dicts are the ones the public names below and
+# models.MODELS, precision.scalers.SCALERS, precision.converters.CONVERTERS are.
+_REGISTERED: dict[str, dict[str, Any]] = {
+    point: {}
+    for point in ("task", "report view", "model schema", "data schema", "metric", "config folder")
+    + tuple(BY_IMPORT_PATH)
+}
+TASKS: dict[str, str] = _REGISTERED["task"]  # task kind -> "package.module:Class"
+REPORTS: dict[str, TaskReport] = _REGISTERED["report view"]
+OPTION_SCHEMAS: dict[str, dict[str, type]] = {
+    "model": _REGISTERED["model schema"],
+    "data": _REGISTERED["data schema"],
+}
+_OWNERS: dict[str, str] = {}  # who registered what: {"the task 'x'": module}
+_loaded: set[str] = set()  # the plugin modules imported
+_tolerant = [False]  # load_available() was called: look-ups go on without the plugins that fail
+
+
+def entries(point: str) -> dict[str, Any]:
+    """{name: what is registered} of an extension point ("model", "loss scaler", ...): the live
+    dict, filled as modules register (look names up with lookup(), which imports them)."""
+    return _REGISTERED.setdefault(point, {})
+
+
+def owner(point: str, name: str) -> str | None:
+    """The module that registered `name` at `point`, if any."""
+    return _OWNERS.get(f"the {point} {name!r}")
+
+
+# ---------------------------------------------------------------- registering
+
+
+def register(point: str, name: str, value: Any, module: str) -> Any:
+    """Register `value` as `name` of `point`, by `module`; refused (ConfigError, one line naming
+    both modules) when another module registered something else under that name, the suite's
+    own models, scalers and converters included, whether imported yet or not."""
+    what = f"the {point} {name!r}"
+    registered = entries(point)
+    first = _OWNERS.get(what) or _package_own(point).get(name)
+    same = name in registered and (
+        registered[name] == value or _fulfils(registered[name], value, module)
+    )
+    if first is not None and first != module and not same:
+        raise ConfigError(
+            f"{what} is registered twice, by {first} and by {module}: rename one of them "
+            "(docs/adding-an-experiment.md, 'What to check')"
+        )
+    _OWNERS[what] = first or module
+    registered[name] = value
+    return value
+
+
+def _fulfils(registered: Any, value: Any, module: str) -> bool:
+    """Whether `value` is the object an import path registered earlier names: the module the
+    path names registers it where it is defined (`@register_model` in the module that
+    `model(...)` pointed to)."""
+    if not isinstance(registered, str) or isinstance(value, str):
+        return False
+    return registered.partition(":")[0] == module
+
+
+def _caller() -> str:
+    """The module that called the registering function that calls this."""
+    return sys._getframe(2).f_globals.get("__name__", "?")
+
+
+def task(kind: str, target: str, report: TaskReport | None = None) -> None:
+    """Register task `kind` (the experiment files' `task:`), trained by the Task class at
+    `target` ("package.module:Class"), and how mpt-report shows its runs."""
+    if ":" not in target:
+        raise ConfigError(f"task {kind!r}: the target {target!r} must read package.module:Class")
+    module = _caller()
+    register("task", kind, target, module)
+    if report is not None:
+        register("report view", kind, report, module)
 
 
 def option_schema(group: str, name: str) -> Callable[[type], type]:
     """Class decorator: the schema of option `name` of `group` (model or data)."""
 
     def add(cls: type) -> type:
-        _claim(f"the {group} schema {name!r}", cls.__module__)
-        OPTION_SCHEMAS.setdefault(group, {})[name] = cls
-        return cls
+        OPTION_SCHEMAS.setdefault(group, entries(f"{group} schema"))
+        return register(f"{group} schema", name, cls, cls.__module__)
 
     return add
 
 
-_OWNERS: dict[str, str] = {}  # what each plugin module registered: {what: module}
-
-
-def _claim(what: str, module: str) -> None:
-    """Two plugins may not register one name: the second would silently replace the first's
-    (an experiment would train another task, or check another schema). The same module
-    imported again may."""
-    first = _OWNERS.setdefault(what, module)
-    if first != module:
-        raise ConfigError(
-            f"{what} is registered twice, by {first} and by {module}: rename one of them "
-            "(docs/adding-an-experiment.md, 'What to check')"
-        )
-
-
-def task(kind: str, target: str, report: TaskReport | None = None) -> None:
-    """Register task `kind` (the experiment files' `task:`), trained by the Task class at
-    `target` ("package.module:Class")."""
+def _by_import_path(point: str, name: str, target: str, module: str) -> None:
     if ":" not in target:
-        raise ConfigError(f"task {kind!r}: the target {target!r} must read package.module:Class")
-    _claim(f"the task {kind!r}", sys._getframe(1).f_globals.get("__name__", "?"))  # the caller
-    TASKS[kind] = target
-    if report is not None:
-        REPORTS[kind] = report
+        raise ConfigError(
+            f"{point} {name!r}: the target {target!r} must read package.module:attribute"
+        )
+    register(point, name, target, module)
+
+
+def model(name: str, target: str) -> None:
+    """Register the builder of model `name` (conf/model/*.yaml's `name:`) at `target`
+    ("package.module:function", called as function(model_cfg, **data shapes)), imported when a
+    run builds that model."""
+    _by_import_path("model", name, target, _caller())
+
+
+def loss_scaler(kind: str, target: str) -> None:
+    """Register the LossScaler subclass at `target` as `precision.loss_scaling=<kind>`."""
+    _by_import_path("loss scaler", kind, target, _caller())
+
+
+def converter(name: str, target: str) -> None:
+    """Register the Converter subclass at `target` (precision/converters.py), built by every
+    policy whose config it `wanted`."""
+    _by_import_path("converter", name, target, _caller())
+
+
+def metric(name: str, unit: str = "", higher_is_better: bool | None = None) -> None:
+    """Register what metric `name` is: its unit ("%": a percentage) and which way is better."""
+    register("metric", name, Metric(unit, higher_is_better), _caller())
 
 
 def config_dir(path: str | Path) -> None:
@@ -107,61 +222,211 @@ def config_dir(path: str | Path) -> None:
     its own, as Hydra's searchpath (`hydra.searchpath=[file://...]` on the command line does the
     same)."""
     folder = Path(path).expanduser().resolve()
-    if folder not in CONFIG_DIRS:
-        CONFIG_DIRS.append(folder)
+    register("config folder", str(folder), folder, _caller())
+
+
+@functools.cache
+def _package_own(point: str) -> dict[str, str]:
+    """{name: module} of the suite's own models, scalers or converters: the modules whose source
+    registers each with its decorator, read as text (no import, no torch). The source does not
+    change while a process runs."""
+    if point not in BY_IMPORT_PATH:
+        return {}
+    package, decorator = BY_IMPORT_PATH[point]
+    folder = Path(__file__).parent.joinpath(*package.split(".")[1:])
+    pattern = re.compile(rf"^\s*@{decorator}\(\s*[\"'](\w+)[\"']", re.M)
+    found: dict[str, str] = {}
+    for path in sorted(folder.glob("*.py")):
+        for name in pattern.findall(path.read_text(encoding="utf-8")):
+            found.setdefault(name, f"{package}.{path.stem}")
+    return found
+
+
+# ---------------------------------------------------------------- looking up
+
+
+def names(point: str) -> list[str]:
+    """Every name of `point`, registered or (the suite's own) to be imported at its look-up."""
+    _load_for_lookup()
+    return sorted(set(entries(point)) | set(_package_own(point)))
+
+
+def lookup(point: str, name: str) -> Any | None:
+    """What is registered as `name` of `point`, imported where it was registered by import path
+    or is the suite's own; None when nothing is. An import path whose module cannot be
+    imported is refused in one line (ConfigError) naming the plugin that registered it."""
+    _load_for_lookup()
+    registered = entries(point)
+    if name not in registered and name in _package_own(point):
+        importlib.import_module(_package_own(point)[name])
+    value = registered.get(name)
+    if isinstance(value, str) and point in BY_IMPORT_PATH:
+        value = _import_target(point, name, value)
+    return value
+
+
+def every(point: str) -> dict[str, Any]:
+    """{name: object} of every registration of `point`, each imported (a policy asks every
+    converter whether its config wants it): the live dict, in the order they registered, the
+    suite's own modules imported in the order of their names."""
+    _load_for_lookup()
+    for module in dict.fromkeys(sorted(_package_own(point).values())):
+        importlib.import_module(module)
+    for name in list(entries(point)):
+        lookup(point, name)
+    return entries(point)
+
+
+def _import_target(point: str, name: str, target: str) -> Any:
+    """The object at a registered import path, kept in its place once imported."""
+    module, _, attribute = target.partition(":")
+    try:
+        value = getattr(importlib.import_module(module), attribute)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"the {point} {name!r}, registered by {owner(point, name)} as {target}, cannot be "
+            f"imported ({e}): fix the plugin's registration, or put that module's folder on "
+            "PYTHONPATH"
+        ) from None
+    entries(point)[name] = value
+    return value
+
+
+def metric_info(name: str) -> Metric | None:
+    """What the task that reports metric `name` registered about it; None: nothing."""
+    return lookup("metric", name)
+
+
+def option_schemas() -> dict[str, dict[str, type]]:
+    """{group: {schema name: dataclass}} of every plugin."""
+    _load_for_lookup()
+    return OPTION_SCHEMAS
+
+
+def task_kinds() -> list[str]:
+    _load_for_lookup()
+    return sorted(TASKS)
+
+
+def task_target(kind: str) -> str:
+    _load_for_lookup()
+    if kind not in TASKS:
+        raise ConfigError(f"task={kind!r} is not a registered task; known: {sorted(TASKS)}")
+    return TASKS[kind]
+
+
+def report_of(kind: str) -> TaskReport | None:
+    _load_for_lookup()
+    return REPORTS.get(kind)
+
+
+def config_dirs() -> list[Path]:
+    _load_for_lookup()
+    return list(entries("config folder").values())
+
+
+def resolve(target: str):
+    """The object at "package.module:attribute"."""
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
 
 
 # ---------------------------------------------------------------- discovery
 
 
 def plugin_modules() -> list[str]:
-    """The plugin modules to import: entry points, then MPT_PLUGINS. A checkout used without
-    installing (PYTHONPATH to it: the GPU check) has no entry points of its own; its built-in
-    plugins are then the modules of mpt_repro.experiments (not a plugin's private modules, such
-    as _detection_tables, which only mpt-report imports)."""
+    """The plugin modules to import: entry points, then MPT_PLUGINS (read at each call; the
+    entry points once per value of MPT_PLUGINS, as every config look-up asks)."""
+    return list(_plugin_modules(os.environ.get(ENV_VAR, "")))
+
+
+@functools.lru_cache(maxsize=16)
+def _plugin_modules(named: str) -> tuple[str, ...]:
+    """plugin_modules() for MPT_PLUGINS=`named`. A checkout used without installing
+    (PYTHONPATH to it: the GPU check) has no entry points of its own; its built-in plugins are
+    then the modules of mpt_repro.experiments (not a plugin's private modules, such as
+    _detection_tables, which only mpt-report imports)."""
     from importlib.metadata import entry_points
 
-    names = [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
-    if not any(n.startswith("mpt_repro.experiments.") for n in names):
+    found = [ep.value.split(":")[0] for ep in entry_points(group=ENTRY_POINT_GROUP)]
+    if not any(n.startswith("mpt_repro.experiments.") for n in found):
         import mpt_repro.experiments as builtin
 
-        found = pkgutil.iter_modules(builtin.__path__, "mpt_repro.experiments.")
-        own = sorted(m.name for m in found if not m.name.rsplit(".", 1)[1].startswith("_"))
-        names = own + names
-    names += [n.strip() for n in os.environ.get(ENV_VAR, "").split(",") if n.strip()]
-    return list(dict.fromkeys(names))
+        modules = pkgutil.iter_modules(builtin.__path__, "mpt_repro.experiments.")
+        own = sorted(m.name for m in modules if not m.name.rsplit(".", 1)[1].startswith("_"))
+        found = own + found
+    found += [n.strip() for n in named.split(",") if n.strip()]
+    return tuple(dict.fromkeys(found))
 
 
 def load() -> None:
-    """Import every plugin once. A plugin whose import fails in any way (ImportError, a syntax
-    error, an exception it raises, sys.exit) is refused with one line naming it and how it was
-    named (ConfigError), now and at every later call; after load_available(), it is left out."""
-    if _failure and not _tolerant[0]:
-        raise _failure[0]
-    for name in plugin_modules():
-        if name in _loaded or name in _failed:
-            continue
-        try:
-            importlib.import_module(name)
-        except ConfigError as e:  # a name another plugin registered (_claim)
-            problem = ConfigError(f"the experiment plugin {name!r} cannot be loaded: {e}")
-        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure is the plugin's
-            problem = ConfigError(_import_failure(name, e))
-        else:
-            _loaded.append(name)
-            continue
-        _failure.append(problem)
-        _failed.append(name)
-        if not _tolerant[0]:
-            raise problem from None
+    """Import every plugin not imported yet. A plugin whose import fails in any way (ImportError,
+    a syntax error, an exception it raises, sys.exit) is refused with one line naming it and how
+    it was named (ConfigError); what it registered before failing is forgotten, and the next
+    load() tries it again."""
+    problems = _import_plugins()
+    if problems:
+        raise problems[0]
 
 
 def load_available() -> list[str]:
-    """Import every plugin that can be imported, and go on without the others: the one-line
-    reason of each that cannot (`mpt-run --help`, mpt-report: they say which, and go on)."""
+    """Import every plugin that can be imported, and go on without the others, in this call and
+    in every look-up after it: the one-line reason of each that cannot (`mpt-run --help`,
+    mpt-report: they say which, and go on)."""
     _tolerant[0] = True
-    load()
-    return [str(e) for e in _failure]
+    return [str(e) for e in _import_plugins()]
+
+
+def _load_for_lookup() -> None:
+    """load(), or after load_available() the plugins that import."""
+    if _tolerant[0]:
+        _import_plugins()
+    else:
+        load()
+
+
+def _import_plugins() -> list[ConfigError]:
+    """Import the plugins not imported yet; the one-line refusal of each that fails."""
+    problems = []
+    for name in plugin_modules():
+        if name in _loaded:
+            continue
+        before = set(_OWNERS)
+        try:
+            importlib.import_module(name)
+        except ConfigError as e:  # a name another module registered (register)
+            problems.append(ConfigError(f"the experiment plugin {name!r} cannot be loaded: {e}"))
+        except (Exception, SystemExit) as e:  # noqa: BLE001 - any failure is the plugin's
+            problems.append(ConfigError(_import_failure(name, e)))
+        else:
+            _loaded.add(name)
+            continue
+        _forget(set(_OWNERS) - before)
+        if not _tolerant[0]:
+            break
+    return problems
+
+
+def _forget(registrations: set[str]) -> None:
+    """Forget what these registrations (keys of _OWNERS) registered, where the module that made
+    them is no longer imported (its import failed): a module of the plugin that did import
+    keeps its own, as it will not register them again."""
+    gone = {what for what in registrations if _OWNERS[what] not in sys.modules}
+    for point, found in _REGISTERED.items():
+        for name in [n for n in found if f"the {point} {n!r}" in gone]:
+            del found[name]
+    for what in gone:
+        del _OWNERS[what]
+
+
+def unload(module: str) -> None:
+    """Forget a plugin module and what it (and its submodules) registered: the next load()
+    imports it afresh (a notebook that edited its plugin)."""
+    gone = [m for m in sys.modules if m == module or m.startswith(f"{module}.")]
+    for m in gone:
+        del sys.modules[m]
+    _loaded.difference_update(gone + [module])
+    _forget({what for what, by in _OWNERS.items() if by in gone or by == module})
 
 
 def _import_failure(name: str, e: BaseException) -> str:
@@ -194,37 +459,3 @@ def _named_by(name: str) -> str:
             package = f" of the installed package {dist.name}" if dist is not None else ""
             return f"named by the {ENTRY_POINT_GROUP!r} entry point {ep.name!r}{package}"
     return "one of mpt_repro.experiments"
-
-
-def option_schemas() -> dict[str, dict[str, type]]:
-    """{group: {schema name: dataclass}} of every plugin."""
-    load()
-    return OPTION_SCHEMAS
-
-
-def task_kinds() -> list[str]:
-    load()
-    return sorted(TASKS)
-
-
-def task_target(kind: str) -> str:
-    load()
-    if kind not in TASKS:
-        raise ConfigError(f"task={kind!r} is not a registered task; known: {sorted(TASKS)}")
-    return TASKS[kind]
-
-
-def report_of(kind: str) -> TaskReport | None:
-    load()
-    return REPORTS.get(kind)
-
-
-def config_dirs() -> list[Path]:
-    load()
-    return list(CONFIG_DIRS)
-
-
-def resolve(target: str):
-    """The object at "package.module:attribute"."""
-    module, _, attribute = target.partition(":")
-    return getattr(importlib.import_module(module), attribute)

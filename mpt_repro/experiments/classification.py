@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import (
     LOADER,
     Classifier,
@@ -25,6 +25,11 @@ task(
     "mpt_repro.tasks.classification:Classification",
     TaskReport("Other classification experiments (primary metric)", "classification", "primary"),
 )
+# what its metrics are (mpt_repro/tasks/classification.py reports them): the report's axes and
+# verdicts read these
+metric("loss", higher_is_better=False)  # mean cross-entropy per image
+metric("top1", "%", higher_is_better=True)  # images whose top class is the label
+metric("top5", "%", higher_is_better=True)
 
 
 # -- models ----------------------------------------------------------------------------------------

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import LOADER, DetectionData, ModelSchema, in_unit
 
 task(
@@ -18,6 +18,19 @@ task(
         paper_reference=("table2", "Paper Table 2: detection mAP, PASCAL VOC 2007 test"),
     ),
 )
+# what its metrics are (mpt_repro/tasks/detection.py): mAP in percent, the paper's numbers; the
+# detectors' training loss parts (logged on train rows) lower is better
+metric("map", "%", higher_is_better=True)  # VOC2007 11-point interpolated AP at IoU 0.5
+metric("map_area", "%", higher_is_better=True)  # VOC2010+ area under the curve
+for part in (
+    "loss_loc",
+    "loss_conf",
+    "loss_objectness",
+    "loss_rpn_box_reg",
+    "loss_cls",
+    "loss_bbox",
+):
+    metric(part, higher_is_better=False)
 
 
 @option_schema("model", "detector")

@@ -5,10 +5,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import LOADER, ImageData, ModelSchema, require
 
 task("gan", "mpt_repro.tasks.gan:GAN", TaskReport("GAN: what ran, final losses", "gan"))
+# what its metrics are (mpt_repro/tasks/gan.py): the two losses, and the discriminator's mean
+# probability that a real / a generated image is real (neither way is better)
+metric("g_loss", higher_is_better=False)
+metric("d_loss", higher_is_better=False)
+metric("d_real")
+metric("d_fake")
 
 NOISES = ("uniform", "normal")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import DataSchema, ModelSchema, in_unit, require
 
 task(
@@ -13,6 +13,9 @@ task(
     "mpt_repro.tasks.language_model:LanguageModel",
     TaskReport("Language model: perplexity per preset", "lm", "primary"),
 )
+# what its metrics are (mpt_repro/tasks/language_model.py): per-token cross-entropy and its exp
+metric("loss", higher_is_better=False)
+metric("perplexity", higher_is_better=False)
 
 
 @option_schema("model", "lstm_lm")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import LOADER, DataSchema, ModelSchema, require
 
 task(
@@ -23,6 +23,11 @@ task(
         ),
     ),
 )
+# what its metrics are (mpt_repro/tasks/speech.py): error rates in percent of the reference's
+# characters and words, as the paper's Table 3 prints CER
+metric("loss", higher_is_better=False)  # CTC loss
+metric("cer", "%", higher_is_better=False)
+metric("wer", "%", higher_is_better=False)
 
 
 @option_schema("model", "deepspeech2")

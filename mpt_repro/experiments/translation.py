@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from mpt_repro.registry import TaskReport, option_schema, task
+from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import DataSchema, ModelSchema, require
 
 task(
@@ -21,6 +21,11 @@ task(
         train_figure="the paper's Figure 4",
     ),
 )
+# what its metrics are (mpt_repro/tasks/translation.py): per-token cross-entropy, its exp, and
+# sacrebleu's corpus BLEU (0-100, not a percentage of anything)
+metric("loss", higher_is_better=False)
+metric("perplexity", higher_is_better=False)
+metric("bleu", higher_is_better=True)
 
 
 @option_schema("model", "seq2seq_attention")

@@ -1,4 +1,7 @@
-"""Model registry: conf/model/<name>.yaml sets `name`, and build_model finds the builder here."""
+"""The models: conf/model/<name>.yaml sets `name`, and build_model finds its builder through the
+registry (mpt_repro/registry.py, extension point "model"): the suite's own here, registered
+where each is defined (`@register_model("resnet50")`), and a plugin's, by import path
+(`registry.model("my_net", "my_package.nets:build")`) or by the same decorator."""
 
 from __future__ import annotations
 
@@ -7,15 +10,20 @@ from typing import Any
 
 from torch import nn
 
+from mpt_repro import registry
 from mpt_repro.errors import ConfigError
 
-MODELS: dict[str, Callable[..., nn.Module]] = {}
+# {name: builder} of the models registered so far (the registry's own dict; a plugin's model
+# registered by import path holds its path until the first build imports it)
+MODELS: dict[str, Callable[..., nn.Module] | str] = registry.entries("model")
 
 
 def register_model(name: str) -> Callable:
+    """Function decorator: the builder of model `name`, called as fn(model_cfg, **data shapes).
+    A name another module registered is refused (ConfigError naming both modules)."""
+
     def add(fn: Callable[..., nn.Module]) -> Callable[..., nn.Module]:
-        MODELS[name] = fn
-        return fn
+        return registry.register("model", name, fn, fn.__module__)
 
     return add
 
@@ -39,32 +47,25 @@ def build_model(model_cfg: Any, **data_info: Any) -> nn.Module:
     from mpt_repro.identity import is_custom_model
 
     custom = is_custom_model(model_cfg)
-    _load("custom" if custom else str(model_cfg.name))
-    if custom:  # your own model: its name is yours, its factory the target
-        return MODELS["custom"](model_cfg, **data_info)
-    if model_cfg.name not in MODELS:
+    name = "custom" if custom else str(model_cfg.name)  # your own model: its factory the target
+    builder = _load(name)
+    if builder is None:
         raise ConfigError(
-            f"model.name={model_cfg.name!r} is not a known model; known: {sorted(MODELS)}"
+            f"model.name={model_cfg.name!r} is not a known model; known: {registry.names('model')}"
         )
-    return MODELS[model_cfg.name](model_cfg, **data_info)
+    return builder(model_cfg, **data_info)
 
 
-def _load(name: str) -> None:
-    """Register the builder of model `name`: the module whose source registers it is imported
-    alone (importing every module loads torchvision, and with it torch._dynamo: 2 s of CPU a
-    run of a model that needs neither); every module when no source names it."""
-    import importlib
-    import re
-    from pathlib import Path
-
-    if name in MODELS:
-        return
-    for path in sorted(Path(__file__).parent.glob("*.py")):
-        if re.search(rf"@register_model\(\"{re.escape(name)}\"\)", path.read_text()):
-            importlib.import_module(f"{__name__}.{path.stem}")
-            if name in MODELS:
-                return
-    _load_all()
+def _load(name: str) -> Callable[..., nn.Module] | None:
+    """The builder of model `name`: a plugin's (imported from the path it registered), or the
+    suite's own, whose module is imported alone (the registry finds the module whose source
+    registers the name: importing every module loads torchvision, and with it torch._dynamo, 2 s
+    of CPU a run of a model that needs neither); every module when no source names it."""
+    builder = registry.lookup("model", name)
+    if builder is None:
+        _load_all()
+        builder = registry.lookup("model", name)
+    return builder
 
 
 def _load_all() -> None:

@@ -6,8 +6,8 @@ converters a preset asks for (`wanted(cfg)`), runs `convert` in `prepare_model` 
 storage cast, hands each optimizer the `step_hook` of its model, gives each loss scaler the
 converter's `scale_floor`, and puts `describe()` into its own description. The policy, the
 optimizer and the scalers know these five calls and no format: FP8 is two converters
-(fp8_modules.EmulatedFP8, fp8_hardware.TorchaoFP8), listed with the other plug-ins in
-plugins.py.
+(fp8_modules.EmulatedFP8, fp8_hardware.TorchaoFP8), found with the other plug-ins through the
+registry (plugins.py).
 """
 
 from __future__ import annotations
@@ -17,16 +17,20 @@ from typing import Any, Protocol
 
 from torch import Tensor, nn
 
-CONVERTERS: dict[str, type[Converter]] = {}
+from mpt_repro import registry
+
+# {name: converter class} registered so far: the registry's own dict (extension point
+# "converter"; precision/plugins.py imports every one a policy could want)
+CONVERTERS: dict[str, type[Converter] | str] = registry.entries("converter")
 
 
 def register_converter(name: str) -> Callable[[type[Converter]], type[Converter]]:
-    """Class decorator: make a converter available to every policy whose config it `wanted`."""
+    """Class decorator: make a converter available to every policy whose config it `wanted`. A
+    name another module registered is refused (ConfigError naming both modules)."""
 
     def add(cls: type[Converter]) -> type[Converter]:
         cls.name = name
-        CONVERTERS[name] = cls
-        return cls
+        return registry.register("converter", name, cls, cls.__module__)
 
     return add
 

@@ -42,19 +42,22 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from mpt_repro import registry
 from mpt_repro.precision.compiled import compile_region
 from mpt_repro.precision.journal import Journal
 
-SCALERS: dict[str, type[LossScaler]] = {}
+# {kind: scaler class} registered so far: the registry's own dict (extension point "loss
+# scaler"; precision/plugins.py looks a kind up, importing the module that registers it)
+SCALERS: dict[str, type[LossScaler] | str] = registry.entries("loss scaler")
 
 
 def register_scaler(kind: str) -> Callable[[type[LossScaler]], type[LossScaler]]:
-    """Class decorator: make a scaler available as ``precision.loss_scaling=<kind>``."""
+    """Class decorator: make a scaler available as ``precision.loss_scaling=<kind>``. A kind
+    another module registered is refused (ConfigError naming both modules)."""
 
     def wrap(cls: type[LossScaler]) -> type[LossScaler]:
         cls.kind = kind
-        SCALERS[kind] = cls
-        return cls
+        return registry.register("loss scaler", kind, cls, cls.__module__)
 
     return wrap
 

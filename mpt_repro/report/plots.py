@@ -45,8 +45,20 @@ from mpt_repro.report.tables import slow_device, slugify  # noqa: E402
 # line styles and markers cycle independently of the colours, so two presets never share both
 LINESTYLES = ["-", "--", "-.", ":"]
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*"]
-# metrics in percent: their axes start at 0 and say %
-PERCENT_METRICS = {"top1", "top5", "map", "cer", "wer", "accuracy"}
+
+
+def metric_unit(metric: str) -> str:
+    """The unit the task that reports `metric` registered for it (its plugin's
+    `registry.metric(...)`): "%" for a percentage, "" for a plain number or an unknown metric."""
+    from mpt_repro import registry
+
+    info = registry.metric_info(metric)
+    return info.unit if info is not None else ""
+
+
+def is_percent(metric: str) -> bool:
+    """A percentage: its axes start at 0 and say %."""
+    return metric_unit(metric) == "%"
 
 
 def palette() -> list:
@@ -201,13 +213,12 @@ def say_empty(ax, text: str) -> None:
 
 
 def metric_axis(ax, metric: str) -> None:
-    """A percent metric's axis starts at 0 and is labelled with %."""
-    if metric in PERCENT_METRICS:
+    """A metric's axis says its unit; a percent metric's starts at 0."""
+    unit = metric_unit(metric)
+    if unit == "%":
         # from 0, with headroom so the highest point is not cut by the frame
         ax.set_ylim(bottom=0, top=max(min(ax.get_ylim()[1] * 1.08, 105.0), 1.0))
-        ax.set_ylabel(f"{metric} (%)")
-    else:
-        ax.set_ylabel(metric)
+    ax.set_ylabel(f"{metric} ({unit})" if unit else metric)
 
 
 def paired_band(
@@ -338,7 +349,7 @@ def curves_figure(
     tolerance = next((d.tolerance for d in (deltas or {}).values() if d.tolerance), None)
     if tolerance and right.lines:
         show_tolerance(right, tolerance)
-    if tolerance and drew_metric and metric not in PERCENT_METRICS:
+    if tolerance and drew_metric and not is_percent(metric):
         min_span(middle, 2 * tolerance)
     ended = "every run diverged before it" if diverged and len(diverged) == len(train) else "none"
     if not drew_loss:

@@ -1,0 +1,333 @@
+"""One registry for every extension point (mpt_repro/registry.py): a plugin of one's own, written
+out of tree, adds a task, a model and a loss scaler and trains through the real `mpt-run`; a name
+registered twice is refused naming both modules, the suite's own lazily imported ones included;
+a failed plugin import leaves nothing behind and is tried again at the next load(); the report
+reads a metric's unit and direction from what its plugin registered."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import run_cli
+
+from mpt_repro import registry
+from mpt_repro.errors import ConfigError
+
+# the plugin: its torch-free module registers everything by import path; the task never imports
+# the model's module, and nothing names the scaler's: the registry finds both
+PLUGIN = {
+    "oneplug/__init__.py": '''
+"""A plugin of one's own: a task, a model and a loss scaler, through the one registry."""
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from mpt_repro.registry import (
+    TaskReport, config_dir, loss_scaler, metric, model, option_schema, task,
+)
+from mpt_repro.schema import DataSchema, ModelSchema
+
+task("onefit", "oneplug.task:OneFit", TaskReport("One fit: error per preset", "onefit"))
+model("one_mlp", "oneplug.nets:mlp")
+loss_scaler("halving", "oneplug.scaling:Halving")
+metric("abs_err", higher_is_better=False)
+metric("close", "%", higher_is_better=True)
+config_dir(Path(__file__).parent / "conf")
+
+
+@option_schema("model", "one_mlp")
+@dataclass
+class OneMLP(ModelSchema):
+    width: int = 8
+
+
+@option_schema("data", "one_line")
+@dataclass
+class OneLine(DataSchema):
+    size: int = 64
+    reads: ClassVar = ("num_workers", "pin_memory")
+''',
+    "oneplug/nets.py": """
+from torch import nn
+
+
+def mlp(cfg, **_):
+    return nn.Sequential(nn.Linear(1, cfg.width), nn.Tanh(), nn.Linear(cfg.width, 1))
+""",
+    "oneplug/scaling.py": '''
+from mpt_repro.precision.scalers import LossScaler
+
+
+class Halving(LossScaler):
+    """Halves the scale after every step: a trace no built-in scaler draws."""
+
+    moves = True
+
+    def _move(self, found, floor, before):
+        self._scale.mul_(0.5).clamp_(min=floor)
+''',
+    "oneplug/task.py": """
+from types import SimpleNamespace
+
+import torch
+from torch.utils.data import TensorDataset
+
+from mpt_repro import distributed
+from mpt_repro.data.sampling import build_epoch_loaders
+from mpt_repro.evidence import Ratio
+from mpt_repro.optim import optimizer_factory
+from mpt_repro.tasks.base import Loss, SampledTask
+
+
+def line(n, seed):
+    x = torch.rand(n, 1, generator=torch.Generator().manual_seed(seed))
+    return TensorDataset(x, 2 * x - 1)
+
+
+class OneFit(SampledTask):
+    primary_metric = "abs_err"
+    higher_is_better = False
+    metric_names = ["abs_err", "close"]
+    item_unit = "points"
+    formulas = {
+        "abs_err": Ratio("abs_err", "items", "points"),
+        "close": Ratio("close", "items", "points", scale=100.0),
+    }
+
+    def __init__(self, cfg, device, policy):
+        super().__init__(cfg, device, policy)
+        batch, global_batch = distributed.batch_sizes(cfg)
+        train, test = line(cfg.data.size, 0), line(cfg.data.size, 1)
+        self.data = SimpleNamespace(train=train, eval=test, description="y = 2x - 1")
+        self.model, self.optimizer, self.train_model = self.add_model(
+            "model", self.new_model(), optimizer_factory(cfg.optim, global_batch)
+        )
+        self.use_loaders(build_epoch_loaders(train, test, cfg.data, batch, cfg.seed, device))
+
+    def _inputs(self, batch):
+        x, y = (t.to(self.device) for t in batch)
+        return self.policy.cast_inputs(x), y
+
+    def loss(self, batch):
+        x, y = self._inputs(batch)
+        return Loss(torch.nn.functional.mse_loss(self.train_model(x).float(), y), samples=len(y))
+
+    def eval_step(self, batch):
+        x, y = self._inputs(batch)
+        err = (self.model(x).float() - y).abs().squeeze(1)
+        return {"abs_err": err, "close": (err < 0.5).float(), "items": torch.ones_like(err)}
+""",
+    "oneplug/conf/experiment/onefit.yaml": """# @package _global_
+defaults:
+  - override /data: one_line
+  - override /model: one_mlp
+
+experiment_name: onefit
+task: onefit
+optim:
+  name: adam
+  lr: 0.01
+data:
+  batch_size: 16
+""",
+    "oneplug/conf/model/one_mlp.yaml": """defaults:
+  - /schema/model@_here_: one_mlp
+  - _self_
+name: one_mlp
+""",
+    "oneplug/conf/data/one_line.yaml": """defaults:
+  - /schema/data@_here_: one_line
+  - _self_
+name: one_line
+""",
+}
+
+
+def write(folder: Path, files: dict[str, str]) -> Path:
+    for name, text in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_text(text.lstrip("\n"))
+    return folder
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> dict:
+    """One smoke run of the plugin's experiment under mixed precision with its own scaler,
+    through the real mpt-run: its run.json."""
+    folder = write(tmp_path_factory.mktemp("plugin"), PLUGIN)
+    run_dir = folder / "run"
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    run_cli(
+        "experiment=onefit",
+        "precision=mixed",
+        "precision.loss_scaling=halving",
+        "budget=smoke",
+        "trainer.device=cpu",
+        run_dir=run_dir,
+        env={"PYTHONPATH": path, "MPT_PLUGINS": "oneplug", "OMP_NUM_THREADS": "1"},
+    )
+    return json.loads((run_dir / "run.json").read_text())
+
+
+def test_a_plugin_task_model_and_scaler_train_through_mpt_run(trained: dict) -> None:
+    assert trained["status"] == "completed"
+    assert trained["task"] == "onefit" and trained["primary_metric"] == "abs_err"
+    assert trained["model"]["name"] == "one_mlp" and trained["model"]["parameters"] == 25
+    scale = trained["loss_scale"]
+    assert scale["kind"] == "halving"  # the plugin's scaler, found by its registered name
+    # halved after each of the smoke budget's steps, from the preset's initial scale
+    assert scale["final"] == scale["initial"] / 2 ** trained["steps"]
+    assert set(trained["metrics"]) >= {"abs_err", "close"}
+
+
+@pytest.fixture
+def plugins_named(monkeypatch, tmp_path):
+    """Name plugin modules written into tmp_path (MPT_PLUGINS, sys.path), in this process;
+    what they registered is forgotten afterwards."""
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)  # a rewritten module is read afresh
+    named: list[str] = []
+
+    def name(*modules: str) -> None:
+        named.extend(modules)
+        monkeypatch.setenv("MPT_PLUGINS", ",".join(modules))
+
+    yield name
+    for module in named:
+        registry.unload(module)
+
+
+@pytest.mark.parametrize(
+    "registration, refusal",
+    [
+        (
+            'model("resnet50", "twin:build")',
+            "the model 'resnet50' is registered twice, by mpt_repro.models.vision and by twin",
+        ),
+        (
+            'loss_scaler("dynamic", "twin:Mine")',
+            "the loss scaler 'dynamic' is registered twice, by mpt_repro.precision.scalers and "
+            "by twin",
+        ),
+        (
+            'metric("top1", higher_is_better=False)',
+            "the metric 'top1' is registered twice, by mpt_repro.experiments.classification "
+            "and by twin",
+        ),
+        (
+            'task("gan", "twin:Mine")',
+            "the task 'gan' is registered twice, by mpt_repro.experiments.gan and by twin",
+        ),
+    ],
+)
+def test_a_name_registered_twice_is_refused_naming_both_modules(
+    tmp_path: Path, plugins_named, registration: str, refusal: str
+) -> None:
+    """The suite's own models and scalers are refused before their modules (torch) are even
+    imported; the plugin's other registrations are forgotten with it."""
+    lines = ["from mpt_repro.registry import *", "metric('twin_only')", registration]
+    write(tmp_path, {"twin.py": "\n".join(lines) + "\n"})
+    plugins_named("twin")
+    with pytest.raises(ConfigError) as refused:
+        registry.load()
+    assert refusal in str(refused.value) and "\n" not in str(refused.value)
+    assert registry.owner("metric", "twin_only") is None  # forgotten with the failed import
+    from mpt_repro.precision.scalers import SCALERS, DynamicScaler
+
+    assert SCALERS["dynamic"] is DynamicScaler  # not replaced
+
+
+def test_the_same_name_registered_by_its_defining_module_is_no_duplicate() -> None:
+    """@register_model where a plugin's import path points completes the registration."""
+    registry.register("model", "one_twin_net", "tests_twin_module:build", "one_twin_plugin")
+    try:
+
+        def build(cfg, **_):
+            return None
+
+        registry.register("model", "one_twin_net", build, "tests_twin_module")
+        assert registry.entries("model")["one_twin_net"] is build
+        assert registry.owner("model", "one_twin_net") == "one_twin_plugin"
+        with pytest.raises(ConfigError, match="by one_twin_plugin and by elsewhere"):
+            registry.register("model", "one_twin_net", build.__call__, "elsewhere")
+    finally:
+        registry.entries("model").pop("one_twin_net")
+        registry._OWNERS.pop("the model 'one_twin_net'")
+
+
+def test_a_failed_import_leaves_nothing_and_is_retried(tmp_path: Path, plugins_named) -> None:
+    """In one process: a misspelt MPT_PLUGINS refused at every load(), then fixed; a plugin
+    that raises after registering is forgotten, then, once fixed, imported at the next load()."""
+    plugin = "from mpt_repro.registry import metric\nmetric('retry_share', '%', True)\n"
+    write(tmp_path, {"retry_plug.py": plugin + "raise RuntimeError('not yet')\n"})
+    plugins_named("retry_plugg")
+    for _ in range(2):  # refused again: nothing remembered the first failure
+        with pytest.raises(ConfigError) as refused:
+            registry.load()
+        assert str(refused.value).startswith(
+            "the experiment plugin 'retry_plugg' cannot be imported (No module named"
+        )
+    plugins_named("retry_plug")
+    with pytest.raises(ConfigError, match="raised RuntimeError while being imported"):
+        registry.load()
+    assert registry.owner("metric", "retry_share") is None  # what it registered is forgotten
+    write(tmp_path, {"retry_plug.py": plugin})
+    registry.load()
+    assert registry.metric_info("retry_share") == registry.Metric("%", True)
+    from mpt_repro.report.plots import is_percent
+
+    assert is_percent("retry_share")  # the report reads what the plugin registered
+
+
+def test_plugin_modules_are_read_once_per_value_of_mpt_plugins(monkeypatch) -> None:
+    monkeypatch.setenv("MPT_PLUGINS", "a_plugin, another")
+    first = registry.plugin_modules()
+    assert first[-2:] == ["a_plugin", "another"]
+    assert registry._plugin_modules.cache_info().currsize >= 1
+    hits = registry._plugin_modules.cache_info().hits
+    assert registry.plugin_modules() == first
+    assert registry._plugin_modules.cache_info().hits == hits + 1
+    monkeypatch.setenv("MPT_PLUGINS", "")
+    assert "a_plugin" not in registry.plugin_modules()
+
+
+def test_the_metric_metadata_comes_from_the_plugins_that_report_them() -> None:
+    from mpt_repro.report.plots import is_percent
+    from mpt_repro.tasks import task_class
+
+    assert registry.metric_info("top1") == registry.Metric("%", higher_is_better=True)
+    assert registry.owner("metric", "top1") == "mpt_repro.experiments.classification"
+    assert registry.metric_info("perplexity") == registry.Metric("", higher_is_better=False)
+    assert registry.metric_info("cer").percent and not registry.metric_info("bleu").percent
+    assert registry.metric_info("no_such_metric") is None
+    assert is_percent("map") and not is_percent("perplexity") and not is_percent("mse")
+    # every built-in task's metrics are described, and its direction is its primary metric's
+    for kind in registry.task_kinds():
+        task = task_class(kind)
+        described = [registry.metric_info(m) for m in [task.primary_metric, *task.metric_names]]
+        assert None not in described, kind
+        assert described[0].higher_is_better == task.higher_is_better, kind
+
+
+def test_models_scalers_and_converters_are_found_without_importing_torch() -> None:
+    """Listing what the suite has (the config check) reads the decorators in the source."""
+    import subprocess
+
+    probe = (
+        "import sys\nfrom mpt_repro import registry\n"
+        "print(registry.names('loss scaler'), 'resnet50' in registry.names('model'),"
+        " 'fp8_emulated' in registry.names('converter'), 'torch' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.split() == [
+        "['adaptive',",
+        "'dynamic',",
+        "'static']",
+        "True",
+        "True",
+        "False",
+    ]
