@@ -178,7 +178,7 @@ def build_report(
         problems = problems + curve_problems
     problems_frame(problems).to_csv(out / "problems.csv", index=False)
 
-    text = header(results_dir, len(runs), left_out(problems), len(benches))
+    text = header(results_dir, len(runs), left_out(problems), len(benches), quotes_paper(tables))
     if runs.empty:
         text += ["**No usable run records were found.**", ""]
     text += ["## Tables", ""] + [markdown(t) for t in tables]
@@ -270,21 +270,45 @@ def write_raw(out: Path, runs, agg, settings: Settings, deltas=None) -> None:
 CSV_FILES = ("runs", "groups", "deltas", "problems")  # the raw tables beside report.md
 
 
-def header(results_dir: Path, n_used: int, n_left_out: int, n_benches: int) -> list[str]:
+def header(
+    results_dir: Path, n_used: int, n_left_out: int, n_benches: int, papers: bool = True
+) -> list[str]:
+    """The report's first lines; `papers`: whether a table quotes the paper's values (a report
+    of a plugin's runs alone quotes none, so it does not speak of them)."""
     made = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     benches = f", {n_benches} benchmark file(s)" if n_benches else ""
+    cells = (
+        "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs of one "
+        "comparison group (runs that differ in precision and seed alone); a blank cell is a "
+        "preset that did not run."
+    )
+    if papers:
+        cells += (
+            " Values marked `paper` are Micikevicius et al. 2018's, with the evidence tag of our "
+            "reference notes ([P] primary text, [S] secondary, [U] unconfirmed)."
+        )
     return [
         "# Mixed Precision Training reproduction: report",
         "",
         f"Generated {made} from `{results_dir}`: {n_used} run(s) in the tables, {n_left_out} "
         f"left out (listed at the end){benches}.",
-        "Cells are `mean ± sample standard deviation (n=seeds)` over completed runs of one "
-        "comparison group (runs that differ in precision and seed alone); a blank cell is a "
-        "preset that did not run. Values marked `paper` are Micikevicius et al. 2018's, with the "
-        "evidence tag of our reference notes ([P] primary text, [S] secondary, [U] "
-        "unconfirmed).",
+        cells,
         "",
     ]
+
+
+def quotes_paper(tables: list) -> bool:
+    """Whether a table shows the paper's values: a paper table as printed (`*_paper`), a column
+    of the paper's values (`paper fp32 [P]`) or a row of them (`paper: English (WSJ '92)`)."""
+    for table in tables:
+        first = table.frame.iloc[:, 0].astype(str) if len(table.frame.columns) else []
+        if (
+            table.slug.endswith("_paper")
+            or any(str(c).startswith("paper") for c in table.frame.columns)
+            or any(cell.startswith("paper") for cell in first)
+        ):
+            return True
+    return False
 
 
 def main(argv=None) -> int:

@@ -51,6 +51,7 @@ class Settings:
     # experiment -> {metric: (tolerance, why)}: where an experiment's evaluation set or the
     # paper's claim about it asks for its own (comparison.yaml `experiments`)
     per_experiment: dict[str, dict[str, tuple[str, str]]] = field(default_factory=dict)
+    given: tuple[str, ...] = ()  # the metrics whose tolerance --tolerance set (not comparison.yaml)
 
 
 @lru_cache(maxsize=1)
@@ -92,7 +93,12 @@ def with_tolerances(settings: Settings, items: list[str]) -> Settings:
         name: {m: v for m, v in metrics.items() if m not in given}
         for name, metrics in settings.per_experiment.items()
     }
-    return replace(settings, tolerance=tolerance, per_experiment=per_experiment)
+    return replace(
+        settings,
+        tolerance=tolerance,
+        per_experiment=per_experiment,
+        given=tuple(sorted(set(settings.given) | given)),
+    )
 
 
 def parse_tolerance(text: str) -> tuple[float, bool] | None:
@@ -124,13 +130,29 @@ def tolerance_for(
 def tolerance_setting(
     settings: Settings, metric: str, experiment: str | None = None
 ) -> tuple[str, str]:
-    """(the tolerance as written, where it comes from) for a metric of an experiment."""
+    """(the tolerance as written, where it comes from) for a metric of an experiment: the
+    command line's --tolerance, comparison.yaml's entry for the experiment, its default for the
+    metric, or its default for any metric."""
     own = settings.per_experiment.get(str(experiment), {}).get(metric)
     if own is not None:
-        return own[0], f"{experiment}: {own[1]}"
+        return own[0], f"comparison.yaml's entry for {experiment}: {own[1]}"
+    if metric in settings.given:
+        return settings.tolerance[metric], f"--tolerance {metric}={settings.tolerance[metric]}"
     if metric in settings.tolerance:
-        return settings.tolerance[metric], f"the {metric} default (comparison.yaml)"
-    return settings.tolerance.get("default", "0"), "the default for any metric (comparison.yaml)"
+        return settings.tolerance[metric], f"comparison.yaml's {metric} default"
+    return settings.tolerance.get("default", "0"), "comparison.yaml's default for any metric"
+
+
+def tolerance_rule(
+    settings: Settings, metric: str, reference_mean: float | None, experiment: str | None = None
+) -> str:
+    """How a relative tolerance became a number ("2% of the fp32 mean 47.5"), or "" for one
+    written in the metric's unit."""
+    text = tolerance_setting(settings, metric, experiment)[0]
+    value, relative = parse_tolerance(text) or (0.0, False)
+    if not relative or reference_mean is None or not math.isfinite(reference_mean):
+        return ""
+    return f"{value:g}% of the {settings.reference} mean {reference_mean:.3g}"
 
 
 def t_quantile(p: float, dof: float) -> float:
@@ -360,6 +382,7 @@ class Delta:
     # the verdict's kind, one of DECISIONS
     decision: str = "no verdict"
     tolerance_source: str = ""  # where the tolerance comes from (compare.tolerance_setting)
+    tolerance_rule: str = ""  # how a relative one became a number (compare.tolerance_rule)
 
     @property
     def seed_part(self) -> float | None:
@@ -447,6 +470,9 @@ def paired_delta(
         confidence=settings.confidence,
         reference=settings.reference,
         tolerance_source=tolerance_setting(settings, metric, _first(preset_runs["experiment"]))[1],
+        tolerance_rule=tolerance_rule(
+            settings, metric, ref_mean, _first(preset_runs["experiment"])
+        ),
     )
     if n >= 2:
         with np.errstate(over="ignore", invalid="ignore"):  # a metric near 1e308 gives inf
@@ -567,8 +593,18 @@ def reference_name(reference: str) -> str:
 
 
 def tolerance_text(tol: float) -> str:
-    """0.5, 1000, 5.886: four significant digits at most (a relative tolerance is a product)."""
-    return f"{float(f'{tol:.4g}'):g}"
+    """0.5, 1000, 5.89, 0.00951: three significant digits at most (a relative tolerance is a
+    product of a percentage and a mean; more digits would claim a precision it does not have)."""
+    return f"{float(f'{tol:.3g}'):g}"
+
+
+def tolerance_said(d: Delta) -> str:
+    """A tolerance with where it comes from: `±0.00951 (2% of the fp32 mean 0.475;
+    comparison.yaml's default for any metric)`, `±1.5 (comparison.yaml's entry for demo: ...)`."""
+    if d.tolerance is None:
+        return ""
+    origin = "; ".join(p for p in (d.tolerance_rule, d.tolerance_source) if p)
+    return f"±{tolerance_text(d.tolerance)}" + (f" ({origin})" if origin else "")
 
 
 def _untrained_or_conflicting(d: Delta) -> bool:

@@ -27,7 +27,6 @@ from mpt_repro.paper import (
     claims_for,
     load_reference,
     paper_table,
-    table1_reference,
 )
 from mpt_repro.record import SLOW_FP16_NOTE
 from mpt_repro.report.aggregate import preset_order
@@ -37,6 +36,7 @@ from mpt_repro.report.compare import (
     default_settings,
     delta_text,
     group_deltas,
+    tolerance_said,
     tolerance_text,
 )
 
@@ -283,73 +283,6 @@ def recipe_notes(part: pd.DataFrame, ref: pd.DataFrame) -> list[str]:
     return ["Networks, optimizers and recipes behind our numbers: " + "; ".join(shown) + "."]
 
 
-def table1(agg: pd.DataFrame, deltas: Deltas) -> list[Table]:
-    """Paper Table 1 (ILSVRC12 top-1): paper FP32 and mixed next to ours, one table per setting;
-    one row per comparison group of each paper model (its own network only)."""
-    ref = table1_reference()
-    own = agg["experiment"].isin(ref["experiment"]) & (agg["subject"] == agg["experiment"])
-    tables = []
-    for (budget, data, device), part in by_setting(agg[own]):
-        presets = preset_order(part["precision"], part)
-        ok = {e: comparable(budget, data, e) for e in ref["experiment"]}
-        rows = [
-            _table1_row(
-                paper,
-                group,
-                presets,
-                ok[paper["experiment"]] and not changed(group),
-                _confidence(ref),
-                deltas,
-            )
-            for _, paper in ref.iterrows()
-            for group in group_rows(part, paper["experiment"], own_model_only=True)
-            or [Row("", {}, ())]
-        ]
-        notes = [
-            f"Paper values: {ref['source'].iloc[0]} of Micikevicius et al. 2018, single-crop "
-            "top-1 on ILSVRC12 val (Caffe on V100; ResNet-50 in PyTorch); no loss scaling was "
-            "needed.",
-            DELTA_NOTE,
-        ]
-        if not any(ok.values()):
-            notes.append(
-                f"{NOT_COMPARABLE}: this setting cannot be compared with the paper, so no "
-                "difference with the paper is shown."
-            )
-        notes += recipe_notes(part, ref)
-        tables.append(
-            Table(
-                slugify("table1", budget, data, device),
-                "Table 1: ILSVRC12 classification, top-1 accuracy (%)",
-                caption(budget, data, device, ref["experiment"].iloc[0], part),
-                pd.DataFrame(rows),
-                notes,
-            )
-        )
-    return tables
-
-
-def _table1_row(
-    paper: pd.Series, group: Row, presets: list[str], ok: bool, conf: str, deltas: Deltas
-) -> dict[str, str]:
-    mine = group.presets
-    row = {
-        "Model": group.label.replace(paper["experiment"], paper["label"], 1) or paper["label"],
-        f"paper fp32 [{conf}]": paper["fp32_text"],
-        f"paper mixed [{conf}]": paper["mixed_text"],
-    }
-    for p in presets:
-        row[f"ours {p}"] = result_cell(mine.get(p), "metric_top1", 2)
-    for name in ("fp32", "mixed"):
-        ours = _mean(mine.get(name), "metric_top1")
-        row[f"Δ {name} vs paper"] = (
-            fmt_signed(_diff(ours, paper[name]), 2)
-            if ok
-            else (NOT_COMPARABLE if not _nan(ours) else "")
-        )
-    return row | _delta_cells(deltas, group, 2)
-
-
 # what a "Δ ... (95% CI)" cell is, said under every table that has one
 DELTA_NOTE = (
     "Δ ... − fp32: the mean over seeds run under both presets of (preset − fp32), with its 95% "
@@ -490,17 +423,23 @@ def _outcome_text(g: pd.Series) -> str:
 
 
 def tolerance_notes(found: list) -> list[str]:
-    """One line per tolerance the verdicts used: its value and where it comes from."""
-    said = sorted(
-        {(d.metric, tolerance_text(d.tolerance), d.tolerance_source) for d in found if d.tolerance}
-    )
+    """One line for the tolerances the verdicts used: each value, three significant digits at
+    most, with where it comes from (comparison.yaml's entry for the experiment, its default, the
+    command line) and, for a relative one, the rule that made it a number."""
+    said = sorted({(d.metric, tolerance_said(d)) for d in found if d.tolerance is not None})
     if not said:
         return []
-    return [
-        "Tolerances: "
-        + "; ".join(f"{metric} ±{tol}, {source}" for metric, tol, source in said)
-        + "."
-    ]
+    return ["Tolerances: " + "; ".join(f"{metric} {text}" for metric, text in said) + "."]
+
+
+def tolerance_cell(d) -> str:
+    """The Tolerance column: the value, and the rule that made a relative one a number (where it
+    comes from is in the notes under the table)."""
+    if d.tolerance is None:
+        return ""
+    return f"±{tolerance_text(d.tolerance)}" + (
+        f" ({d.tolerance_rule})" if d.tolerance_rule else ""
+    )
 
 
 def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
@@ -526,9 +465,7 @@ def deltas_table(agg: pd.DataFrame, deltas: Deltas, settings) -> list[Table]:
                             f"Δ to {settings.reference} ({settings.confidence:.0%} CI)": delta_text(
                                 d, 3
                             ),
-                            "Tolerance": ""
-                            if d.tolerance is None
-                            else f"±{tolerance_text(d.tolerance)}",
+                            "Tolerance": tolerance_cell(d),
                             "Verdict": d.verdict,
                         }
                     )
@@ -593,16 +530,24 @@ def _task_report(task: str) -> registry.TaskReport:
     return found or registry.TaskReport(f"{task}: every final metric per preset", slugify(task))
 
 
+# Table 1's builder, called here until the classification plugin's TaskReport names it as its
+# paper_table (then it is one of the registered builders and this adds nothing): remove it then
+TABLE1_UNTIL_REGISTERED = "mpt_repro.experiments._classification_tables:table1"
+
+
 def paper_tables(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
-    """The paper's tables (beyond Table 1) that plugins build beside their runs (their
-    TaskReport's paper_table), in the order of the paper's table ids."""
-    reports = [registry.report_of(kind) for kind in registry.task_kinds()]
-    builders = sorted(
-        (r.paper_reference[0] if r.paper_reference else "", r.paper_table)
-        for r in reports
+    """The paper's tables that plugins build beside their runs (their TaskReport's paper_table),
+    each only where its task has runs, in the order of the paper's table ids."""
+    present = set(agg["task"].dropna()) if "task" in agg else set()
+    registered = [
+        (r.paper_reference[0] if r.paper_reference else "", r.paper_table, kind in present)
+        for kind, r in ((kind, registry.report_of(kind)) for kind in registry.task_kinds())
         if r is not None and r.paper_table
-    )
-    return [t for _, target in builders for t in registry.resolve(target)(agg, runs, deltas)]
+    ]
+    builders = [target for _, target, ran in sorted(registered) if ran]
+    if TABLE1_UNTIL_REGISTERED not in {target for _, target, _ in registered}:
+        builders.insert(0, TABLE1_UNTIL_REGISTERED)  # it finds its own runs (none: no table)
+    return [t for target in builders for t in registry.resolve(target)(agg, runs, deltas)]
 
 
 # ---------------------------------------------------------------- cost
@@ -732,42 +677,59 @@ def paper_reference_table(name: str, title: str) -> Table:
     )
 
 
-def reference_tables() -> list[Table]:
-    """The paper's tables as printed (those the plugins name: Tables 2 and 3), and its
-    qualitative claims, labelled."""
-    claims = paper_table("claim")
+def reference_tables(agg: pd.DataFrame) -> list[Table]:
+    """The paper's tables as printed (those the plugins name: Tables 2 and 3) and its
+    qualitative claims, labelled; each only where the runs it speaks about are here: a printed
+    table beside runs of the task whose plugin names it, a claim beside runs of its experiment
+    (paper_claims)."""
+    present = set(agg["task"].dropna()) if "task" in agg else set()
+    printed = sorted(
+        r.paper_reference
+        for r in (registry.report_of(kind) for kind in sorted(present & set(registry.task_kinds())))
+        if r is not None and r.paper_reference
+    )
+    claims = paper_claims(agg)
     rows = [
         {"Subject": c["row_label"], "Preset": c["column"], "Claim": c["outcome"], "Source": cite(c)}
         for _, c in claims.iterrows()
     ]
-    printed = sorted(
-        r.paper_reference
-        for r in (registry.report_of(kind) for kind in registry.task_kinds())
-        if r is not None and r.paper_reference
-    )
-    return [
-        *(paper_reference_table(name, title) for name, title in printed),
-        Table(
-            "claims_paper",
-            "The paper's qualitative claims",
-            "The paper's statements, labelled with where they come from and how sure the "
-            "reference is.",
-            pd.DataFrame(rows),
-        ),
-    ]
+    tables = [paper_reference_table(name, title) for name, title in printed]
+    if rows:
+        tables.append(
+            Table(
+                "claims_paper",
+                "The paper's qualitative claims",
+                "The paper's statements about the experiments of these runs, labelled with where "
+                "they come from and how sure the reference is.",
+                pd.DataFrame(rows),
+            )
+        )
+    return tables
+
+
+def paper_claims(agg: pd.DataFrame) -> pd.DataFrame:
+    """The paper's claims about the runs here: a claim about an experiment where it has runs; a
+    claim about a group of the paper's networks (a row of paper_reference.csv that is no
+    experiment, such as the ILSVRC CNNs) where any of the paper's experiments has runs. A report
+    of other experiments only (a plugin's, the demo) shows none."""
+    claims = paper_table("claim")
+    ran = set(agg["experiment"].dropna()) if "experiment" in agg else set()
+    papers = set(load_reference()["row"])  # every experiment the paper's tables or claims name
+    about_group = ~claims["row"].isin(set(catalog.experiments()))
+    return claims[claims["row"].isin(ran) | (about_group & bool(ran & papers))]
 
 
 def all_tables(agg: pd.DataFrame, runs: pd.DataFrame, settings=None, deltas=None) -> list[Table]:
     """Every table of the report (`deltas`: group_deltas of the runs, when already computed)."""
     settings = settings or default_settings()
     ref = load_reference()
-    paper_rows = set(ref.loc[ref["table"].isin(["table1", "table2"]), "row"])
+    # the rows of the paper's tables: its own networks' runs are in those tables, not the generic
+    paper_rows = set(ref.loc[ref["table"] != "claim", "row"])
     deltas = group_deltas(runs, settings) if deltas is None else deltas
     return [
-        *table1(agg, deltas),
         *paper_tables(agg, runs, deltas),
         *task_tables(agg, paper_rows, deltas),
         *deltas_table(agg, deltas, settings),
         *cost_table(agg),
-        *reference_tables(),
+        *reference_tables(agg),
     ]
