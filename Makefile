@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## build .venv and install mpt-repro (editable, with test extras)
 
-demo: $(STAMP) ## train the demo (digits CNN) in fp32 and amp, then print the comparison table
+demo: $(STAMP) ## train the demo (digits CNN) in fp32, amp and mixed (budget=short), then print the comparison table
 	$(BIN)/python scripts/demo.py
 
 # The wheel carries the configs (mpt_repro/conf): `pip install dist/mpt_repro-*.whl`, or

@@ -38,7 +38,7 @@ from mpt_repro.rundir import (
     set_aside,
     write_hydra_files,
 )
-from mpt_repro.runlog.hparams import write_run_summary
+from mpt_repro.runlog.hparams import write_hparams
 from mpt_repro.stopping import signals_raise
 
 log = logging.getLogger("mpt_repro")
@@ -194,6 +194,7 @@ def _run_planned(
         from mpt_repro.trainer import Trainer
 
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
+        _hparams(trainer, cfg, run_dir, record)  # in TensorBoard's table from the start: running
         summary = trainer.fit()
         _describe_data_again(record, task)
         _completed(record, summary, start)
@@ -208,13 +209,18 @@ def _run_planned(
         raise
     finally:
         if trainer is not None:
-            if trainer.writer is not None:  # HParams with the outcome, for TensorBoard
-                from mpt_repro.tasks import all_metric_names
-
-                names = all_metric_names()
-                _safely(write_run_summary, trainer.writer, cfg, record.data, names)
+            _hparams(trainer, cfg, run_dir, record)  # the outcome replaces `running`
             trainer.close()
     return record.data
+
+
+def _hparams(trainer: Any, cfg: DictConfig, run_dir: Path, record: RunRecord) -> None:
+    """The run's HParams record for TensorBoard, as the record stands (runlog/hparams.py)."""
+    if trainer.writer is None:  # another rank than the first: it writes no events
+        return
+    from mpt_repro.tasks import all_metric_names
+
+    _safely(write_hparams, run_dir, trainer.writer, cfg, record.data, all_metric_names())
 
 
 def _describe_data_again(record: RunRecord, task: Any) -> None:

@@ -24,6 +24,16 @@ from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, tb_dir
 log = logging.getLogger("mpt_repro")
 
 
+def counted(n: int, noun: str) -> str:
+    """`1 skipped step`, `0 skipped steps`, `6 skipped steps`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
+def _all(n: int) -> str:
+    """`all 6 optimizer steps were`, or `the only optimizer step was`."""
+    return "the only optimizer step was" if n == 1 else f"all {n} optimizer steps were"
+
+
 def _finite(x) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
@@ -47,7 +57,7 @@ def closing_block(
     untrained = no_step_applied(record)
     if untrained:
         lines.append(
-            f"  NO STEP        all {record['steps']} optimizer steps were skipped for an overflow: "
+            f"  NO STEP        {_all(int(record['steps']))} skipped for an overflow: "
             f"the metrics are the untrained model's ({NO_STEP_ADVICE})"
         )
     lines += _ending_lines(record, status, run_dir) + _cost_lines(record)
@@ -126,7 +136,7 @@ def _ending_lines(record: Mapping[str, Any], status: str, run_dir: Path) -> list
 def _cost_lines(record: Mapping[str, Any]) -> list[str]:
     cost = []
     if _finite(record.get("steps")):
-        cost.append(f"{int(record['steps'])} steps")
+        cost.append(counted(int(record["steps"]), "step"))
     if _finite(record.get("wall_time_s")):
         cost.append(f"{record['wall_time_s']:.1f} s")
     if _finite(record.get("samples_per_s")):
@@ -145,7 +155,7 @@ def _cost_lines(record: Mapping[str, Any]) -> list[str]:
     if _finite(scale.get("final")):
         lines.append(
             f"  loss scale     final {scale['final']:g}, min {scale.get('min', scale['final']):g}; "
-            f"{int(record.get('skipped_steps') or 0)} skipped steps"
+            f"{counted(int(record.get('skipped_steps') or 0), 'skipped step')}"
         )
     return lines
 

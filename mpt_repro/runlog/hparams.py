@@ -12,6 +12,17 @@ _computeHParams: `Math.min(5, ...)`; `hparamsLimit` only caps what is loaded, at
 hyperparameters can be shown by default, no more: the ones the run name does not already say.
 The run name (the table's Trial ID) is `study/precision-budget/seedN[/variant]`, so the
 experiment, budget and seed are in every row.
+
+A run is in the table from its start (`write_hparams`, status `running`), not only once it ends.
+TensorBoard keeps the first HParams record of a run folder and ignores later ones (its event
+accumulators store a tag's metadata once, plugin_event_accumulator.py; so does the fast loader):
+a record written at the start and another at the end of the same folder would show `running`
+for ever. So while a run can still change, its record is a TensorBoard run of its own, in a
+folder named by its status: `<run dir>/running/` from the start, `interrupted/` (a checkpoint to
+resume from) or `failed/` when it stops; its Trial ID reads `.../seedN/running`. When the run
+ends for good (completed or diverged), the record goes into the run directory's own events
+beside its curves and the status folder is removed (TensorBoard drops a run whose folder is
+gone, both loaders); a run killed outright keeps `running/`, as its run.json keeps `running`.
 """
 
 from __future__ import annotations
@@ -20,10 +31,11 @@ import math
 import time
 from collections.abc import Mapping
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 from mpt_repro.record import no_step_applied, normalised_status
-from mpt_repro.runlog.metrics import job_variant
+from mpt_repro.runlog.metrics import TB_EVENTS_GLOB, job_variant, tb_dir
 
 # the hyperparameters TensorBoard shows by default (marked `differs`; it orders them by name):
 # what the run name does not say, and the comparison's subject
@@ -41,6 +53,9 @@ STATUSES = (
     "running",
     "unknown",
 )
+# the statuses a run can still leave (resume=true continues an interrupted or failed one): each
+# one's HParams record is a TensorBoard run of its own, `<run dir>/<status>/` (module docstring)
+UNSETTLED = ("running", "interrupted", "failed")
 SUMMARY_METRICS = {
     # tag: (display name, description)
     "run/samples_per_s": ("samples/s", "training throughput, evaluation time excluded"),
@@ -253,3 +268,43 @@ def write_run_summary(
     for tag, value in summary_scalars(record).items():
         writer.add_scalar(tag, value, step)
     writer.flush()
+
+
+def write_hparams(
+    run_dir: Path, writer: Any, cfg: Any, record: Mapping[str, Any], metric_names: list[str]
+) -> Path:
+    """The run's HParams record as it stands (at its start, status running; at its end, however
+    it ended), where TensorBoard will show it: a status folder of its own while the run can still
+    change, else the run's own events (`writer`). Removes the status folders it no longer needs;
+    returns the folder written."""
+    status = normalised_status(record)
+    folder = tb_dir(run_dir)
+    if status in UNSETTLED:
+        from torch.utils.tensorboard import SummaryWriter
+
+        folder = folder / str(status)
+        remove_status_folder(folder)  # an earlier segment's record would be the one shown
+        own = SummaryWriter(log_dir=str(folder))
+        try:
+            write_run_summary(own, cfg, record, metric_names)
+        finally:
+            own.close()
+    else:
+        write_run_summary(writer, cfg, record, metric_names)
+    for other in UNSETTLED:
+        if other != status:
+            remove_status_folder(tb_dir(run_dir) / other)
+    return folder
+
+
+def remove_status_folder(folder: Path) -> None:
+    """Remove a status folder of HParams events (write_hparams); a folder holding anything else
+    (not written by mpt-run) is left alone."""
+    if not folder.is_dir():
+        return
+    entries = list(folder.iterdir())
+    if any(not (p.is_file() and p.match(TB_EVENTS_GLOB)) for p in entries):
+        return
+    for path in entries:
+        path.unlink(missing_ok=True)
+    folder.rmdir()
