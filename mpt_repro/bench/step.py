@@ -55,10 +55,12 @@ def build_step(cfg: Any, device: torch.device) -> BenchStep:
     samples = int(first.samples)
     micro = samples // max(len(batch), 1) if isinstance(batch, list) else samples
     step_on = None
-    if enum_name(cfg.task) in ("classification", "gan"):  # batch-first (images, labels)
+    # the task says whether a micro-batch holds its examples on the first dimension (images,
+    # labels): then one micro-batch (saved tensors live from its forward to its backward only),
+    # cut to n examples, is a step on n
+    if isinstance(batch, list) and task.examples_on_first_dim(batch[0], micro):
 
         def step_on(n: int) -> Any:
-            # one micro-batch (saved tensors live from its forward to its backward only), cut
             return task.train_step([_first(batch[0], n)])
 
     return BenchStep(
@@ -240,7 +242,9 @@ class BareLoop:
     torch.autocast, torch.amp.GradScaler (dynamic, or with a growth interval no run reaches for a
     static scale), the suite's own optimizer kind (fused where the suite's is), and for FP16
     weights with a master copy, FP32 masters kept by hand (grads copied in, weights copied out).
-    Classification only (one model, cross-entropy); `why_not` says when it cannot be built.
+    For a task that trains one model by its criterion(model(inputs), targets) on micro-batches
+    of examples (Task.criterion, Task.examples_on_first_dim); `why_not` says when it cannot be
+    built.
 
     What it is for each preset (`kind`): "autocast + GradScaler" (amp, and any FP32-weight
     preset with a loss scale), "bare FP32" (fp32, tf32: no autocast, no scaler), "autocast" (bf16),
@@ -253,10 +257,13 @@ class BareLoop:
         from mpt_repro.optim import optimizer_factory
 
         self.why_not: str | None = None
-        if enum_name(cfg.task) != "classification":
-            self.why_not = "the bare loop is written for classification (one model)"
-            return
         task, policy = bs.task, bs.policy
+        if task.criterion is None or len(task.models) != 1 or bs.step_on is None:
+            self.why_not = (
+                f"the bare loop needs a task that trains one model by a criterion over (inputs, "
+                f"targets) micro-batches (Task.criterion); {enum_name(cfg.task)}'s loss is its own"
+            )
+            return
         self.model = copy.deepcopy(task.model)  # the suite's storage dtypes and memory format
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]

@@ -100,6 +100,7 @@ def _bench_config(overrides: list[str], preset: str) -> tuple[Any, Any]:
     from mpt_repro import distributed
     from mpt_repro.bench.step import enum_name
     from mpt_repro.run import pick_device, set_backends
+    from mpt_repro.tasks import task_class
 
     cfg = compose(overrides, preset)
     # bench.nproc > 1: this process is one rank of torchrun's (a no-op in one process)
@@ -107,7 +108,7 @@ def _bench_config(overrides: list[str], preset: str) -> tuple[Any, Any]:
     if device.type == "cuda" and device.index is not None:
         torch.cuda.set_device(device)
     set_backends(cfg.trainer)
-    if enum_name(cfg.task) in ("classification", "gan"):
+    if task_class(enum_name(cfg.task)).eval_limit_counts_batch_items:
         # each trainer window ends with an evaluation (outside its clock): one batch suffices
         cfg.data.eval_limit = min(cfg.data.eval_limit or cfg.data.batch_size, cfg.data.batch_size)
     return cfg, device

@@ -82,6 +82,14 @@ class Task:
     # the column of eval_step that names each item (classification's label, a hash of a
     # reference): paired runs evaluated the same items only where their keys agree
     item_key: str | None = None
+    # What mpt-bench asks a task (it names none): the loss of a micro-batch (inputs, targets) as
+    # criterion(model(inputs), targets), where the task trains one model by exactly that (its
+    # bare loop rewrites the step from it); None: the task's loss is its own
+    criterion: Callable[[Any, Any], Any] | None = None
+    # data.eval_limit counts what data.batch_size counts, so eval_limit = batch_size evaluates
+    # one batch (mpt-bench's timed windows each end with one); False where it counts another
+    # unit (a corpus's tokens against its streams)
+    eval_limit_counts_batch_items: bool = False
 
     models: dict[str, nn.Module]
     optimizers: dict[str, Any]  # PrecisionOptimizers, by the names add_model gave them
@@ -154,6 +162,21 @@ class Task:
     def train_step(self, batch: Any) -> StepResult:
         """One iteration: the shared step (tasks/loops.py)."""
         return train_step(self, batch)
+
+    def examples_on_first_dim(self, micro_batch: Any, examples: int) -> bool:
+        """Whether a micro-batch of `examples` examples (as its Loss counted them) holds them
+        along the first dimension of every part, so that the first n rows of each part are a
+        micro-batch of n examples (mpt-bench steps on two such cuts to measure the bytes saved
+        for backward per example). Default: a list or tuple of tensors that each have
+        `examples` rows (inputs, labels); not one holding anything else (lengths, a hidden
+        state, lists of targets, a token count). A task whose parts have `examples` rows that
+        are not its examples (time steps) says False."""
+        if not isinstance(micro_batch, (list, tuple)) or not micro_batch:
+            return False
+        return all(
+            isinstance(part, torch.Tensor) and part.dim() > 0 and part.shape[0] == examples
+            for part in micro_batch
+        )
 
     # -- evaluation ---------------------------------------------------------------------------
     def evaluate(self) -> Evaluation:
@@ -250,6 +273,9 @@ class SampledTask(Task):
     sampler: Any
     train_loader: Any
     eval_loader: Any
+
+    # its data sets are sequences of examples, batched and cut (data.eval_limit) by the example
+    eval_limit_counts_batch_items = True
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)
