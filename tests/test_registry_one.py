@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -17,171 +18,60 @@ from conftest import run_cli
 from mpt_repro import registry
 from mpt_repro.errors import ConfigError
 
-# the plugin: its torch-free module registers everything by import path; the task never imports
-# the model's module, and nothing names the scaler's: the registry finds both
-PLUGIN = {
-    "oneplug/__init__.py": '''
-"""A plugin of one's own: a task, a model and a loss scaler, through the one registry."""
-from dataclasses import dataclass
-from pathlib import Path
-from typing import ClassVar
-
-from mpt_repro.registry import (
-    TaskReport, config_dir, loss_scaler, metric, model, option_schema, task,
-)
-from mpt_repro.schema import DataSchema, ModelSchema
-
-task("onefit", "oneplug.task:OneFit", TaskReport("One fit: error per preset", "onefit"))
-model("one_mlp", "oneplug.nets:mlp")
-loss_scaler("halving", "oneplug.scaling:Halving")
-metric("abs_err", higher_is_better=False)
-metric("close", "%", higher_is_better=True)
-config_dir(Path(__file__).parent / "conf")
+ROOT = Path(__file__).resolve().parents[1]
+DOC = ROOT / "docs" / "adding-an-experiment.md"
+# the doc's command that trains its toy under the toy's own loss scaler
+SCALER_COMMAND = "mpt-run experiment=toyreg precision=mixed precision.loss_scaling=backoff"
 
 
-@option_schema("model", "one_mlp")
-@dataclass
-class OneMLP(ModelSchema):
-    width: int = 8
-
-
-@option_schema("data", "one_line")
-@dataclass
-class OneLine(DataSchema):
-    size: int = 64
-    reads: ClassVar = ("num_workers", "pin_memory")
-''',
-    "oneplug/nets.py": """
-from torch import nn
-
-
-def mlp(cfg, **_):
-    return nn.Sequential(nn.Linear(1, cfg.width), nn.Tanh(), nn.Linear(cfg.width, 1))
-""",
-    "oneplug/scaling.py": '''
-from mpt_repro.precision.scalers import LossScaler
-
-
-class Halving(LossScaler):
-    """Halves the scale after every step: a trace no built-in scaler draws."""
-
-    moves = True
-
-    def _move(self, found, floor, before):
-        self._scale.mul_(0.5).clamp_(min=floor)
-''',
-    "oneplug/task.py": """
-from types import SimpleNamespace
-
-import torch
-from torch.utils.data import TensorDataset
-
-from mpt_repro import distributed
-from mpt_repro.data.sampling import build_epoch_loaders
-from mpt_repro.evidence import Ratio
-from mpt_repro.optim import optimizer_factory
-from mpt_repro.tasks.base import Loss, SampledTask
-
-
-def line(n, seed):
-    x = torch.rand(n, 1, generator=torch.Generator().manual_seed(seed))
-    return TensorDataset(x, 2 * x - 1)
-
-
-class OneFit(SampledTask):
-    primary_metric = "abs_err"
-    higher_is_better = False
-    metric_names = ["abs_err", "close"]
-    item_unit = "points"
-    formulas = {
-        "abs_err": Ratio("abs_err", "items", "points"),
-        "close": Ratio("close", "items", "points", scale=100.0),
-    }
-
-    def __init__(self, cfg, device, policy):
-        super().__init__(cfg, device, policy)
-        batch, global_batch = distributed.batch_sizes(cfg)
-        train, test = line(cfg.data.size, 0), line(cfg.data.size, 1)
-        self.data = SimpleNamespace(train=train, eval=test, description="y = 2x - 1")
-        self.model, self.optimizer, self.train_model = self.add_model(
-            "model", self.new_model(), optimizer_factory(cfg.optim, global_batch)
-        )
-        self.use_loaders(build_epoch_loaders(train, test, cfg.data, batch, cfg.seed, device))
-
-    def _inputs(self, batch):
-        x, y = (t.to(self.device) for t in batch)
-        return self.policy.cast_inputs(x), y
-
-    def loss(self, batch):
-        x, y = self._inputs(batch)
-        return Loss(torch.nn.functional.mse_loss(self.train_model(x).float(), y), samples=len(y))
-
-    def eval_step(self, batch):
-        x, y = self._inputs(batch)
-        err = (self.model(x).float() - y).abs().squeeze(1)
-        return {"abs_err": err, "close": (err < 0.5).float(), "items": torch.ones_like(err)}
-""",
-    "oneplug/conf/experiment/onefit.yaml": """# @package _global_
-defaults:
-  - override /data: one_line
-  - override /model: one_mlp
-
-experiment_name: onefit
-task: onefit
-optim:
-  name: adam
-  lr: 0.01
-data:
-  batch_size: 16
-""",
-    "oneplug/conf/model/one_mlp.yaml": """defaults:
-  - /schema/model@_here_: one_mlp
-  - _self_
-name: one_mlp
-""",
-    "oneplug/conf/data/one_line.yaml": """defaults:
-  - /schema/data@_here_: one_line
-  - _self_
-name: one_line
-""",
-}
+def doc_files() -> dict[str, str]:
+    """The files docs/adding-an-experiment.md shows: a line `path`: then a fenced block."""
+    found = re.findall(r"^`([\w/.]+)`:\n\n```\w+\n(.*?)^```", DOC.read_text(), re.S | re.M)
+    return dict(found)
 
 
 def write(folder: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
-        (folder / name).write_text(text.lstrip("\n"))
+        (folder / name).write_text(text)
     return folder
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory) -> dict:
-    """One smoke run of the plugin's experiment under mixed precision with its own scaler,
-    through the real mpt-run: its run.json."""
-    folder = write(tmp_path_factory.mktemp("plugin"), PLUGIN)
+    """The doc's plugin (a task, a model and a loss scaler, each registered by import path from
+    its torch-free module: the task never imports the model's module, nothing names the
+    scaler's), written out of tree and trained once through the real mpt-run with its own
+    scaler: the run's run.json."""
+    files = doc_files()
+    assert {"toyreg/__init__.py", "toyreg/nets.py", "toyreg/scaling.py"} <= set(files)
+    assert "import nets" not in files["toyreg/task.py"]
+    folder = write(tmp_path_factory.mktemp("plugin"), files)
     run_dir = folder / "run"
     path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    assert f"{SCALER_COMMAND} budget=smoke" in DOC.read_text()
     run_cli(
-        "experiment=onefit",
-        "precision=mixed",
-        "precision.loss_scaling=halving",
+        *SCALER_COMMAND.split()[1:],
         "budget=smoke",
         "trainer.device=cpu",
         run_dir=run_dir,
-        env={"PYTHONPATH": path, "MPT_PLUGINS": "oneplug", "OMP_NUM_THREADS": "1"},
+        env={"PYTHONPATH": path, "MPT_PLUGINS": "toyreg", "OMP_NUM_THREADS": "1"},
     )
     return json.loads((run_dir / "run.json").read_text())
 
 
 def test_a_plugin_task_model_and_scaler_train_through_mpt_run(trained: dict) -> None:
     assert trained["status"] == "completed"
-    assert trained["task"] == "onefit" and trained["primary_metric"] == "abs_err"
-    assert trained["model"]["name"] == "one_mlp" and trained["model"]["parameters"] == 25
-    scale = trained["loss_scale"]
-    assert scale["kind"] == "halving"  # the plugin's scaler, found by its registered name
-    # halved after each of the smoke budget's steps, from the preset's initial scale
-    assert scale["final"] == scale["initial"] / 2 ** trained["steps"]
-    assert set(trained["metrics"]) >= {"abs_err", "close"}
+    assert trained["task"] == "toyreg" and trained["primary_metric"] == "mse"
+    assert trained["model"]["name"] == "toyreg_mlp"  # built through the registry
+    assert trained["model"]["parameters"] == (1 + 1) * 32 + (32 + 1) * 32 + (32 + 1) * 1
+    assert trained["loss_scale"]["kind"] == "backoff"  # the plugin's scaler, by its name
+    assert (
+        "backoff-only loss scale 65536 (precision.loss_scaling=backoff"
+        in (trained["diagnostics"]["describe"])
+    )
+    assert trained["loss_scale"]["final"] <= trained["loss_scale"]["initial"]  # never grown
+    assert "mse" in trained["metrics"]
 
 
 @pytest.fixture
