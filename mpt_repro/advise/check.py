@@ -1,15 +1,17 @@
 """Advice against outcome: an experiment's advice beside real runs of the recipes it predicts
 about (docs/telemetry.md, "Advice against outcome"; tests/test_advise_outcome.py).
 
-    python -m mpt_repro.advise.check [--runs-dir DIR] [--only scaling_matters custom]
+    python -m mpt_repro.advise.check [--runs-dir DIR] [--only NAME...]
 
-For each experiment: mpt-advise's own diagnostic run (FP32, telemetry), an FP32 run of the whole
-budget (the reference), then one real run per checked recipe with the overrides the advice
-gives. The no-scaling and static-scale runs record telemetry too, so what FP16 really flushed
-can be counted: a value FP16 loses is an exact zero there, so the lost fraction observed is the
-rise of the zero fraction over the FP32 run's, per nonzero FP32 value. Runs already finished in
-the runs folder are reused. The custom model is small_cnn of tests/helpers_custom_model.py:
-run it from a checkout.
+For each experiment (check.yaml's, as measured in docs/telemetry.md, or any experiment the
+registry knows): mpt-advise's own diagnostic run (FP32, telemetry), an FP32 run of the whole
+budget (the reference), then one real run per checked recipe with the overrides the advice gives.
+A recipe's run is close to FP32 within comparison.yaml's tolerance for the experiment's primary
+metric (the report's). The no-scaling and static-scale runs record telemetry too, so what FP16
+really flushed can be counted: a value FP16 loses is an exact zero there, so the lost fraction
+observed is the rise of the zero fraction over the FP32 run's, per nonzero FP32 value. Runs
+already finished in the runs folder are reused. The custom model is small_cnn of
+tests/helpers_custom_model.py: run it from a checkout.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
 
 from mpt_repro.advise.advice import DEFAULT_KEEP, build_advice
@@ -30,20 +33,49 @@ from mpt_repro.advise.predict import Advice, Prediction, pct
 from mpt_repro.safeio import open_regular, read_text
 
 ROOT = Path(__file__).resolve().parents[2]
-EXPERIMENTS = {
-    "demo": ["experiment=demo", "budget=short"],
-    "scaling_matters": ["experiment=scaling_matters", "budget=short"],
-    # the LM at smoke size, trained for 6 epochs (300 steps): the short budget's 530 steps take
-    # half an hour per FP16 preset on a 2-core CPU
-    "lstm_lm": ["experiment=lstm_lm", "budget=smoke", "trainer.epochs=6", "trainer.max_steps=null"],
-    "custom": ["experiment=demo", "budget=short", "model=custom",
-               "model.target=helpers_custom_model:small_cnn", "+model.kwargs.in_channels=1"],
-}  # fmt: skip
 RECIPES = ("no_scaling", "static", "dynamic", "no_master", "bf16", "e5m2", "e4m3")
 OBSERVED = ("no_scaling", "static")  # the runs that record telemetry, to count what FP16 lost
 COMMON = ["trainer.log_every=10", "trainer.progress=false"]
 FIRST_FEW = 10  # steps: skips before this are dynamic scaling finding its scale
-TOLERANCE = {"top1": 2.0, "perplexity": 0.05}  # points of top-1; a fraction of the perplexity
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One experiment as the check runs it."""
+
+    name: str
+    overrides: list[str]  # of its diagnostic, FP32 and recipe runs
+    recipes_left_out: tuple[str, ...] = ()
+
+
+def measured() -> dict[str, Checked]:
+    """The experiments of docs/telemetry.md's table, as check.yaml lists them."""
+    import yaml
+
+    with resources.files("mpt_repro.advise").joinpath("check.yaml").open() as f:
+        raw = yaml.safe_load(f) or {}
+    return {
+        str(name): Checked(
+            str(name),
+            [str(o) for o in entry["overrides"]],
+            tuple(str(r) for r in entry.get("recipes_left_out") or ()),
+        )
+        for name, entry in raw.items()
+    }
+
+
+def checked(name: str) -> Checked:
+    """check.yaml's entry, or any experiment the registry knows at the short budget; AdviceError
+    naming the choices otherwise."""
+    from mpt_repro import catalog
+
+    found = measured()
+    if name in found:
+        return found[name]
+    if name in catalog.experiments():
+        return Checked(name, [f"experiment={name}", "budget=short"])
+    choices = sorted(set(found) | set(catalog.experiments()))
+    raise AdviceError(f"no experiment {name!r} to check; choose from {', '.join(choices)}")
 
 
 @dataclass
@@ -59,14 +91,22 @@ class Outcome:
     first_skip: int | None  # the metrics.csv row (a step) by which the first skip had happened
     final_scale: float | None
     observed_lost: float | None = None
+    higher_is_better: bool = True  # the record's, for its primary metric
+    # how far from FP32 still counts as close, in the metric's unit (comparison.yaml's, for the
+    # experiment and metric; None: a relative one without a finite reference)
+    tolerance: float | None = None
 
     @property
     def close_to_fp32(self) -> bool:
+        """Ended no worse than FP32's value by more than the tolerance (better is close too)."""
         if self.status != "completed" or self.value is None or self.reference is None:
             return False
-        if self.metric == "perplexity":
-            return self.value <= self.reference * (1 + TOLERANCE["perplexity"])
-        return self.value >= self.reference - TOLERANCE.get(self.metric, 2.0)
+        if self.tolerance is None:
+            return False
+        worse = (
+            self.reference - self.value if self.higher_is_better else self.value - self.reference
+        )
+        return worse <= self.tolerance
 
     def good(self, p: Prediction) -> bool:
         """Close to FP32, and no skipped step after the first few unless the recipe scales
@@ -117,8 +157,11 @@ def observed_lost(run_dir: Path, reference: Path) -> float | None:
 
 
 def outcome(recipe: str, run_dir: Path, fp32: dict, diagnostic: Path) -> Outcome:
+    from mpt_repro.report.compare import default_settings, tolerance_for
+
     record = json.loads(read_text(run_dir / "run.json"))
-    metric = record.get("primary_metric") or "top1"
+    metric = record.get("primary_metric") or "loss"
+    reference = (fp32.get("metrics") or {}).get(metric)
     skips = _skips_by_step(run_dir)
     early = max((n for step, n in skips if step <= FIRST_FEW), default=0)
     total = int(record.get("skipped_steps") or 0)
@@ -129,18 +172,22 @@ def outcome(recipe: str, run_dir: Path, fp32: dict, diagnostic: Path) -> Outcome
         status=record.get("status", "?"),
         metric=metric,
         value=value,
-        reference=(fp32.get("metrics") or {}).get(metric),
+        reference=reference,
         skipped=total,
         skipped_late=total - early,
         first_skip=next((step for step, n in skips if n), None),
         final_scale=(record.get("loss_scale") or {}).get("final"),
         observed_lost=observed_lost(run_dir, diagnostic) if recipe in OBSERVED else None,
+        higher_is_better=record.get("higher_is_better") is not False,
+        tolerance=tolerance_for(default_settings(), metric, reference, record.get("experiment")),
     )
 
 
 def check_experiment(name: str, runs_dir: Path, recipes=RECIPES, keep: float = DEFAULT_KEEP):
-    """(the advice, the FP32 record, one Outcome per recipe) of one experiment."""
-    base = [*EXPERIMENTS[name], f"paths.runs_dir={runs_dir}", *COMMON]
+    """(the advice, the FP32 record, one Outcome per recipe) of one experiment (`checked`)."""
+    entry = checked(name)
+    base = [*entry.overrides, f"paths.runs_dir={runs_dir}", *COMMON]
+    recipes = [r for r in recipes if r not in entry.recipes_left_out]
     diagnostic = run_diagnostic(base, steps=300, every=None, env=_env(), capture=True)
     advice = build_advice(diagnostic, keep)
     fp32_dir = mpt_run([*base, "precision=fp32"])
@@ -224,13 +271,18 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m mpt_repro.advise.check", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--runs-dir", type=Path, default=Path("results/advise_check"))
-    ap.add_argument("--only", nargs="+", choices=list(EXPERIMENTS), default=list(EXPERIMENTS))
+    # check.yaml's experiments, or any the registry knows (a plugin's, named by MPT_PLUGINS)
+    ap.add_argument("--only", nargs="+", metavar="NAME", default=list(measured()))
     ap.add_argument("--recipes", nargs="+", choices=RECIPES, default=list(RECIPES))
     args = ap.parse_args(argv)
+    for name in args.only:
+        try:
+            checked(name)
+        except AdviceError as e:
+            ap.error(str(e))
     lines = list(HEADER)
     for name in args.only:
-        recipes = [r for r in args.recipes if name != "lstm_lm" or r not in ("e4m3", "e5m2")]
-        advice, fp32, outcomes = check_experiment(name, args.runs_dir.resolve(), recipes)
+        advice, fp32, outcomes = check_experiment(name, args.runs_dir.resolve(), args.recipes)
         metric = fp32.get("primary_metric")
         print(f"{name}: fp32 {metric} {(fp32.get('metrics') or {}).get(metric)}", file=sys.stderr)
         lines += table_rows(name, advice, outcomes)

@@ -313,15 +313,30 @@ def _finite(x) -> bool:
 
 
 def _classes(record: dict) -> int | None:
-    """The number of classes of a classification run (its loss is a cross-entropy), or None."""
+    """The number of classes of a run whose task's loss is a cross-entropy over them (its Task
+    says so: loss_is_cross_entropy_over_classes), or None."""
     config = record.get("config") if isinstance(record.get("config"), dict) else {}
-    if config.get("task") != "classification":
+    if not _loss_over_classes(config.get("task")):
         return None
     for group in ("data", "model"):
         n = (config.get(group) or {}).get("num_classes")
         if isinstance(n, int) and n >= 2:
             return n
     return None
+
+
+def _loss_over_classes(kind) -> bool:
+    """Whether the registered task `kind` says its loss is a cross-entropy over classes (False
+    for a task no plugin here registers)."""
+    from mpt_repro.errors import ConfigError
+    from mpt_repro.tasks import task_class
+
+    if not isinstance(kind, str):
+        return False
+    try:
+        return bool(task_class(kind).loss_is_cross_entropy_over_classes)
+    except (ConfigError, ImportError, TypeError):  # not registered here, or its plugin failed
+        return False
 
 
 def lower_lr(evidence: RunEvidence) -> float | None:

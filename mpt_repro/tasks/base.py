@@ -90,6 +90,10 @@ class Task:
     # one batch (mpt-bench's timed windows each end with one); False where it counts another
     # unit (a corpus's tokens against its streams)
     eval_limit_counts_batch_items: bool = False
+    # What mpt-advise asks: the `loss` metric is a cross-entropy over num_classes classes (the
+    # config's data.num_classes or model.num_classes), so an untrained model's is about
+    # ln(num_classes) and a run that ends far above it did not train
+    loss_is_cross_entropy_over_classes: bool = False
 
     models: dict[str, nn.Module]
     optimizers: dict[str, Any]  # PrecisionOptimizers, by the names add_model gave them
