@@ -202,62 +202,30 @@ def _scale_incoming(cell: _OutCell, grads):
     """Pre-hook on the node that produced a layer's output: record statistics, multiply by s_L."""
     if cell.record_scale is not None:
         g = grads[cell.index] if cell.index < len(grads) else None
-        rows = cell.layer.owner._stat_rows(g) if g is not None else None
-        if rows is not None:  # two kernels, straight into the layer's row (_StatRows)
-            with torch.no_grad():
-                cell.layer.g_stats = rows.record(cell.layer.index, g)
+        if g is not None:
             cell.layer.g_scale = (cell.record_scale, g.numel())
-        elif g is not None:
-            with torch.no_grad():
-                # no host sync (read at the next plan) and no FP32 copy of g: vector_norm
-                # accumulates the FP16 values in FP32 itself. Raw [|g|_2, max g, min g]: the
-                # plan squares, and divides by the scale g carries and by its size.
-                lo, hi = torch.aminmax(g)
-                norm = torch.linalg.vector_norm(g, dtype=torch.float32)
-                stats = [norm, hi, lo]
-                if cell.layer.owner.formula == "code":  # std(g): from the deviations, as
-                    # numpy's std does (E[g^2] - mean^2 cancels on near-constant gradients);
-                    # an FP32 copy of g for this formula alone
-                    total = g.sum(dtype=torch.float32)
-                    deviations = g.float() - total / g.numel()
-                    stats += [total, torch.linalg.vector_norm(deviations).square()]
-                cell.layer.g_stats = torch.stack(stats)  # promoted to FP32
-                cell.layer.g_scale = (cell.record_scale, g.numel())
+            owner = cell.layer.owner
+            if owner.formula != "code":  # kept to the end of the backward: see _retain
+                owner._retained[cell.layer] = g
+            else:
+                cell.layer.g_stats = _code_statistics(g)
     if cell.factor == 1.0:
         return None
     return tuple(None if g is None else g * cell.factor for g in grads)
 
 
-class _StatRows:
-    """Where the layers' backwards leave their gradient statistics: one FP32 row per layer,
-    [|g|_2, max g, min g], the layer's ``g_stats`` being a view of its row. The norm is written
-    into the row by its kernel (``out=``), the extremes into an FP16 pair (aminmax's ``out=`` has
-    the gradient's dtype) that one copy merges into the rows at the plan: two kernels per layer,
-    where [norm, max, min] stacked into a row of its own took three. The values are the stacked
-    ones exactly (the same kernels; FP16 to FP32 is exact)."""
-
-    def __init__(self, layers: int, device: torch.device, dtype: torch.dtype):
-        self.dtype, self.device = dtype, device
-        self.rows = torch.zeros(layers, 3, dtype=torch.float32, device=device)
-        self.extremes = torch.zeros(layers, 2, dtype=dtype, device=device)  # max, min
-        # views made once: a view made per step would be an op per layer again
-        self.row = list(self.rows.unbind(0))
-        self.norm = list(self.rows[:, 0].unbind(0))
-        self.hi, self.lo = list(self.extremes[:, 0].unbind(0)), list(self.extremes[:, 1].unbind(0))
-        self.pending = False  # extremes written since the last merge
-
-    def record(self, i: int, g: Tensor) -> Tensor:
-        torch.linalg.vector_norm(g, dtype=torch.float32, out=self.norm[i])
-        torch.aminmax(g, out=(self.lo[i], self.hi[i]))
-        self.pending = True
-        return self.row[i]
-
-    def merged(self) -> Tensor:
-        """The rows, with the extremes recorded since the last merge copied in (one kernel)."""
-        if self.pending:
-            self.rows[:, 1:].copy_(self.extremes)
-            self.pending = False
-        return self.rows
+def _code_statistics(g: Tensor) -> Tensor:
+    """Raw [|g|_2, max g, min g, sum g, sum (g - mean)^2] of one gradient, for the ``code``
+    formula, which reads std(g) from the deviations, as numpy's std does (E[g^2] - mean^2 cancels
+    on near-constant gradients): an FP32 copy of g for this formula alone. No host sync (read at
+    the next plan); the plan squares the norm, and divides by the scale g carries and its size."""
+    with torch.no_grad():
+        lo, hi = torch.aminmax(g)
+        norm = torch.linalg.vector_norm(g, dtype=torch.float32)
+        total = g.sum(dtype=torch.float32)
+        deviations = g.float() - total / g.numel()
+        m2 = torch.linalg.vector_norm(deviations).square()
+        return torch.stack([norm, hi, lo, total, m2])  # promoted to FP32
 
 
 class _Layer:
@@ -265,7 +233,7 @@ class _Layer:
 
     def __init__(self, name: str, module: nn.Module, owner: AdaptiveScaler, index: int = 0):
         self.name, self.module, self.owner = name, module, owner
-        self.index = index  # its row in the owner's _StatRows
+        self.index = index  # its place among the owner's layers
         self.weights = [
             p for n, p in module.named_parameters(recurse=False) if n.startswith("weight")
         ]
@@ -278,7 +246,10 @@ class _Layer:
         self.accum: int | None = None  # log2 of the accumulated scale below the layer, last plan
         self.min_exp: int | None = None
         self.max_exp: int | None = None
-        self.g_stats: Tensor | None = None  # raw [|g|_2, max g, min g] on the device
+        # the last recorded gradient's raw statistics on the device, not yet read: (|g|_2,
+        # max|g|) as two FP32 scalars (a tuple), or a row [|g|_2, max g, min g, ...] (the code
+        # formula's five; a checkpoint's three)
+        self.g_stats: tuple[Tensor, Tensor] | Tensor | None = None
         self.g_scale: tuple[float, int] = (1.0, 1)  # (the scale g carried, g's size)
 
 
@@ -482,7 +453,8 @@ class AdaptiveScaler(LossScaler):
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
         self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
-        self._rows: _StatRows | None = None  # made at the first recording (device, dtype)
+        # the output gradients a recording backward has passed, kept until its end (_retain)
+        self._retained: dict[_Layer, Tensor] = {}
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -501,21 +473,28 @@ class AdaptiveScaler(LossScaler):
             m.register_forward_pre_hook(functools.partial(self._wrap_input, layer))
             m.register_forward_hook(functools.partial(self._hook_output, layer))
 
-    def _stat_rows(self, g: Tensor) -> _StatRows | None:
-        """The rows the layers record into, or None where this gradient cannot go there (the
-        ``code`` formula's two more statistics; a gradient of another dtype or device)."""
-        if self.formula == "code":
-            return None
-        if self._rows is None:
-            self._rows = _StatRows(len(self.layers), g.device, g.dtype)
-        rows = self._rows
-        fits = g.dtype == rows.dtype and g.device == rows.device
-        return rows if fits and len(rows.row) == len(self.layers) else None  # none attached since
+    def _reduce_retained(self) -> None:
+        """The statistics of the output gradients the last recording backward passed, taken by
+        two multi-tensor reductions over all of them: |g|_2 accumulated in FP32 and max|g|. The
+        formulas read the gradient's extremes only through max(|g_max|, |g_min|) (the largest
+        product |g w| is max|g| max|W|), so max|g| gives their scale bit for bit; two ops for
+        all the layers, where a norm and an ``aminmax`` per layer took two each.
 
-    def _merged_stats(self) -> None:
-        """The layers' rows complete (their extremes merged), before anything reads them."""
-        if self._rows is not None:
-            self._rows.merged()
+        Why the gradients are kept: a layer's output gradient lives only while the backward
+        passes the layer; kept, they are reduced together here, at the end of the backward
+        (``unscale_``; the next forward's first layer where no unscale follows, as in gradient
+        accumulation). Each one replaces, in memory, the saved activation its batch norm or
+        activation frees as the backward passes (of its size or larger), so the backward's peak
+        is about that of its start."""
+        if not self._retained:
+            return
+        layers, grads = list(self._retained), list(self._retained.values())
+        self._retained = {}
+        with torch.no_grad():
+            norms = torch._foreach_norm(grads, 2, dtype=torch.float32)
+            largest = torch._foreach_norm(grads, math.inf, dtype=torch.float32)
+        for layer, norm, amax in zip(layers, norms, largest):
+            layer.g_stats = (norm, amax)
 
     def _wrap_input(self, layer: _Layer, module, args):
         if (
@@ -534,6 +513,8 @@ class AdaptiveScaler(LossScaler):
         return (_Rescale.apply(x, cell),) + tuple(args[1:])
 
     def _hook_output(self, layer: _Layer, module, args, out):
+        if self._retained:  # a backward with no unscale_ after it (gradient accumulation)
+            self._reduce_retained()
         y = out[0] if isinstance(out, (tuple, list)) else out
         if not torch.is_tensor(y) or y.grad_fn is None:
             return None
@@ -672,63 +653,76 @@ class AdaptiveScaler(LossScaler):
 
     def _recompute(self) -> None:
         """Read the recorded gradient statistics and the current weights' (one host sync)."""
+        self._reduce_retained()
         have = [lay for lay in self.layers.values() if lay.g_stats is not None]
         if not have:
             return
-        from mpt_repro import distributed
-
         with torch.no_grad():
-            device = have[0].weights[0].device
-            self._merged_stats()
-            rows = self._rows
-            if (
-                rows is not None
-                and len(have) == len(self.layers)
-                and all(lay.g_stats is rows.row[lay.index] for lay in have)
-            ):
-                grads = rows.rows  # every layer's row, in order: no stack
-            else:
-                grads = torch.stack([lay.g_stats.to(device) for lay in have])
-            grads[:, 0] = grads[:, 0].square()  # sums of squares (one kernel for all layers)
-            # Under DDP every rank must plan the same scales: DDP averages gradients that must all
-            # carry one scale. Gradient statistics differ per rank (its own batch shard): mean of
-            # the sums of squares, max of the maxima, min of the minima (and mean of the sums).
-            # Weights are identical.
-            cols = grads.shape[1]
-            # the last: the sum of squared deviations from each rank's own mean (its within-rank
-            # spread: the values that arrive at the layer on that rank)
-            distributed.all_reduce_columns_(grads, ["mean", "max", "min", "mean", "mean"][:cols])
             weights = [w for lay in have for w in lay.weights]
-            # multi-tensor kernels over all the weights (max -w: there is no _foreach_min), and
-            # one copy to the host for everything
-            values = torch.cat(
-                [
-                    grads.flatten(),
-                    torch.stack(torch._foreach_norm(weights, 2, dtype=torch.float32)),
-                    torch.stack(torch._foreach_max(weights)).float(),
-                    torch.stack(torch._foreach_max(torch._foreach_neg(weights))).float(),
-                ]
-            ).tolist()
+            # multi-tensor kernels over all the weights: |W|_2 and max|W| (the formulas read
+            # the weights' extremes only through max|W|, as the gradient's), one copy to the host
+            w_parts = [
+                *torch._foreach_norm(weights, 2, dtype=torch.float32),
+                *torch._foreach_norm(weights, math.inf, dtype=torch.float32),
+            ]
+            g_parts, cols = self._gradient_parts(have)
+            if cols:  # one row per layer, flattened
+                values = torch.cat([g_parts[0], torch.stack(w_parts)]).tolist()
+            else:  # [sums of squares..., maxima...]: one stack of scalars
+                values = torch.stack([*g_parts, *w_parts]).tolist()
         self.force = False
         self.updates += 1
-        n, w = cols * len(have), len(weights)
-        g_values, w_norms = values[:n], values[n : n + w]
-        w_maxes, w_neg_maxes = values[n + w : n + 2 * w], values[n + 2 * w :]
+        n, w = len(have) * (cols or 2), len(weights)
+        if cols:
+            g_rows = [values[cols * k : cols * (k + 1)] for k in range(len(have))]
+        else:  # [E g^2 sum, max|g|, -max|g|]: max g and min g as far as the formulas see them
+            g_rows = [
+                [values[k], values[len(have) + k], -values[len(have) + k]] for k in range(len(have))
+            ]
+        w_norms, w_amax = values[n : n + w], values[n + w :]
         first = 0  # the layer's first weight tensor in the w_* lists
-        for k, layer in enumerate(have):
-            sumsq, g_max, g_min, *g_sum = g_values[cols * k : cols * k + cols]
+        for layer, (sumsq, g_max, g_min, *g_sum) in zip(have, g_rows):
             g_sum, g_m2 = g_sum[:1], g_sum[1:]
             sc, numel = layer.g_scale
             last = first + len(layer.weights)
             ms_w = sum(x * x for x in w_norms[first:last]) / layer.weight_numel
-            w_max, w_min = max(w_maxes[first:last]), -max(w_neg_maxes[first:last])
+            w_max = max(w_amax[first:last])
             first = last
-            st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, w_min]
+            st = [sumsq / numel / (sc * sc), g_max / sc, g_min / sc, ms_w, w_max, -w_max]
             st += [x / numel / sc for x in g_sum]  # the mean, when the formula reads it
             st += [x / numel / (sc * sc) for x in g_m2]  # and the variance
             layer.g_stats = None
             if all(math.isfinite(v) for v in st):  # an overflowing step's: keep the old ones
                 layer.stats = st
+
+    def _gradient_parts(self, have: list[_Layer]) -> tuple[list[Tensor], int]:
+        """The layers' gradient statistics, ready for the one copy to the host: their sums of
+        squares and maxima as FP32 scalars (cols 0), or, where a layer holds a row (the code
+        formula, a checkpoint) or the ranks must agree, one flattened table of ``cols`` columns.
+
+        Under DDP every rank must plan the same scales: DDP averages gradients that must all
+        carry one scale. Gradient statistics differ per rank (its own batch shard): mean of the
+        sums of squares, max of the maxima, min of the minima (and mean of the sums; the last
+        column, the sum of squared deviations from each rank's own mean, its within-rank spread,
+        mean too). Weights are identical."""
+        from mpt_repro import distributed
+
+        if not distributed.is_distributed() and all(isinstance(x.g_stats, tuple) for x in have):
+            norms = [lay.g_stats[0] for lay in have]
+            # squared in FP32, as the table's column is below: the same numbers
+            return [*torch._foreach_mul(norms, norms), *(lay.g_stats[1] for lay in have)], 0
+        device = have[0].weights[0].device
+        rows = [
+            torch.stack([x.g_stats[0], x.g_stats[1], -x.g_stats[1]])
+            if isinstance(x.g_stats, tuple)
+            else x.g_stats.to(device)
+            for x in have
+        ]
+        grads = torch.stack(rows)
+        grads[:, 0] = grads[:, 0].square()  # sums of squares (one kernel for all layers)
+        cols = grads.shape[1]
+        distributed.all_reduce_columns_(grads, ["mean", "max", "min", "mean", "mean"][:cols])
+        return [grads.flatten()], cols
 
     def _exponent(self, layer: _Layer, prev: int, cap: int) -> int:
         """log2 s_L for a gradient arriving with scale 2^prev, under the accumulation cap 2^cap."""
@@ -755,6 +749,7 @@ class AdaptiveScaler(LossScaler):
 
     def unscale_(self, grads: Sequence[Tensor], found: Tensor) -> None:
         """Each gradient by its own accumulated scale (grouped by scale for the fused kernel)."""
+        self._reduce_retained()  # the backward is over: its gradients' statistics, together
         mine = [
             (p.grad, self._param_exp.get(id(m), 0)) for m, p in self._pairs if p.grad is not None
         ]
@@ -821,7 +816,7 @@ class AdaptiveScaler(LossScaler):
         }
 
     def state_dict(self) -> dict:
-        self._merged_stats()
+        self._reduce_retained()
         sd = super().state_dict()
         sd.update(
             cap_exp=self.cap_exp,
@@ -837,7 +832,7 @@ class AdaptiveScaler(LossScaler):
                     "accum": lay.accum,
                     "min_exp": lay.min_exp,
                     "max_exp": lay.max_exp,
-                    "g_stats": None if lay.g_stats is None else lay.g_stats.detach().cpu().clone(),
+                    "g_stats": _saved_row(lay.g_stats),
                     "g_scale": list(lay.g_scale),
                 }
                 for n, lay in self.layers.items()
@@ -875,6 +870,16 @@ class AdaptiveScaler(LossScaler):
                 lay.g_scale = (float(s["g_scale"][0]), int(s["g_scale"][1]))
             elif lay.g_stats is not None:  # written before g_scale: the finished [E g^2, max, min]
                 lay.g_stats[0] = lay.g_stats[0].sqrt()
+
+
+def _saved_row(stats: tuple[Tensor, Tensor] | Tensor | None) -> Tensor | None:
+    """A layer's pending gradient statistics as a checkpoint keeps them: the row [|g|_2, max g,
+    min g, ...], with max|g| for the extremes where the backward took max|g| alone."""
+    if stats is None:
+        return None
+    if isinstance(stats, tuple):
+        stats = torch.stack([stats[0], stats[1], -stats[1]])
+    return stats.detach().cpu().clone()
 
 
 def describe(cfg) -> str:
