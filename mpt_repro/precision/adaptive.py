@@ -455,6 +455,9 @@ class AdaptiveScaler(LossScaler):
         self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
         # the output gradients a recording backward has passed, kept until its end (_retain)
         self._retained: dict[_Layer, Tensor] = {}
+        # (what it was read from, the values, their columns): statistics read with the overflow
+        # flag at the last update, for the next plan (_read_ahead)
+        self._ahead: tuple[tuple, list[float], int] | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -652,34 +655,57 @@ class AdaptiveScaler(LossScaler):
             self._host_scale = largest
 
     def _recompute(self) -> None:
-        """Read the recorded gradient statistics and the current weights' (one host sync)."""
+        """The layers' statistics from the recorded gradients' and the current weights': read
+        ahead with the last update's overflow flag (``_read_ahead``), or read now (one sync)."""
         self._reduce_retained()
         have = [lay for lay in self.layers.values() if lay.g_stats is not None]
         if not have:
             return
-        with torch.no_grad():
-            weights = [w for lay in have for w in lay.weights]
-            # multi-tensor kernels over all the weights: |W|_2 and max|W| (the formulas read
-            # the weights' extremes only through max|W|, as the gradient's), one copy to the host
-            w_parts = [
-                *torch._foreach_norm(weights, 2, dtype=torch.float32),
-                *torch._foreach_norm(weights, math.inf, dtype=torch.float32),
-            ]
-            g_parts, cols = self._gradient_parts(have)
-            if cols:  # one row per layer, flattened
-                values = torch.cat([g_parts[0], torch.stack(w_parts)]).tolist()
-            else:  # [sums of squares..., maxima...]: one stack of scalars
-                values = torch.stack([*g_parts, *w_parts]).tolist()
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and ahead[0] == self._ahead_key(have):
+            values, cols = ahead[1], ahead[2]
+        else:
+            with torch.no_grad():
+                table, cols = self._statistics_table(have, None)
+                values = table.tolist()
         self.force = False
         self.updates += 1
-        n, w = len(have) * (cols or 2), len(weights)
+        self._set_stats(have, values, cols)
+
+    def _ahead_key(self, have: list[_Layer]) -> tuple:
+        """What a read-ahead was read from: the statistics' objects (a later backward makes new
+        ones) and the weights' in-place versions (a step or a load after it changes them)."""
+        return (
+            tuple(id(lay.g_stats) for lay in have),
+            tuple(w._version for lay in have for w in lay.weights),
+        )
+
+    def _statistics_table(self, have: list[_Layer], lead: Tensor | None) -> tuple[Tensor, int]:
+        """One FP32 vector for the one copy to the host: ``lead`` (the overflow flag) if given,
+        the gradients' statistics (``_gradient_parts``), then each weight's |W|_2 and max|W|:
+        multi-tensor kernels over all the weights (the formulas read the weights' extremes only
+        through max|W|, as the gradient's)."""
+        weights = [w for lay in have for w in lay.weights]
+        w_parts = [
+            *torch._foreach_norm(weights, 2, dtype=torch.float32),
+            *torch._foreach_norm(weights, math.inf, dtype=torch.float32),
+        ]
+        g_parts, cols = self._gradient_parts(have)
+        head = [] if lead is None else [lead if lead.dim() == 0 else lead.reshape(())]
+        if cols:  # one row per layer, flattened
+            return torch.cat([torch.stack([*head, *w_parts]), g_parts[0]]), cols
+        return torch.stack([*head, *w_parts, *g_parts]), cols  # sums of squares, maxima
+
+    def _set_stats(self, have: list[_Layer], values: list[float], cols: int) -> None:
+        """Each layer's [E g^2, max g, min g, E W^2, max W, min W, (mean, variance)] of the true
+        gradient from the host copy; an overflowing step's (non-finite) keep the old ones."""
+        w = sum(len(lay.weights) for lay in have)
+        w_norms, w_amax, g_values = values[:w], values[w : 2 * w], values[2 * w :]
+        n = len(have)
         if cols:
-            g_rows = [values[cols * k : cols * (k + 1)] for k in range(len(have))]
+            g_rows = [g_values[cols * k : cols * (k + 1)] for k in range(n)]
         else:  # [E g^2 sum, max|g|, -max|g|]: max g and min g as far as the formulas see them
-            g_rows = [
-                [values[k], values[len(have) + k], -values[len(have) + k]] for k in range(len(have))
-            ]
-        w_norms, w_amax = values[n : n + w], values[n + w :]
+            g_rows = [[g_values[k], g_values[n + k], -g_values[n + k]] for k in range(n)]
         first = 0  # the layer's first weight tensor in the w_* lists
         for layer, (sumsq, g_max, g_min, *g_sum) in zip(have, g_rows):
             g_sum, g_m2 = g_sum[:1], g_sum[1:]
@@ -773,7 +799,7 @@ class AdaptiveScaler(LossScaler):
 
     def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
         c = self.cfg
-        self.host_overflow = bool(found)  # the host read this scaler costs per step (sync_free)
+        self.host_overflow = self._read_ahead(found)  # the one host read a step (sync_free)
         if self.host_overflow:
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
@@ -783,6 +809,23 @@ class AdaptiveScaler(LossScaler):
             if self.growth_tracker >= c.growth_interval and self.cap_exp < self.max_cap_exp:
                 self.growth_tracker = 0
                 self.cap_exp += 1
+
+    def _read_ahead(self, found: Tensor) -> bool:
+        """The overflow flag, read on the host (the cap moves there). Where this step's backward
+        recorded statistics, the next plan will recompute the scales from them and from the
+        weights as this step left them: both are final now, so they come to the host in the
+        same copy as the flag, and the plan uses them without a read of its own (if neither
+        changed in between: ``_ahead_key``). One host read a step where there were two."""
+        self._reduce_retained()
+        have = [lay for lay in self.layers.values() if lay.g_stats is not None]
+        if not have:
+            self._ahead = None
+            return bool(found)
+        with torch.no_grad():
+            table, cols = self._statistics_table(have, found.float())
+            values = table.tolist()
+        self._ahead = (self._ahead_key(have), values[1:], cols)
+        return bool(values[0])
 
     def _host_at_floor(self) -> bool | None:
         return self.cap_exp == 0  # at the floor: a cap of 1 (the cap lives on the host)
@@ -842,6 +885,7 @@ class AdaptiveScaler(LossScaler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
+        self._ahead = None  # the loaded statistics are read at the next plan
         self._host_scale = self.scale
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
         self.growth_tracker = int(sd.get("host_growth_tracker", 0))
