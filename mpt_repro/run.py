@@ -194,7 +194,7 @@ def _run_planned(
         from mpt_repro.trainer import Trainer
 
         trainer = Trainer(cfg, task, policy, run_dir, callbacks=build_callbacks(cfg), is_main=main)
-        _hparams(trainer, cfg, run_dir, record)  # in TensorBoard's table from the start: running
+        _hparams(main, None, cfg, run_dir, record)  # in TensorBoard's table from the start
         summary = trainer.fit()
         _describe_data_again(record, task)
         _completed(record, summary, start)
@@ -209,18 +209,19 @@ def _run_planned(
         raise
     finally:
         if trainer is not None:
-            _hparams(trainer, cfg, run_dir, record)  # the outcome replaces `running`
+            _hparams(main, trainer.writer, cfg, run_dir, record)  # the outcome replaces it
             trainer.close()
     return record.data
 
 
-def _hparams(trainer: Any, cfg: DictConfig, run_dir: Path, record: RunRecord) -> None:
-    """The run's HParams record for TensorBoard, as the record stands (runlog/hparams.py)."""
-    if trainer.writer is None:  # another rank than the first: it writes no events
+def _hparams(main: bool, writer: Any, cfg: DictConfig, run_dir: Path, record: RunRecord) -> None:
+    """The run's HParams record for TensorBoard, as the record stands (runlog/hparams.py);
+    `writer`: the run's own events, once training has opened them (None before)."""
+    if not main:  # another rank than the first: it writes no events
         return
     from mpt_repro.tasks import all_metric_names
 
-    _safely(write_hparams, run_dir, trainer.writer, cfg, record.data, all_metric_names())
+    _safely(write_hparams, run_dir, writer, cfg, record.data, all_metric_names())
 
 
 def _describe_data_again(record: RunRecord, task: Any) -> None:

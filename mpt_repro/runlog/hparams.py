@@ -275,15 +275,16 @@ def write_hparams(
 ) -> Path:
     """The run's HParams record as it stands (at its start, status running; at its end, however
     it ended), where TensorBoard will show it: a status folder of its own while the run can still
-    change, else the run's own events (`writer`). Removes the status folders it no longer needs;
-    returns the folder written."""
+    change, else the run's own events (`writer`, or a writer of its own when training never
+    opened them). Removes the status folders it no longer needs; returns the folder written."""
     status = normalised_status(record)
     folder = tb_dir(run_dir)
     if status in UNSETTLED:
-        from torch.utils.tensorboard import SummaryWriter
-
         folder = folder / str(status)
         remove_status_folder(folder)  # an earlier segment's record would be the one shown
+    if writer is None or status in UNSETTLED:
+        from torch.utils.tensorboard import SummaryWriter
+
         own = SummaryWriter(log_dir=str(folder))
         try:
             write_run_summary(own, cfg, record, metric_names)
