@@ -411,6 +411,12 @@ def test_the_runner_makes_the_runs_and_writes_the_page_structure_only(tmp_path):
     assert "1 paired seed; a verdict needs at least 3" in page
     assert "the interval of no_scaling − fp32 wholly short of 1.5 worse" in page
     assert "runs trained at: " in page and "CPU capability" in page
+    # the header of the real page, under the label (issue 48: when, which commit, which machine)
+    assert "\n- made: " in page and "\n- judged at commit: " in page
+    assert (
+        "\n- runs trained on: " in page
+        and "\n- command: `scripts/reproduce_claims.py --tiny" in page
+    )
     made = {part for p in (out / "runs").rglob("run.json") for part in p.parts}
     assert {"seed0", "seed1000", "fp32-smoke", "no_scaling-smoke"} <= made
 
