@@ -228,6 +228,9 @@ def test_mpt_bench_measures_the_own_experiment(toy: Path, tmp_path: Path) -> Non
     rows = {r["preset"]: r for r in json.loads(written.read_text())["results"]}
     assert set(rows) == {"fp32", "mixed"}
     assert rows["mixed"]["saved_bytes_per_sample"] < rows["fp32"]["saved_bytes_per_sample"]
+    # its micro-batches hold their examples on the first dimension (Task.examples_on_first_dim):
+    # the bytes per example are a slope between two cuts, as for the paper's image tasks
+    assert rows["fp32"]["detail"]["saved_method"].startswith("slope between batch")
 
 
 def test_a_checkout_used_without_installing_finds_its_own_plugins(monkeypatch) -> None:
