@@ -87,8 +87,8 @@ def test_a_hydra_composition_error_is_one_message() -> None:
     proc = _cli("experiment=demo", "precision=fp64")
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()  # Hydra's options and search path: one line
-    assert line.startswith("mpt-run: error: precision=fp64: there is no such precision; ")
-    assert "precision is one of: adaptive, amp, " in line
+    assert line.startswith("mpt-run: error: precision=fp64: there is no such precision ")
+    assert "(did you mean precision=fp16?); precision is one of: adaptive, amp, " in line
     assert "HYDRA_FULL_ERROR" not in proc.stderr
 
 
