@@ -616,7 +616,10 @@ def _metric_words(metric: str) -> str:
 def _lower_is_better(metric: str, runs: pd.DataFrame) -> bool:
     if metric == str(runs["primary_metric"].dropna().iloc[0]):
         return not bool(runs["higher_is_better"].dropna().iloc[0])
-    return metric not in ("top1", "top5", "map", "bleu", "accuracy")  # losses, errors
+    from mpt_repro import registry
+
+    info = registry.metric_info(metric)  # as the task that reports it registered it
+    return not (info is not None and info.higher_is_better)  # losses, errors, unknown
 
 
 def _tolerance_of(test: Test, ref: pd.DataFrame, metric: str) -> tuple[float, bool]:

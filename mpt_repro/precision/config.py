@@ -162,7 +162,9 @@ class PrecisionConfig:
     bn_fp32: bool = True
     arithmetic: Arithmetic = Arithmetic.native
     allow_tf32: bool = False
-    loss_scaling: LossScaling = LossScaling.none
+    loss_scaling: str = (
+        "none"  # none, static, dynamic, paper, adaptive (LossScaling), or a registered loss scaler
+    )
     static_scale: float | None = field(
         default=None, metadata=read_when("precision.loss_scaling", "static")
     )
