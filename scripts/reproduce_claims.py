@@ -3,8 +3,8 @@ sets, and write the page of verdicts.
 
     make reproduce-claims                          # all claims: results/claims/{runs,claims.md}
     .venv/bin/python scripts/reproduce_claims.py --docs docs/claims.md   # also the committed page
-    .venv/bin/python scripts/reproduce_claims.py --tiny --out /tmp/c     # every claim at
-                                                   # budget=smoke, one seed a set: structure only
+    .venv/bin/python scripts/reproduce_claims.py --tiny     # every claim at budget=smoke, one
+                                      # seed a set: structure only (results/claims-tiny/)
     .venv/bin/python scripts/reproduce_claims.py --dry-run               # the first sweeps
     .venv/bin/python scripts/reproduce_claims.py --seed-offset 100 --claims-dir my/claims
 
@@ -76,6 +76,9 @@ def sweeps(claims: list[Claim]) -> dict[tuple, set[int]]:
         (experiment, budget, overrides, tuple(presets), extra): set(seeds)
         for (experiment, budget, overrides, extra, seeds), presets in grouped.items()
     }
+
+
+COMMITTED_PAGE = ROOT / "docs" / "claims.md"  # the page the repository commits (--docs)
 
 
 def command(key: tuple, seeds: set[int], runs_dir: Path) -> list[str]:
@@ -219,7 +222,7 @@ def digest_section(digests: dict) -> str:
 # -- seeds until decided, on two seed sets (issue 42) ---------------------------------------------
 def options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=ROOT / "results" / "claims")
+    parser.add_argument("--out", type=Path, help="default: results/claims (--tiny: claims-tiny)")
     parser.add_argument("--runs-dir", type=Path, help="default: OUT/runs")
     parser.add_argument("--docs", type=Path, help="also write the page (docs/claims.md)")
     parser.add_argument("--tiny", action="store_true", help="budget=smoke, one seed: structure")
@@ -229,7 +232,11 @@ def options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="shift every seed by this (set B is 1000 further on)")  # fmt: skip
     parser.add_argument("--no-replicate", action="store_true", help="seed set A only")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    # a structure-only page and its smoke runs never land beside the real ones (make
+    # reproduce-claims ARGS=--tiny wrote results/claims/claims.md, which read like the real page)
+    args.out = args.out or ROOT / "results" / ("claims-tiny" if args.tiny else "claims")
+    return args
 
 
 def checked_claims(args: argparse.Namespace) -> list[Claim] | str:
@@ -238,6 +245,11 @@ def checked_claims(args: argparse.Namespace) -> list[Claim] | str:
         return "--claims is empty: name claims (--claims a,b) or leave the option out for all"
     if args.seed_offset < 0:
         return f"--seed-offset must be >= 0 (got {args.seed_offset})"
+    if args.tiny and args.docs and args.docs.resolve() == COMMITTED_PAGE.resolve():
+        return (
+            f"--tiny makes a structure-only page (budget=smoke, one seed a set): it never "
+            f"replaces {_shown_path(COMMITTED_PAGE)}; leave out --tiny or --docs"
+        )
     folder = args.claims_dir or ROOT / "conf" / "claims"
     if not folder.is_dir():
         return f"--claims-dir {folder}: no such folder"

@@ -8,7 +8,8 @@
   its end (TensorBoard keeps a run folder's first HParams record: runlog/hparams.py);
 - "1 skipped step", not "1 skipped steps";
 - `mpt-run --help` cuts a description where a clause ends, never inside parentheses or quotes;
-- `make help` names what the demo runs; README's own-model sweep names a budget and its seeds.
+- `make help` names what the demo runs; README's own-model sweep names a budget and its seeds;
+- `reproduce_claims.py --tiny` writes its structure-only page apart from the real one.
 
 Two training runs are spawned in all (a completed one shared by three tests, and one stopped by
 SIGTERM); every refusal runs the CLI's entry function in a fresh process that reports whether
@@ -249,3 +250,22 @@ def test_the_readme_s_own_model_sweep_is_cheap_and_counts_its_seeds() -> None:
     (seeds,) = {m for c in runs for m in re.findall(r"seed=([\d,]+)", c)}
     text = (ROOT / "README.md").read_text()
     assert f"{len(seeds.split(','))} paired seeds" in text and "with 2 seeds" not in text
+
+
+def test_a_tiny_claims_page_never_lands_where_the_real_one_does() -> None:
+    """`make reproduce-claims ARGS=--tiny` wrote results/claims/claims.md, the real page's place;
+    its page is labelled and headed like the real one (tests/test_claims.py, the runner test)."""
+    script = [sys.executable, str(ROOT / "scripts" / "reproduce_claims.py"), "--tiny"]
+    before = (ROOT / "docs" / "claims.md").read_bytes()
+    done = subprocess.run([*script, "--docs", "docs/claims.md"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "reproduce-claims: --tiny makes a structure-only page (budget=smoke, one seed a set): it "
+        "never replaces docs/claims.md; leave out --tiny or --docs"
+    )
+    assert (ROOT / "docs" / "claims.md").read_bytes() == before
+    plan = subprocess.run([*script, "--dry-run"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120, check=True).stdout  # fmt: skip
+    sweeps = [line for line in plan.splitlines() if line.startswith("+ mpt-run -m")]
+    assert sweeps and all(x.endswith(" paths.runs_dir=results/claims-tiny/runs") for x in sweeps)
