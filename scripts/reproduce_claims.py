@@ -4,7 +4,7 @@ sets, and write the page of verdicts.
     make reproduce-claims                          # all claims: results/claims/{runs,claims.md}
     .venv/bin/python scripts/reproduce_claims.py --docs docs/claims.md   # also the committed page
     .venv/bin/python scripts/reproduce_claims.py --tiny     # every claim at budget=smoke, one
-                                      # seed a set: structure only (results/claims-tiny/)
+                                      # seed a set: structure only (results/claims/tiny/)
     .venv/bin/python scripts/reproduce_claims.py --dry-run               # the first sweeps
     .venv/bin/python scripts/reproduce_claims.py --seed-offset 100 --claims-dir my/claims
 
@@ -222,7 +222,7 @@ def digest_section(digests: dict) -> str:
 # -- seeds until decided, on two seed sets (issue 42) ---------------------------------------------
 def options(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, help="default: results/claims (--tiny: claims-tiny)")
+    parser.add_argument("--out", type=Path, help="default: results/claims (--tiny: its tiny/)")
     parser.add_argument("--runs-dir", type=Path, help="default: OUT/runs")
     parser.add_argument("--docs", type=Path, help="also write the page (docs/claims.md)")
     parser.add_argument("--tiny", action="store_true", help="budget=smoke, one seed: structure")
@@ -235,7 +235,8 @@ def options(argv: list[str]) -> argparse.Namespace:
     args = parser.parse_args(argv)
     # a structure-only page and its smoke runs never land beside the real ones (make
     # reproduce-claims ARGS=--tiny wrote results/claims/claims.md, which read like the real page)
-    args.out = args.out or ROOT / "results" / ("claims-tiny" if args.tiny else "claims")
+    real = ROOT / "results" / "claims"
+    args.out = args.out or (real / "tiny" if args.tiny else real)
     return args
 
 

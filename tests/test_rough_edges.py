@@ -268,4 +268,4 @@ def test_a_tiny_claims_page_never_lands_where_the_real_one_does() -> None:
     plan = subprocess.run([*script, "--dry-run"], cwd=ROOT, capture_output=True, text=True,
                           timeout=120, check=True).stdout  # fmt: skip
     sweeps = [line for line in plan.splitlines() if line.startswith("+ mpt-run -m")]
-    assert sweeps and all(x.endswith(" paths.runs_dir=results/claims-tiny/runs") for x in sweeps)
+    assert sweeps and all(x.endswith(" paths.runs_dir=results/claims/tiny/runs") for x in sweeps)
