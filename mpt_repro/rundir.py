@@ -40,7 +40,11 @@ LOCK_NAME = ".lock"
 SET_ASIDE_PREFIX = "previous-"
 # Sub-folders that belong to the run itself. Any other folder is left where it is: a run directory
 # can hold other runs' directories (a sweep names a sub-folder by its extra overrides).
-RUN_SUBDIRS = ("checkpoints", "tb", ".hydra", "figures", "samples")
+# what a run writes into its folder: moved aside whole into previous-<time>/ by overwrite=true
+# (running/, interrupted/, failed/: the HParams status record while a run has not finished)
+RUN_SUBDIRS = (
+    "checkpoints", "tb", ".hydra", "figures", "samples", "running", "interrupted", "failed",
+)  # fmt: skip
 FINISHED = ("completed", "diverged")
 
 log = logging.getLogger("mpt_repro")
