@@ -19,6 +19,7 @@ from test_report import rec, write_run
 from mpt_repro.report import cli
 
 PLUGIN = "PYTHONPATH=$PWD MPT_PLUGINS=toyreg"
+TABLE1 = "mpt_repro.experiments._classification_tables:table1"  # the classification plugin's
 PAPER_TITLES = ("Table 1:", "Table 2", "Table 3", "qualitative claims", "Values marked `paper`")
 
 
@@ -108,6 +109,27 @@ def test_a_report_of_the_papers_experiments_keeps_table_1_and_their_claims(tmp_p
     assert "no loss scaling needed" in claims  # about the ILSVRC networks
     assert "diverges after ~300K iterations" not in claims  # lstm_lm: no run here
     assert "Values marked `paper`" in report
+
+
+def test_table_1_is_shown_once_whether_or_not_the_plugin_names_it(tmp_path, monkeypatch) -> None:
+    """Table 1 is built by mpt_repro/experiments/_classification_tables.py: the report calls it
+    as the classification plugin's paper_table, or by itself until the plugin names it; never
+    twice (the toy's report above has none)."""
+    from mpt_repro import registry
+    from mpt_repro.report.aggregate import aggregate
+    from mpt_repro.report.collect import load_runs
+    from mpt_repro.report.tables import all_tables
+
+    runs_dir = tmp_path / "runs"
+    for seed in (0, 1):
+        write_run(runs_dir, rec("resnet50", "fp32", seed, metrics={"top1": 75.0 + seed}))
+    runs, _ = load_runs(runs_dir)
+    agg = aggregate(runs)
+    unnamed = [t.title for t in all_tables(agg, runs)]
+    named = replace(registry.report_of("classification"), paper_table=TABLE1)
+    monkeypatch.setitem(registry.REPORTS, "classification", named)
+    for titles in (unnamed, [t.title for t in all_tables(agg, runs)]):
+        assert sum(title.startswith("Table 1:") for title in titles) == 1, titles
 
 
 def test_the_advice_check_judges_a_plugins_runs_by_comparison_yaml(toy: Path) -> None:
