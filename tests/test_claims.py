@@ -210,7 +210,8 @@ def test_a_claim_shows_the_comparison_tables_verdict_and_why_they_differ(tmp_pat
     (outcome,) = judge(claims["matches"], demo_runs).outcomes
     table = "mpt-report's comparison table: "
     assert table in outcome.shown, outcome.shown
-    assert "its tolerance is ±1.5 (demo: 360 validation images" in outcome.shown
+    source = "comparison.yaml's entry for demo: 360 validation images"
+    assert f"its tolerance is ±1.5 ({source}" in outcome.shown
     assert "this test's ±1e+03" in outcome.shown and "(the sequential rule's)" in outcome.shown
     same = _claims_folder(tmp_path / "same", {"same": [{**MATCHES, "tolerance": "1.5"}]})
     (outcome,) = judge(same["same"], demo_runs, confidence=0.95).outcomes
