@@ -9,7 +9,8 @@ Nothing here lists presets, experiments, budgets or tasks: the paper's tables ta
 paper_reference.csv, the presets come from the records (ordered by what they do), budgets from
 conf/budget/, and every task the records name gets a table, as its plugin presents it
 (mpt_repro/registry.py TaskReport: a task without one gets the generic view, every numeric final
-metric per preset; the paper's Tables 2 and 3 are built by the plugins that name them).
+metric per preset; the paper's Tables 1, 2 and 3 are built by the plugins that name them, and
+shown, with the paper's claims, only beside the runs they are about).
 """
 
 from __future__ import annotations
