@@ -39,7 +39,7 @@ from mpt_repro import catalog  # noqa: E402
 from mpt_repro.record import SLOW_FP16_NOTE  # noqa: E402
 from mpt_repro.report.aggregate import preset_order  # noqa: E402
 from mpt_repro.report.collect import PAIR_KEYS, Problem, load_metrics_csv  # noqa: E402
-from mpt_repro.report.compare import MIN_SEEDS  # noqa: E402
+from mpt_repro.report.compare import MIN_SEEDS, tolerance_text  # noqa: E402
 from mpt_repro.report.tables import slow_device, slugify  # noqa: E402
 
 # line styles and markers cycle independently of the colours, so two presets never share both
@@ -265,7 +265,7 @@ def show_tolerance(ax, tolerance: float) -> None:
     it then looks small, whatever the matplotlib autoscale would have made of it."""
     for sign in (1, -1):
         ax.axhline(sign * tolerance, color="grey", linestyle="--", linewidth=0.8,
-                   label=f"tolerance ±{tolerance:.4g}" if sign > 0 else None)  # fmt: skip
+                   label=f"tolerance ±{tolerance_text(tolerance)}" if sign > 0 else None)  # fmt: skip
     low, high = ax.get_ylim()
     ax.set_ylim(min(low, -1.15 * tolerance), max(high, 1.15 * tolerance))
 
