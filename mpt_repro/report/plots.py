@@ -263,9 +263,10 @@ def paired_band(
 def show_tolerance(ax, tolerance: float) -> None:
     """The tolerance as dashed lines at ±tolerance, inside the axis: a difference far inside
     it then looks small, whatever the matplotlib autoscale would have made of it."""
+    said = f"tolerance ±{tolerance_text(tolerance)}"
     for sign in (1, -1):
         ax.axhline(sign * tolerance, color="grey", linestyle="--", linewidth=0.8,
-                   label=f"tolerance ±{tolerance_text(tolerance)}" if sign > 0 else None)  # fmt: skip
+                   label=said if sign > 0 else None)  # fmt: skip
     low, high = ax.get_ylim()
     ax.set_ylim(min(low, -1.15 * tolerance), max(high, 1.15 * tolerance))
 
