@@ -14,7 +14,8 @@ How it hooks into PyTorch autograd (nothing here edits a model):
   by a factor): that is L's private edge into the input tensor, the one place where L's
   contribution can be rescaled *before* autograd adds it to the other consumers' contributions;
 * a forward hook on L registers a pre-hook on the autograd node that produced L's output: it
-  multiplies L's incoming gradient by s_L (and records its statistics when due);
+  multiplies L's incoming gradient by s_L (and, when due, keeps that gradient: the statistics of
+  all the layers' are taken together at the end of the backward, ``_reduce_retained``);
 * ``scale_loss`` (called right before backward) solves for one consistent scale per node of the
   autograd graph below the loss (``_plan``): the factors of the ``_Rescale`` edges, the s_L to
   apply, and the scale every parameter's gradient will carry. All scales are powers of two,
@@ -22,8 +23,9 @@ How it hooks into PyTorch autograd (nothing here edits a model):
   key and kept as a ``_Tape`` (``_tape_for``): later steps replay it without a walk.
 
 The statistics a layer's scale is computed from are those of the previous iteration's gradient
-(recorded in the backward, read when the next plan is made): the plan must be fixed before the
-backward starts, because a join needs the scales of all its branches. The reference computes
+(recorded in the backward, read on the host with the update's overflow flag, ``_read_ahead``,
+used by the next plan): the plan must be fixed before the backward starts, because a join needs
+the scales of all its branches. The reference computes
 s_L from the current gradient; with update_interval > 1 both reuse old values anyway.
 """
 
@@ -205,7 +207,7 @@ def _scale_incoming(cell: _OutCell, grads):
         if g is not None:
             cell.layer.g_scale = (cell.record_scale, g.numel())
             owner = cell.layer.owner
-            if owner.formula != "code":  # kept to the end of the backward: see _retain
+            if owner.formula != "code":  # kept to the end of the backward: _reduce_retained
                 owner._retained[cell.layer] = g
             else:
                 cell.layer.g_stats = _code_statistics(g)
@@ -417,7 +419,9 @@ class AdaptiveScaler(LossScaler):
     row ends the run as Diverged.
     """
 
-    sync_free = False  # the plan is made on the host from last step's statistics
+    # the plan is made on the host: one read a step (the overflow flag, with last step's
+    # statistics where it recorded them)
+    sync_free = False
     # the largest accumulated scale moves with each plan, but the host sets it: the journal's
     # rows get it as a host note, not as a device copy
     moves = False
