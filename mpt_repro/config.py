@@ -112,11 +112,6 @@ class OptimConfig:
     # overflowing step on the device, so a step needs no host sync. auto: wherever the kernel
     # exists | true | false (foreach)
     fused: str = "auto"
-    # objective (the trainer/tasks apply these): TF's softmax_cross_entropy label_smoothing
-    label_smoothing: float = field(default=0.0, metadata=read_when("task", "classification"))
-    # LM: backpropagate mean token loss x seq_len (f-lm); embedding gradients x this (f-lm)
-    lm_loss_times_steps: bool = field(default=False, metadata=read_when("task", "language_model"))
-    embedding_grad_scale: float = field(default=1.0, metadata=read_when("task", "language_model"))
     # evaluate an exponential moving average of the parameters (FP32) with this decay; null: the
     # raw weights. Inception v3 (TF-slim) 0.9999, the big LSTM (f-lm) 0.999
     ema_decay: float | None = None
@@ -353,15 +348,6 @@ def validate_optim(o: DictConfig) -> None:
         list(o.betas),
         "must be two numbers in [0, 1)",
     )
-    _check(
-        0 <= o.label_smoothing < 1, "optim.label_smoothing", o.label_smoothing, "must be in [0, 1)"
-    )
-    _check(
-        o.embedding_grad_scale > 0,
-        "optim.embedding_grad_scale",
-        o.embedding_grad_scale,
-        "must be > 0",
-    )
     for key in ("grad_clip_params", "ema_params"):
         _check(_is_regex(o[key]), f"optim.{key}", o[key], "must be a valid regex or null")
 
@@ -542,8 +528,36 @@ def check_command_line(argv: list[str]) -> str | None:
             continue
         if key in groups or _schema_has(key):
             continue
-        return _unknown_key_message(key)
+        return _moved_key_message(key) or _unknown_key_message(key)
     return None
+
+
+def moved_keys() -> dict[str, tuple[str, list[str]]]:
+    """{old key: (its new key, the options that have it)} of the settings that moved into the
+    schema of the options that read them (schema.formerly: `optim.label_smoothing` is now the
+    classifiers' `model.label_smoothing`)."""
+    moved: dict[str, tuple[str, list[str]]] = {}
+    for group, schemas in registry.option_schemas().items():
+        for schema in schemas.values():
+            for f in dataclasses.fields(schema):
+                old = f.metadata.get("formerly")
+                if old and old not in moved:
+                    new = f"{group}.{f.name}"
+                    moved[old] = (new, options_with_field(group, f.name))
+    return moved
+
+
+def _moved_key_message(key: str) -> str | None:
+    """The one line for a key that moved (`optim.label_smoothing=0.1`), or None."""
+    if key not in moved_keys():
+        return None
+    new, readers = moved_keys()[key]
+    group = new.split(".")[0]
+    who = f" ({group}={', '.join(readers)} {'has' if len(readers) == 1 else 'have'} it)"
+    return (
+        f"{key} is now {new}: the setting moved to the options that read it"
+        f"{who if readers else ''}. Write {new}=... instead."
+    )
 
 
 def _override_args(argv: list[str]) -> list[str]:

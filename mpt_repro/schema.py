@@ -18,6 +18,8 @@ metadata: `read_when(selector, kinds...)` (a command-line override is refused wh
 is not among them; config.check_overrides_are_read; the same marker serves the other groups'
 fields: optim, trainer, precision, telemetry), or, for a base schema's field that only some
 options read, `read_if_listed()` with the option's schema naming it in its `reads`.
+A field that moved into an option's schema from another group says where it was
+(`formerly("optim.x")`), so that the old key is refused with the new name.
 
 Nothing here imports torch: mpt-run checks a configuration before torch loads.
 """
@@ -38,6 +40,14 @@ def read_when(selector: str, *kinds: str) -> dict[str, Any]:
     `optim.name`, or a derived kind: `task`, `loss_scaling`, `telemetry.enabled`) is one of
     `kinds`."""
     return {"read_when": (selector, tuple(kinds))}
+
+
+def formerly(old_key: str) -> dict[str, Any]:
+    """Field metadata: the key this setting had before it moved into the schema of the options
+    that read it (`optim.label_smoothing`, now the classifiers' `model.label_smoothing`): a
+    command line that still sets the old key is refused in one line naming the new one
+    (config.check_command_line), rather than as a key no schema has."""
+    return {"formerly": old_key}
 
 
 def require(ok: bool, key: str, value: Any, must: str) -> None:
@@ -62,13 +72,6 @@ class ModelSchema:
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
         """The checks of this option's own fields (ConfigError naming the key)."""
-
-
-@dataclass
-class Classifier(ModelSchema):
-    # NHWC memory format for CNNs on CUDA (tensor-core convolutions without layout transposes);
-    # ignored on the CPU and by models that are not CNNs
-    channels_last: bool = True
 
 
 def split_target(target: str) -> tuple[str, str]:
@@ -174,20 +177,6 @@ def all_augmentations() -> tuple[str, ...]:
         for a in (getattr(schema, "augmentations", None) or ())
     ]
     return tuple(dict.fromkeys(found))
-
-
-@dataclass
-class DetectionData(ImageData):
-    """The fields of a data set of images with boxes (an experiment's splits stay in the
-    composed config when it runs on made-up data: its random boxes ignore them)."""
-
-    # splits "<year>/<set>", e.g. [2007/trainval, 2012/trainval] and [2007/test]
-    train_splits: list[str] = field(default_factory=list, metadata=read_if_listed())
-    eval_splits: list[str] = field(default_factory=list, metadata=read_if_listed())
-    # `difficult` boxes as training targets (evaluation always ignores them)
-    train_difficult: bool = field(default=True, metadata=read_if_listed())
-    # the longer side's cap (Faster R-CNN's 1000)
-    max_size: int | None = field(default=None, metadata=read_when("task", "detection"))
 
 
 def register_option_schemas(store: Any) -> None:

@@ -138,6 +138,24 @@ def test_a_plus_addition_gets_the_same_answer_as_a_typo() -> None:
 
 
 @pytest.mark.parametrize(
+    "old,new,has",
+    [
+        ("optim.label_smoothing", "model.label_smoothing", "inception_v3"),
+        ("optim.lm_loss_times_steps", "model.loss_times_steps", "lstm_lm has it"),
+        ("optim.embedding_grad_scale", "model.embedding_grad_scale", "lstm_lm has it"),
+    ],
+)
+def test_a_key_that_moved_into_its_options_schema_is_refused_with_its_new_name(old, new, has):
+    """A setting one task reads lives in the schema of the options that read it; the old key
+    (a command line from before the move) is refused in one line naming the new one, with or
+    without a leading +."""
+    for typed in (f"{old}=0.1", f"+{old}=0.1"):
+        line = check_command_line(["experiment=demo", typed])
+        assert line is not None and line.startswith(f"{old} is now {new}"), line
+        assert has in line and f"Write {new}=... instead." in line and "\n" not in line
+
+
+@pytest.mark.parametrize(
     "argv",
     [
         ["experiment=demo", "precision=amp", "budget=smoke", "optim.lr=0.05"],
@@ -177,6 +195,8 @@ def test_valid_command_lines_pass(argv: list[str]) -> None:
         (["data.decode=gpu"], "data=digits has no setting 'decode'; imagefolder, imagenet have"),
         (["data=synthetic", "data.resize_size=32"], "(read by data=imagefolder, imagenet;"),
         (["trainer.compile=true", "experiment=lstm_lm"], "read only when the task is"),
+        # the detection data's longer-side cap: made-up images carry it, classification ignores it
+        (["data=synthetic", "data.max_size=64"], "read only when the task is detection"),
         # lstm_lm states a paper scale: `mixed` scales statically there, so init_scale is idle
         (["experiment=lstm_lm", "precision=mixed", "precision.init_scale=8"], "has static."),
     ],
@@ -196,6 +216,7 @@ def test_an_override_the_run_does_not_read_is_refused(overrides, words) -> None:
         ["telemetry=diagnostic", "telemetry.every=5"],
         ["optim.lr=0.01", "precision=fp16"],  # keys every run reads
         ["model=custom", "model.target=a.b:c", "+model.kwargs.width=8"],  # the factory's own
+        ["model.label_smoothing=0.1"],  # every classifier's
     ],
 )
 def test_an_override_the_run_reads_passes(overrides: list[str]) -> None:

@@ -61,7 +61,8 @@ def test_inception_v3_public_recipe_trains_with_tf_rmsprop_smoothing_and_an_ema(
     assert seen["fc.bias"] == (0.045, 0.0) and seen["Conv2d_1a_3x3.bn.weight"] == (0.045, 0.0)
     assert seen["Conv2d_1a_3x3.conv.weight"] == (0.045, 4e-5)
     o = cfg.optim
-    assert (o.label_smoothing, o.grad_clip, o.ema_decay, o.ema_warmup) == (0.1, 2.0, 0.9999, True)
+    assert (o.grad_clip, o.ema_decay, o.ema_warmup) == (2.0, 0.9999, True)
+    assert cfg.model.label_smoothing == 0.1
     assert cfg.model.aux_weight == 0.4 and cfg.model.dropout == 0.2
 
 
@@ -74,7 +75,8 @@ def test_resnet50_decays_every_parameter_in_one_group():
 def test_lstm_lm_gradient_recipe_is_f_lms(budget):
     cfg, model, opt = built("lstm_lm", f"budget={budget}")
     o = cfg.optim
-    assert o.lm_loss_times_steps and o.embedding_grad_scale == cfg.data.batch_size  # per GPU
+    m = cfg.model
+    assert m.loss_times_steps and m.embedding_grad_scale == cfg.data.batch_size  # per GPU
     names = [n for n, _ in model.named_parameters()]
     lstm = [n for n in names if n.startswith("lstm.")]
     assert names_matching(o.grad_clip_params, names) == lstm  # only the LSTM is clipped
@@ -91,10 +93,10 @@ def test_scopes_default_to_every_parameter():
     [
         ("optim.bias_lr_mult=-1", "optim.bias_lr_mult"),
         ("optim.norm_decay_mult=-0.5", "optim.norm_decay_mult"),
-        ("optim.label_smoothing=1.0", "optim.label_smoothing"),
+        ("model.label_smoothing=1.0", "model.label_smoothing"),
         ("optim.ema_decay=1.0", "optim.ema_decay"),
         ("optim.alpha=1.0", "optim.alpha"),
-        ("optim.embedding_grad_scale=0", "optim.embedding_grad_scale"),
+        ("model.embedding_grad_scale=0", "model.embedding_grad_scale"),
         ("optim.grad_clip_params='lstm('", "optim.grad_clip_params"),
         ("optim.name=rmsprop_pt", "optim.name"),
         ("model.aux_weight=-0.3", "model.aux_weight"),
@@ -103,7 +105,8 @@ def test_scopes_default_to_every_parameter():
 )
 def test_bad_recipe_values_name_the_key(override, key):
     # a model key is set on an experiment whose model has it (another model's schema lacks it)
-    experiment = {"model.aux_weight": "googlenet", "model.noise": "dcgan"}.get(key, "demo")
+    owners = {"model.aux_weight": "googlenet", "model.noise": "dcgan"}
+    experiment = {**owners, "model.embedding_grad_scale": "lstm_lm"}.get(key, "demo")
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         validate(compose([f"experiment={experiment}", override]))
 

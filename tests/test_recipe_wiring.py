@@ -58,8 +58,8 @@ def test_the_lm_backpropagates_the_loss_times_the_bptt_length():
             "experiment=lstm_lm",
             "budget=smoke",
             "precision=fp32",
-            f"optim.lm_loss_times_steps={flag}",
-            "optim.embedding_grad_scale=1.0",
+            f"model.loss_times_steps={flag}",
+            "model.embedding_grad_scale=1.0",
             "optim.grad_clip=null",
         )
         batch = next(iter(task.train_batches(0)))

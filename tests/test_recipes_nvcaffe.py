@@ -40,7 +40,7 @@ def test_nvcaffe_solver_values_reach_the_composed_config(experiment):
     assert (o.schedule, o.power) == ("poly", 2.0)  # lr_policy "poly", power 2
     assert (o.bias_lr_mult, o.bias_decay_mult) == (1.0, 1.0)  # no `param` blocks
     assert (o.norm_lr_mult, o.norm_decay_mult) == (1.0, 1.0)  # BN scale_bias: lr 1, decay 1
-    assert o.grad_clip is None and o.label_smoothing == 0.0 and o.ema_decay is None
+    assert o.grad_clip is None and cfg.model.label_smoothing == 0.0 and o.ema_decay is None
     assert (cfg.data.batch_size, cfg.trainer.epochs) == (batch, epochs)
     assert abs(epochs * 1281167 / batch - {256: 3e5, 32: 2.4e6, 64: 1.2e6}[batch]) < 0.002 * 2.4e6
     assert cfg.data.augmentation == "caffe"  # random crop + mirror of a square image

@@ -8,12 +8,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from mpt_repro.experiments._detection_data import DetectionData
 from mpt_repro.registry import TaskReport, metric, option_schema, task
 from mpt_repro.schema import (
     LOADER,
-    Classifier,
-    DetectionData,
     ImageData,
+    ModelSchema,
+    formerly,
     in_unit,
     missing_module,
     require,
@@ -33,6 +34,22 @@ metric("top5", "%", higher_is_better=True)
 
 
 # -- models ----------------------------------------------------------------------------------------
+@dataclass
+class Classifier(ModelSchema):
+    """The settings every classifier's option carries: how its input is laid out and its loss."""
+
+    # NHWC memory format for CNNs on CUDA (tensor-core convolutions without layout transposes);
+    # ignored on the CPU and by models that are not CNNs
+    channels_last: bool = True
+    # TF's softmax_cross_entropy label_smoothing: the target is (1 - s) one-hot + s / classes,
+    # on every head (Inception v3: 0.1; models/losses.py)
+    label_smoothing: float = field(default=0.0, metadata=formerly("optim.label_smoothing"))
+
+    @classmethod
+    def check(cls, m: Any, cfg: Any) -> None:
+        in_unit(m.label_smoothing, "model.label_smoothing")
+
+
 @option_schema("model", "digits_cnn")
 @dataclass
 class DigitsCNN(Classifier):
@@ -41,6 +58,7 @@ class DigitsCNN(Classifier):
 
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
+        super().check(m, cfg)
         require(m.width > 0, "model.width", m.width, "must be positive")
         in_unit(m.dropout, "model.dropout")
 
@@ -54,6 +72,7 @@ class SmallGradMLP(Classifier):
 
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
+        super().check(m, cfg)
         require(m.width > 0, "model.width", m.width, "must be positive")
         require(m.num_layers > 0, "model.num_layers", m.num_layers, "must be positive")
 
@@ -67,6 +86,7 @@ class ImageNetCNN(Classifier):
 
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
+        super().check(m, cfg)
         in_unit(m.dropout, "model.dropout")
 
 
@@ -112,6 +132,7 @@ class CustomModel(Classifier):
     def check(cls, m: Any, cfg: Any) -> None:
         from mpt_repro.catalog import model_options
 
+        super().check(m, cfg)
         require(bool(m.target), "model.target", m.target, "must name a factory (package.module:fn)")
         module, _ = split_target(m.target)
         problem = missing_module(module)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from mpt_repro.experiments._detection_data import DetectionData
 from mpt_repro.registry import TaskReport, metric, option_schema, task
-from mpt_repro.schema import LOADER, DetectionData, ModelSchema, in_unit
+from mpt_repro.schema import LOADER, ModelSchema, in_unit
 
 task(
     "detection",

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from mpt_repro.registry import TaskReport, metric, option_schema, task
-from mpt_repro.schema import DataSchema, ModelSchema, in_unit, require
+from mpt_repro.schema import DataSchema, ModelSchema, formerly, in_unit, require
 
 task(
     "language_model",
@@ -34,6 +34,13 @@ class LSTMLM(ModelSchema):
     # f-lm's num_shards: the embedding and softmax weights are initialised per shard of
     # ceil(vocabulary / init_shards) rows, U(+-sqrt(3 / rows)) (mpt_repro/models/lstm_lm.py)
     init_shards: int = 8
+    # f-lm's gradient handling, which the paper's "loss scale 128" rests on: backpropagate the
+    # token-mean loss times the BPTT length (data.seq_len), and the embedding's gradients times
+    # this factor (f-lm: the per-GPU batch)
+    loss_times_steps: bool = field(default=False, metadata=formerly("optim.lm_loss_times_steps"))
+    embedding_grad_scale: float = field(
+        default=1.0, metadata=formerly("optim.embedding_grad_scale")
+    )
 
     @classmethod
     def check(cls, m: Any, cfg: Any) -> None:
@@ -43,6 +50,12 @@ class LSTMLM(ModelSchema):
             require(m[key] >= 0, f"model.{key}", m[key], "must be >= 0")
         in_unit(m.dropout, "model.dropout")
         require(m.init_shards >= 1, "model.init_shards", m.init_shards, "must be >= 1")
+        require(
+            m.embedding_grad_scale > 0,
+            "model.embedding_grad_scale",
+            m.embedding_grad_scale,
+            "must be > 0",
+        )
         require(
             m.proj_size < m.hidden_size,
             "model.proj_size",

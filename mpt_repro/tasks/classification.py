@@ -118,11 +118,11 @@ class Classification(SampledTask):
             self.data.check_logits(out if torch.is_tensor(out) else out[0])
             self._classes_checked = True
         # the auxiliary heads in training mode (GoogLeNet, BN-Inception, Inception v3) weighted by
-        # model.aux_weight; label smoothing per optim.label_smoothing (Inception v3: 0.1)
+        # model.aux_weight; label smoothing per model.label_smoothing (Inception v3: 0.1)
         return classification_loss(
             out,
             y,
-            label_smoothing=self.cfg.optim.label_smoothing,
+            label_smoothing=self.cfg.model.get("label_smoothing", 0.0),  # a Classifier schema's
             aux_weights=self.cfg.model.get("aux_weight", 0.0),  # only models with aux heads
         )
 

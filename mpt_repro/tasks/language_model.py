@@ -173,9 +173,9 @@ class LanguageModel(Task):
         x, y, hidden = batch
         loss, hidden = self.train_model(x, y, hidden, self.generator)
         self._carried.append(tuple(h.detach() for h in hidden))
-        # f-lm backpropagates the token-mean loss times the BPTT length (optim.lm_loss_times_steps):
+        # f-lm backpropagates the token-mean loss times the BPTT length (model.loss_times_steps):
         # the gradient magnitudes that the paper's "loss scale 128" rests on
-        grad_factor = x.shape[0] if self.cfg.optim.lm_loss_times_steps else 1
+        grad_factor = x.shape[0] if self.cfg.model.loss_times_steps else 1
         # samples = tokens, so samples/s is words per second, the usual LM throughput figure
         return Loss(loss, samples=y.numel(), grad_factor=grad_factor)
 
@@ -184,7 +184,8 @@ class LanguageModel(Task):
         return {
             "clip_grad_norm": o.grad_clip,
             "clip_only": o.grad_clip_params,  # f-lm clips the LSTM's gradients only
-            "grad_multipliers": {r"^embedding\.": o.embedding_grad_scale},  # f-lm: x batch size
+            # f-lm: x the per-GPU batch size
+            "grad_multipliers": {r"^embedding\.": self.cfg.model.embedding_grad_scale},
         }
 
     def train_step(self, batch: Any) -> StepResult:
