@@ -37,7 +37,14 @@ from mpt_repro import registry
 from mpt_repro.catalog import CONF_DIR, nearest, options, recipes  # noqa: F401  (re-exported)
 from mpt_repro.errors import ConfigError
 from mpt_repro.precision.config import PrecisionConfig
-from mpt_repro.schema import read_when, register_option_schemas, require, schema_of
+from mpt_repro.schema import (
+    HONOURED,
+    read_if_honoured,
+    read_when,
+    register_option_schemas,
+    require,
+    schema_of,
+)
 from mpt_repro.telemetry.config import TelemetryConfig
 
 _check = require  # the checks below read as sentences: _check(ok, key, value, "must be ...")
@@ -137,19 +144,22 @@ class TrainerConfig:
     # global batch (data.batch_size is each micro-batch's; the LR rule sees the whole)
     accumulate: int = 1
     # before each evaluation, re-estimate BatchNorm's running statistics on this many training
-    # batches with the current weights (0: off). Smoke budgets: a few steps of running averages
-    # are meaningless, and an evaluation with them looks broken (loss NaN or 1e6)
-    recalibrate_bn: int = field(default=0, metadata=read_when("task", "classification"))
-    # torch.compile the training step (classification): the forward (the backward follows it)
-    # and the precision step's device regions around the optimizer's kernel (unscale and check,
-    # the non-finite diagnosis, clipping; the masters' copy-back, the skip signal, the loss
-    # scale's update): fewer kernels, fused elementwise ops. Opt-in: compiling takes minutes,
-    # and the hooks of precision=adaptive and of telemetry cannot be compiled (refused with them)
-    compile: bool = field(default=False, metadata=read_when("task", "classification"))
+    # batches with the current weights (0: off), for a task that gives the inputs (its plugin
+    # says it honours the key; a command-line value for another task is refused). Smoke
+    # budgets: a few steps of running averages are meaningless, and an evaluation with them
+    # looks broken (loss NaN or 1e6)
+    recalibrate_bn: int = field(default=0, metadata=read_if_honoured())
+    # torch.compile the training step: the task's forward (the backward follows it) and the
+    # precision step's device regions around the optimizer's kernel (unscale and check, the
+    # non-finite diagnosis, clipping; the masters' copy-back, the skip signal, the loss scale's
+    # update): fewer kernels, fused elementwise ops. For a task whose plugin says it honours it
+    # (it compiles its forward). Opt-in: compiling takes minutes, and the hooks of
+    # precision=adaptive and of telemetry cannot be compiled (refused with them)
+    compile: bool = field(default=False, metadata=read_if_honoured())
     # torch.compile's mode: default | reduce-overhead (CUDA graphs: the step never reads the
     # device, so it can be captured and replayed as one launch; GPU only) | max-autotune |
     # max-autotune-no-cudagraphs
-    compile_mode: str = field(default="default", metadata=read_when("task", "classification"))
+    compile_mode: str = field(default="default", metadata=read_if_honoured())
     progress: bool = True
     deterministic: bool = False
     cudnn_benchmark: bool = True
@@ -197,7 +207,7 @@ class PathsConfig:
 @dataclass
 class Config:
     experiment_name: str = MISSING
-    task: str = "classification"  # a name in the task registry (mpt_repro/tasks)
+    task: str = MISSING  # a name in the task registry: each experiment file sets it
     # the recipe behind the run (conf/recipe: public | nvcaffe), recorded in run.json's config
     recipe: str = "public"
     seed: int = 0  # the replicate: initial weights, data order, augmentation (runs pair by it)
@@ -412,11 +422,15 @@ def validate_run(cfg: DictConfig) -> None:
         "(conf/experiment_recipe/ holds them; docs/recipes.md)",
     )
     kinds = registry.task_kinds()  # the plugins' (mpt_repro/registry.py), imported without torch
+    task = (
+        None if OmegaConf.is_missing(cfg, "task") else cfg.task
+    )  # no default: no task is the core's
     _check(
-        cfg.task in kinds,
+        task in kinds,
         "task",
-        cfg.task,
-        f"must be a task a plugin registers: one of {kinds} (docs/adding-an-experiment.md)",
+        task,
+        f"must be a task a plugin registers, set by the experiment file (task: <kind>): one of "
+        f"{kinds} (docs/adding-an-experiment.md)",
     )
     runs_dir = str(cfg.paths.runs_dir or "").strip()
     _check(
@@ -749,6 +763,22 @@ def check_overrides_are_read(cfg: DictConfig, overrides: list[str]) -> None:
         listed = field_ is not None and field_.metadata.get("read_if_listed")
         if listed and field_.name not in getattr(owner, "reads", ()):
             raise ConfigError(_unlisted_message(key, field_.name, cfg))
+        honoured = field_ is not None and field_.metadata.get("read_if_honoured")
+        task = OmegaConf.select(cfg, "task")  # None when the experiment names none
+        if honoured and key not in (task and registry.lookup(HONOURED, task) or ()):
+            raise ConfigError(_unhonoured_message(key, cfg))
+
+
+def _unhonoured_message(key: str, cfg: DictConfig) -> str:
+    """A trainer setting the run's task does not act on (schema.read_if_honoured)."""
+    registry.load()
+    tasks = [kind for kind, keys in registry.entries(HONOURED).items() if key in keys]
+    return (
+        f"{key} would change nothing in this run: its task ({cfg.task}) does not act on it "
+        f"(the tasks that do: {', '.join(sorted(tasks)) or 'none'}; this run is "
+        f"experiment={cfg.experiment_name}). Remove {key}=... from the command line, or choose "
+        "settings that read it."
+    )
 
 
 def _schema_field(cfg: DictConfig, key: str) -> tuple[dataclasses.Field | None, type | None]:

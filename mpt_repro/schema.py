@@ -18,8 +18,10 @@ metadata: `read_when(selector, kinds...)` (a command-line override is refused wh
 is not among them; config.check_overrides_are_read; the same marker serves the other groups'
 fields: optim, trainer, precision, telemetry), or, for a base schema's field that only some
 options read, `read_if_listed()` with the option's schema naming it in its `reads`.
-A field that moved into an option's schema from another group says where it was
-(`formerly("optim.x")`), so that the old key is refused with the new name.
+A trainer setting that only some tasks act on is marked `read_if_honoured()`, and the plugin of
+each task that acts on it says so (`honours(kind, key...)`). A field that moved into an option's
+schema from another group says where it was (`formerly("optim.x")`), so that the old key is
+refused with the new name.
 
 Nothing here imports torch: mpt-run checks a configuration before torch loads.
 """
@@ -40,6 +42,30 @@ def read_when(selector: str, *kinds: str) -> dict[str, Any]:
     `optim.name`, or a derived kind: `task`, `loss_scaling`, `telemetry.enabled`) is one of
     `kinds`."""
     return {"read_when": (selector, tuple(kinds))}
+
+
+# the registry's extension point of the trainer's settings a task acts on (honours)
+HONOURED = "honoured setting"
+
+
+def read_if_honoured() -> dict[str, Any]:
+    """Field metadata of a trainer setting that the trainer hands to the task, which may have
+    nothing to act on (`trainer.recalibrate_bn` without BatchNorm inputs, `trainer.compile`
+    without a forward to compile): a task's plugin names the ones its task acts on (`honours`),
+    and a command-line value for a task that does not is refused
+    (config.check_overrides_are_read)."""
+    return {"read_if_honoured": True}
+
+
+def honours(kind: str, *keys: str) -> None:
+    """Say, from a task's plugin module, which read_if_honoured settings task `kind` acts on,
+    e.g. honours("my_task", "trainer.recalibrate_bn"). Registered like the task itself (one
+    registry: a second module saying otherwise of the same task is refused)."""
+    import sys
+
+    from mpt_repro import registry
+
+    registry.register(HONOURED, kind, tuple(sorted(keys)), sys._getframe(1).f_globals["__name__"])
 
 
 def formerly(old_key: str) -> dict[str, Any]:

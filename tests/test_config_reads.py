@@ -194,7 +194,12 @@ def test_valid_command_lines_pass(argv: list[str]) -> None:
         (["telemetry.every=5"], "when telemetry.enabled is true, and this run"),
         (["data.decode=gpu"], "data=digits has no setting 'decode'; imagefolder, imagenet have"),
         (["data=synthetic", "data.resize_size=32"], "(read by data=imagefolder, imagenet;"),
-        (["trainer.compile=true", "experiment=lstm_lm"], "read only when the task is"),
+        # trainer settings the task's plugin does not say it acts on (schema.honours)
+        (
+            ["trainer.compile=true", "experiment=lstm_lm"],
+            "its task (language_model) does not act on it (the tasks that do: classification;",
+        ),
+        (["experiment=dcgan", "trainer.recalibrate_bn=2"], "its task (gan) does not act on it"),
         # the detection data's longer-side cap: made-up images carry it, classification ignores it
         (["data=synthetic", "data.max_size=64"], "read only when the task is detection"),
         # lstm_lm states a paper scale: `mixed` scales statically there, so init_scale is idle
@@ -217,6 +222,7 @@ def test_an_override_the_run_does_not_read_is_refused(overrides, words) -> None:
         ["optim.lr=0.01", "precision=fp16"],  # keys every run reads
         ["model=custom", "model.target=a.b:c", "+model.kwargs.width=8"],  # the factory's own
         ["model.label_smoothing=0.1"],  # every classifier's
+        ["trainer.recalibrate_bn=2", "trainer.compile=true"],  # the classification task's
     ],
 )
 def test_an_override_the_run_reads_passes(overrides: list[str]) -> None:

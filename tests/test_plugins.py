@@ -205,6 +205,28 @@ def test_bench_advise_and_the_report_ask_the_task_not_its_name() -> None:
         assert not found, f"{path.relative_to(ROOT)} names the task kinds {sorted(found)}"
 
 
+def test_the_cores_settings_name_no_task() -> None:
+    """A setting only some tasks read lives in their plugins: in an option's schema (the
+    classifiers' model.label_smoothing, the detection data's max_size), or, for a trainer
+    setting, in the plugin's word that its task acts on it (schema.honours). No read_when of
+    config.py names a task kind, and no other word of config.py or schema.py does."""
+    kinds = set(registry.task_kinds())
+    assert {"classification", "detection", "language_model"} <= kinds
+    config_py, schema_py = ROOT / "mpt_repro" / "config.py", ROOT / "mpt_repro" / "schema.py"
+    calls = [
+        node
+        for node in ast.walk(ast.parse(config_py.read_text()))
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "read_when"
+    ]
+    assert len(calls) > 10  # the optimizer's, the schedule's, the loss scaling's...
+    for call in calls:
+        selector, *targets = [a.value for a in call.args if isinstance(a, ast.Constant)]
+        assert selector != "task" and not set(targets) & kinds, ast.unparse(call)
+    for path in (config_py, schema_py):
+        found = _code_words(path) & kinds
+        assert not found, f"{path.relative_to(ROOT)} names the task kinds {sorted(found)}"
+
+
 def test_the_readme_shows_the_commands_this_module_runs() -> None:
     """README's own-experiment commands are the doc's, which the sweep above runs as written."""
     readme = (ROOT / "README.md").read_text()

@@ -15,6 +15,7 @@ from mpt_repro.schema import (
     ImageData,
     ModelSchema,
     formerly,
+    honours,
     in_unit,
     missing_module,
     require,
@@ -26,6 +27,9 @@ task(
     "mpt_repro.tasks.classification:Classification",
     TaskReport("Other classification experiments (primary metric)", "classification", "primary"),
 )
+# the trainer's settings it acts on: BN recalibration (recalibration_inputs) and a compiled
+# forward (mpt_repro/tasks/classification.py)
+honours("classification", "trainer.recalibrate_bn", "trainer.compile", "trainer.compile_mode")
 # what its metrics are (mpt_repro/tasks/classification.py reports them): the report's axes and
 # verdicts read these
 metric("loss", higher_is_better=False)  # mean cross-entropy per image
