@@ -10,6 +10,12 @@ that a load change on a shared machine hits all alike.
 Part 2, the plan's Python per step on the ImageNet networks (their smoke-budget input size: the
 graph is the same at any size): the time of the plan with the cache on and off, excluding the
 statistics recomputation (the same in both), and the size of the graph against the tape's.
+
+Part 3 (``--networks``), the suite's own training step (mpt-bench's ``build_step``) of ResNet-18
+(64 px, batch 32) and ResNet-50 (224 px, batch 64) on synthetic data under mixed and adaptive:
+ATen ops and host reads of one step (mpt-bench's SyncCounter, two steps after three warm-up) and
+samples/s over 3 interleaved rounds of 20 steps. Meant for a GPU (docs/adaptive.md "Overhead":
+``--device cuda --skip-steps-per-second --plan-models --networks``).
 """
 
 from __future__ import annotations
@@ -155,6 +161,59 @@ def plan_times(a, device: str) -> None:
         )
 
 
+NETWORKS = {
+    "ResNet-18, 64 px, batch 32": [
+        "experiment=resnet50", "model=custom", "model.target=torchvision.models:resnet18",
+        "data=synthetic", "data.image_size=64", "data.batch_size=32", "optim.lr=0.0001",
+    ],
+    "ResNet-50, 224 px, batch 64": [
+        "experiment=resnet50", "data=synthetic", "data.image_size=224", "data.batch_size=64",
+        "optim.lr=0.0001",
+    ],
+}  # fmt: skip
+
+
+def network_steps(device: str, rounds: int = 3, steps: int = 20) -> None:
+    """Part 3: ops, host reads and samples/s of the suite's step, mixed beside adaptive."""
+    from mpt_repro.bench.config import compose
+    from mpt_repro.bench.measure import SyncCounter
+    from mpt_repro.bench.step import build_step
+
+    dev = torch.device(device)
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
+    print("\n| network | preset | ATen ops/step | host reads/step | samples/s (rounds) | x mixed |")
+    print("| --- | --- | ---: | ---: | --- | ---: |")
+    for name, over in NETWORKS.items():
+        built = {
+            p: build_step(compose([*over, f"trainer.device={device}"], p), dev) for p in BESIDE
+        }
+        counts = {}
+        for p, bs in built.items():
+            for _ in range(3):
+                bs.step()
+            with SyncCounter(dev) as c:
+                bs.step()
+            counts[p] = (c.dispatched, c.reads)
+        rates: dict[str, list[float]] = {p: [] for p in built}
+        for r in range(rounds):
+            for p in BESIDE if r % 2 == 0 else BESIDE[::-1]:
+                sync()
+                t0 = time.perf_counter()
+                for _ in range(steps):
+                    built[p].step()
+                sync()
+                rates[p].append(steps * built[p].samples / (time.perf_counter() - t0))
+        base = statistics.median(rates["mixed"])
+        for p in BESIDE:
+            cells = ", ".join(f"{x:.0f}" for x in rates[p])
+            ratio = statistics.median(rates[p]) / base
+            print(f"| {name} | {p} | {counts[p][0]} | {counts[p][1]} | {cells} | {ratio:.2f} |")
+        del built
+
+
+BESIDE = ("mixed", "adaptive")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=40)
@@ -165,6 +224,7 @@ def main() -> None:
     ap.add_argument("--plan-steps", type=int, default=5)
     ap.add_argument("--plan-models", nargs="*", default=["resnet50", "googlenet", "inception_v3"])
     ap.add_argument("--skip-steps-per-second", action="store_true")
+    ap.add_argument("--networks", action="store_true", help="part 3: ResNet-18/50 beside mixed")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     print(f"device {a.device}, {a.threads} thread(s), torch {torch.__version__}")
@@ -172,6 +232,8 @@ def main() -> None:
         steps_per_second(a, a.device)
     if a.plan_models:
         plan_times(a, a.device)
+    if a.networks:
+        network_steps(a.device)
 
 
 if __name__ == "__main__":
