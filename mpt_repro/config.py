@@ -570,7 +570,7 @@ def _moved_key_message(key: str) -> str | None:
     who = f" ({group}={', '.join(readers)} {'has' if len(readers) == 1 else 'have'} it)"
     return (
         f"{key} is now {new}: the setting moved to the options that read it"
-        f"{who if readers else ''}. Write {new}=... instead."
+        f"{who if readers else ''}. Set {new} instead ({new}=... on the command line)."
     )
 
 
@@ -851,6 +851,9 @@ def not_a_setting(
 
     group, _, rest = key.partition(".")
     leaf = rest.split(".")[0]
+    moved = _moved_key_message(key)  # a config file of one's own from before the move
+    if moved is not None:
+        return moved
     if group not in registry.option_schemas():
         return f"{key} is not a setting of this run"
     have = options_with_field(group, leaf)

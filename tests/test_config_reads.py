@@ -152,7 +152,19 @@ def test_a_key_that_moved_into_its_options_schema_is_refused_with_its_new_name(o
     for typed in (f"{old}=0.1", f"+{old}=0.1"):
         line = check_command_line(["experiment=demo", typed])
         assert line is not None and line.startswith(f"{old} is now {new}"), line
-        assert has in line and f"Write {new}=... instead." in line and "\n" not in line
+        assert has in line and f"Set {new} instead ({new}=... on the" in line and "\n" not in line
+
+
+def test_an_experiment_file_of_ones_own_that_sets_a_moved_key_is_told_the_new_one(tmp_path):
+    """An experiment file written before the move (optim: label_smoothing:) is refused, before
+    torch loads, with the key's new place rather than as a key no schema has."""
+    (tmp_path / "experiment").mkdir()
+    (tmp_path / "experiment" / "mine.yaml").write_text(
+        "# @package _global_\ndefaults:\n  - demo\n  - _self_\nexperiment_name: mine\n"
+        "optim:\n  label_smoothing: 0.1\n"
+    )
+    line = preflight(["experiment=mine", f"hydra.searchpath=[file://{tmp_path}]"])
+    assert line is not None and "optim.label_smoothing is now model.label_smoothing" in line
 
 
 @pytest.mark.parametrize(
