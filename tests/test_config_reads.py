@@ -264,6 +264,9 @@ def test_task_is_a_registry_name() -> None:
     assert cfg.task == "classification"
     with pytest.raises(ConfigError, match="task must be a task a plugin registers"):
         config.validate(compose(["experiment=demo", "task=regression"]))
+    # the core has no task of its own to fall back on: an experiment file that names none
+    with pytest.raises(ConfigError, match=r"set by the experiment file \(task: <kind>\)"):
+        config.validate(compose(["experiment=demo", "task=???"]))
 
 
 def test_budget_names_come_from_conf() -> None:
