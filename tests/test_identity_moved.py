@@ -31,5 +31,5 @@ def test_a_record_with_the_old_keys_pairs_with_todays_run(experiment):
     # ... and a changed value under the old name still keeps them apart
     before["optim"]["label_smoothing"] = 0.3
     assert comparison_config(before) != comparison_config(today)
-    assert set(MOVED) == {f"optim.{k}" for k in
-                          ("label_smoothing", "lm_loss_times_steps", "embedding_grad_scale")}  # fmt: skip
+    moved = ("label_smoothing", "lm_loss_times_steps", "embedding_grad_scale")
+    assert set(MOVED) == {f"optim.{k}" for k in moved}
