@@ -531,11 +531,6 @@ def _task_report(task: str) -> registry.TaskReport:
     return found or registry.TaskReport(f"{task}: every final metric per preset", slugify(task))
 
 
-# Table 1's builder, called here until the classification plugin's TaskReport names it as its
-# paper_table (then it is one of the registered builders and this adds nothing): remove it then
-TABLE1_UNTIL_REGISTERED = "mpt_repro.experiments._classification_tables:table1"
-
-
 def paper_tables(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[Table]:
     """The paper's tables that plugins build beside their runs (their TaskReport's paper_table),
     each only where its task has runs, in the order of the paper's table ids."""
@@ -546,8 +541,6 @@ def paper_tables(agg: pd.DataFrame, runs: pd.DataFrame, deltas: Deltas) -> list[
         if r is not None and r.paper_table
     ]
     builders = [target for _, target, ran in sorted(registered) if ran]
-    if TABLE1_UNTIL_REGISTERED not in {target for _, target, _ in registered}:
-        builders.insert(0, TABLE1_UNTIL_REGISTERED)  # it finds its own runs (none: no table)
     return [t for target in builders for t in registry.resolve(target)(agg, runs, deltas)]
 
 
