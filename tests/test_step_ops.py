@@ -324,9 +324,9 @@ def test_the_baseline_goes_into_the_json_and_its_table():
 # -- adaptive: the layer statistics every F iterations ----------------------------------------
 def test_adaptive_records_statistics_every_F_steps_and_stays_within_1_10x_mixed():
     """precision.adaptive_update_interval=F (Zhao et al.'s update_per_n_iteration): the layer
-    statistics (aminmax and a norm per layer) are taken in one backward of every F and the scales
-    recomputed from them once (one host read more); the other steps launch about what mixed's
-    do. Over one cycle of F=4 steps on the demo: at most 1.10x mixed's ops."""
+    statistics (multi-tensor reductions over all layers) are taken in one backward of every F
+    and the scales recomputed from them once (one host read more); the other steps launch
+    about what mixed's do. Over one cycle of F=4 steps on the demo: at most 1.10x mixed's ops."""
     from mpt_repro.bench.step import build_step
 
     def names(bs) -> list[str]:
@@ -349,7 +349,9 @@ def test_adaptive_records_statistics_every_F_steps_and_stays_within_1_10x_mixed(
     for _ in range(3):
         bs.step()
     cycle = [names(bs) for _ in range(F)]
-    assert sum(1 for step in cycle if "aminmax" in step) == 1  # statistics in one step of F
+    fewest = min(step.count("_foreach_norm") for step in cycle)
+    # statistics (multi-tensor reductions) in one step of F
+    assert sum(1 for step in cycle if step.count("_foreach_norm") > fewest) == 1
     assert sum(len(step) for step in cycle) / F <= 1.10 * base, ([len(s) for s in cycle], base)
 
 
@@ -384,40 +386,3 @@ print("compiling", wrapped.__qualname__, type(opt.optimizer).step.__qualname__)
     ).stdout.split("\n")
     assert out[0] == "eager False"
     assert out[1].startswith("compiling") and "_until_dynamo_loads" not in out[1]
-
-
-@pytest.mark.slow  # ~15 s of CPU: two ResNet-18 builds and six steps
-def test_adaptive_on_twenty_one_layers_records_two_ops_a_layer_into_one_matrix():
-    """torchvision ResNet-18 (21 weighted layers) at F=1: each layer's statistics are two kernels
-    (its gradient's norm and extremes, written into the layers' matrix), no per-layer stack; the
-    step stays within 1.30x mixed's ops (1.27x measured: issue 47 asks 1.10x, see
-    docs/adaptive.md for why F=1 stays above it) and reads the host at most twice."""
-    from collections import Counter
-
-    from mpt_repro.bench.config import compose
-    from mpt_repro.bench.step import build_step
-
-    resnet18 = ["experiment=resnet50", "model=custom", "model.target=torchvision.models:resnet18",
-                "data=synthetic", "data.image_size=32", "data.batch_size=2", "optim.lr=0.0001",
-                "trainer.device=cpu"]  # fmt: skip
-
-    def one_step(preset: str) -> tuple[Counter, int, int]:
-        bs = build_step(compose(resnet18, preset), CPU)
-        for _ in range(2):
-            bs.step()
-        seen = Counter()
-
-        class Named(SyncCounter):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-                seen[func._schema.name.split("::")[-1]] += 1
-                return super().__torch_dispatch__(func, types, args, kwargs)
-
-        with Named(CPU) as c:
-            bs.step()
-        return seen, c.dispatched, c.reads
-
-    _, mixed, _ = one_step("mixed")
-    seen, ops, reads = one_step("adaptive")
-    assert seen["aminmax"] == seen["linalg_vector_norm"] == 21
-    assert seen["stack"] <= 4  # the journal's and the weights' statistics: none per layer
-    assert ops <= 1.30 * mixed and reads <= 2, (ops, mixed, reads)
