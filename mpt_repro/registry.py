@@ -14,6 +14,9 @@ What can be registered (the extension points), each by the module that brings it
   only when a run looks the name up;
 - a metric's unit, whether it is a percentage and which way is better (`metric("top1", "%",
   higher_is_better=True)`), for the report's tables and plots;
+- which of the trainer's settings a task acts on (`schema.honours("my_task",
+  "trainer.recalibrate_bn")`, the extension point "honoured setting"): a value given for a task
+  that does not act on it is refused as changing nothing;
 - a folder of config groups (`config_dir`), searched after the suite's.
 
 One discovery rule for all of them. A plugin module is found by one of
