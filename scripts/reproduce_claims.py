@@ -7,6 +7,8 @@ sets, and write the page of verdicts.
                                       # seed a set: structure only (results/claims/tiny/)
     .venv/bin/python scripts/reproduce_claims.py --dry-run               # the first sweeps
     .venv/bin/python scripts/reproduce_claims.py --seed-offset 100 --claims-dir my/claims
+    .venv/bin/python scripts/reproduce_claims.py --judge-only --docs docs/claims.md  # judge again
+                                                   # from the runs there, running nothing
 
 The claims files are checked first (mpt_repro.claims.load_claims: one line naming the file and
 the key, exit 2, before any run). The claims' runs are gathered into as few sweeps as possible
@@ -232,6 +234,9 @@ def options(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--seed-offset", type=int, default=0,
                         help="shift every seed by this (set B is 1000 further on)")  # fmt: skip
     parser.add_argument("--no-replicate", action="store_true", help="seed set A only")
+    parser.add_argument("--judge-only", action="store_true",
+                        help="run nothing: judge again from the runs folder (the same looks, "
+                        "replayed), keeping the --docs page's sweeps section")  # fmt: skip
     args = parser.parse_args(argv)
     # a structure-only page and its smoke runs never land beside the real ones (make
     # reproduce-claims ARGS=--tiny wrote results/claims/claims.md, which read like the real page)
@@ -341,6 +346,17 @@ def sweep_lines(done: list[tuple]) -> list[str]:
     ]
 
 
+def earlier_sweeps(page: Path | None) -> tuple[str, list[str]]:
+    """(how long the invocation that ran them took, the sweeps section's lines) of the page a
+    --judge-only call replaces; ("not known", []) without one."""
+    text = page.read_text() if page is not None and page.is_file() else ""
+    took = next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                 if line.startswith("- this invocation:")), "not known")  # fmt: skip
+    section = text.split("## The sweeps\n", 1)[1] if "## The sweeps\n" in text else ""
+    section = section.split("## Digests of the runs", 1)[0].strip("\n")
+    return took, section.splitlines()
+
+
 def judged_frame(judged: dict) -> pd.DataFrame:
     """claims.csv: set A's row of every claim (mpt_repro.claims.findings_frame) and set B's
     verdict beside it."""
@@ -369,7 +385,8 @@ def main(argv: list[str] | None = None) -> int:
     start, done = time.perf_counter(), []
 
     def run_round(pending: list[Claim]) -> None:
-        done.extend(run_sweeps(sweeps(pending), runs_dir, dry_run=False))
+        if not args.judge_only:  # else: the looks replay on the runs already there
+            done.extend(run_sweeps(sweeps(pending), runs_dir, dry_run=False))
 
     judged = decide_claims(claims, run_round, lambda: load_runs(runs_dir)[0], args.seed_offset,
                            not args.no_replicate)  # fmt: skip
@@ -390,7 +407,13 @@ def write_pages(args, argv, judged: dict[tuple[str, str], Judged], done, total, 
     folder = args.claims_dir or ROOT / "conf" / "claims"
     header = page_header(judged, total, argv, folder, runs_dir)
     header.insert(header.index("") + 3, f"- runs trained on: {trained_on(found['machines'])}")
-    text = page_text(judged, header, sweep_lines(done), args.tiny) + "\n" + digests
+    lines = sweep_lines(done)
+    if args.judge_only:
+        before = earlier_sweeps(args.docs)
+        header.append(f"- judged again (`--judge-only`) from the runs of the sweeps below, run "
+                      f"before: {before[0]}")  # fmt: skip
+        lines = before[1] or lines
+    text = page_text(judged, header, lines, args.tiny) + "\n" + digests
     (args.out / "claims.md").write_text(text)
     if args.docs:
         args.docs.write_text(text)

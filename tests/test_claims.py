@@ -420,6 +420,17 @@ def test_the_runner_makes_the_runs_and_writes_the_page_structure_only(tmp_path):
     )
     made = {part for p in (out / "runs").rglob("run.json") for part in p.parts}
     assert {"seed0", "seed1000", "fp32-smoke", "no_scaling-smoke"} <= made
+    # --judge-only runs nothing and judges the same runs again, keeping the page's sweeps
+    page_path = tmp_path / "page.md"
+    page_path.write_text(page)
+    again = subprocess.run([*args, "--judge-only", "--docs", str(page_path)], capture_output=True,
+                           text=True, timeout=300, cwd=tmp_path)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "+ mpt-run" not in again.stdout
+    rejudged = page_path.read_text()
+    assert "\n- judged again (`--judge-only`) from the runs of the sweeps below" in rejudged
+    body = lambda text: text.split("## Verdicts", 1)[1]  # noqa: E731 - the header differs
+    assert body(rejudged) == body(page)
 
 
 @pytest.mark.slow
