@@ -100,9 +100,15 @@ def _umask() -> int:
     [
         ((), ["already holds a completed run", "resume=true", "overwrite=true"]),
         # the issue's case: a mistyped data.root used to delete the finished run before the data
-        # was even opened; other data in a folder that holds a run: another folder (issue 34)
+        # was even opened; it is now refused before torch loads (issue 48)
         (
             ("data=imagenet", "data.root=/no/such/imagenet"),
+            ["data.root=/no/such/imagenet does not exist", "data=synthetic"],
+        ),
+        # other data (in a folder that exists) in a folder that holds a run: another folder
+        # (issue 34)
+        (
+            ("data=imagenet", f"data.root={ROOT / 'docs'}"),
             ["holds a run with data.name='digits', not 'imagenet'", "paths.runs_dir=DIR"],
         ),
         (("optim.lr=-1",), ["optim.lr must be > 0"]),

@@ -40,7 +40,7 @@ class Arithmetic(Enum):
     float32 = "float32"
 
 
-class LossScaling(Enum):
+class LossScaling(str, Enum):  # a str: precision.loss_scaling also takes a plugin scaler's name
     none = "none"
     static = "static"
     dynamic = "dynamic"
