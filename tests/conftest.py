@@ -97,6 +97,21 @@ def no_hydra_job_left_behind():
     HydraConfig.instance().cfg = None
 
 
+@pytest.fixture(autouse=True)
+def no_config_folder_left_behind():
+    """A test that checks a command line with hydra.searchpath=[file://...] in this process
+    registers that folder with the registry (mpt_repro/cmdline.py with_plugin_configs, so that
+    the catalog sees the user's experiments as Hydra does); it is forgotten after the test, or
+    its experiments would join every later test's catalog in the same worker (pytest -n)."""
+    from mpt_repro import registry
+
+    folders = dict(registry.entries("config folder"))
+    yield
+    for name in set(registry.entries("config folder")) - set(folders):
+        del registry.entries("config folder")[name]
+        registry._OWNERS.pop(f"the config folder {name!r}", None)  # its owner record too
+
+
 @pytest.fixture
 def one_thread():
     """Tiny tensors: with several threads a loaded 2-core machine spends ~30x longer in thread
