@@ -28,21 +28,13 @@ from pathlib import Path
 
 import pytest
 from conftest import MPT_RUN, ROOT, read_run, run_cli
-from test_cli import ENTRY, TORCH_CHECK
+from test_cli import _cli
 
 
 def entry(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     """mpt-run's entry function (this checkout's code) in a fresh process, which prints at exit
-    whether torch was imported."""
-    code = "import sys; " + TORCH_CHECK + ENTRY.replace("import sys; ", "")
-    return subprocess.run(
-        [sys.executable, "-c", code, *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
-    )
+    whether torch was imported (test_cli's own runner)."""
+    return _cli(*args, env=env)
 
 
 def refusal(*args: str, env: dict | None = None) -> str:
