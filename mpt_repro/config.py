@@ -154,8 +154,10 @@ class TrainerConfig:
     # non-finite diagnosis, clipping; the masters' copy-back, the skip signal, the loss scale's
     # update): fewer kernels, fused elementwise ops. For a task whose plugin says it honours it
     # (it compiles its forward). Opt-in: compiling takes minutes, and the hooks of
-    # precision=adaptive and of telemetry cannot be compiled (refused with them)
-    compile: bool = field(default=False, metadata=read_if_honoured())
+    # precision=adaptive and of telemetry cannot be compiled (refused with them). step: the
+    # whole iteration as one compiled graph (forward, backward, the precision step, the
+    # optimizer's update; precision/compiled_step.py), for what it can trace (refused otherwise)
+    compile: Any = field(default=False, metadata=read_if_honoured())  # true | false | step
     # torch.compile's mode: default | reduce-overhead (CUDA graphs: the step never reads the
     # device, so it can be captured and replayed as one launch; GPU only) | max-autotune |
     # max-autotune-no-cudagraphs
@@ -370,6 +372,12 @@ def validate_trainer(t: DictConfig, dd: DictConfig) -> None:
         _check(t[key] > 0, f"trainer.{key}", t[key], "must be positive")
     _check(t.accumulate >= 1, "trainer.accumulate", t.accumulate, "must be >= 1")
     _check(t.recalibrate_bn >= 0, "trainer.recalibrate_bn", t.recalibrate_bn, "must be >= 0")
+    _check(
+        isinstance(t.compile, bool) or t.compile == "step",
+        "trainer.compile",
+        t.compile,
+        "must be true, false or step",
+    )
     _check(
         t.compile_mode in COMPILE_MODES,
         "trainer.compile_mode",

@@ -74,7 +74,9 @@ def set_backends(t: Any, environ: MutableMapping[str, str] = os.environ) -> None
 def step_compile_mode(t: Any) -> str | None:
     """trainer.compile: torch.compile's mode for the precision step's regions (None: eager).
     A mode's inductor options (reduce-overhead: CUDA graphs) are also set for the rest of the
-    process, so the model the task compiles (a plain torch.compile) gets them too."""
+    process, so the model the task compiles (a plain torch.compile) gets them too.
+    trainer.compile=step compiles the whole step instead (the task builds it, with this mode's
+    options set here): None, the regions stay eager."""
     if not t.compile:
         return None
     mode = str(t.get("compile_mode", "default"))
@@ -89,7 +91,7 @@ def step_compile_mode(t: Any) -> str | None:
                 name,
                 value,
             )
-    return mode
+    return None if t.compile == "step" else mode
 
 
 def describe_device(device: torch.device) -> dict[str, Any]:

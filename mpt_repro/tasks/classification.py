@@ -19,7 +19,7 @@ from mpt_repro.identity import is_custom_model
 from mpt_repro.models.losses import classification_loss
 from mpt_repro.optim import optimizer_factory
 from mpt_repro.precision.config import enum_name
-from mpt_repro.tasks.base import Loss, SampledTask
+from mpt_repro.tasks.base import Loss, SampledTask, StepResult
 
 
 def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
@@ -35,6 +35,11 @@ def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
             "telemetry.enabled=false"
         )
     return torch.compile(model)
+
+
+def _logits(out: Any) -> torch.Tensor:
+    """The main head's logits (a model with auxiliary heads returns a tuple in training)."""
+    return out if torch.is_tensor(out) else out[0]
 
 
 class Classification(SampledTask):
@@ -66,7 +71,10 @@ class Classification(SampledTask):
         self.model, self.optimizer, self.train_model = self.add_model(
             "model", model, optimizer_factory(cfg.optim, global_batch)
         )
-        if cfg.trainer.compile:
+        self._compiled_step = None  # trainer.compile=step: the iteration as one graph
+        if cfg.trainer.compile == "step":
+            self._compiled_step = self._build_compiled_step(cfg, policy)
+        elif cfg.trainer.compile:
             self.train_model = self.train_models["model"] = compiled(self.train_model, cfg)
         # batches arrive normalised on the device in the model's dtype and memory format: one
         # pass over the input (uint8 in the loader, one fused normalise-and-cast on the device)
@@ -82,6 +90,54 @@ class Classification(SampledTask):
         )
         self.use_loaders(loaders)
         self._classes_checked = False
+
+    def _build_compiled_step(self, cfg: Any, policy: Any) -> Any:
+        """trainer.compile=step (precision/compiled_step.py), or its one-line refusal."""
+        from mpt_repro.precision.compiled_step import CompiledStep, refusal
+
+        if (why := refusal(cfg, policy)) is not None:
+            raise ConfigError(why)
+        smoothing = float(cfg.model.get("label_smoothing", 0.0))
+        aux = cfg.model.get("aux_weight", 0.0)  # plain numbers: nothing to look up in the graph
+        aux = float(aux) if isinstance(aux, (int, float)) else [float(a) for a in aux]
+
+        def criterion(out: Any, y: torch.Tensor) -> torch.Tensor:
+            return classification_loss(out, y, label_smoothing=smoothing, aux_weights=aux)
+
+        clip = cfg.optim.grad_clip
+        return CompiledStep(
+            self.optimizer,
+            policy,
+            self.train_model,
+            criterion,
+            None if clip is None else float(clip),
+            mode=str(cfg.trainer.compile_mode),
+        )
+
+    def train_step(self, batch: Any) -> StepResult:
+        """One iteration: the shared eager step (tasks/loops.py), or with trainer.compile=step
+        the compiled one, which returns the same StepResult."""
+        if self._compiled_step is None:
+            return super().train_step(batch)
+        (micro,) = self.split(batch)
+        self.train_model.train()
+        x, y = self._to_device(*micro)
+        if not self._classes_checked:
+            self._check_classes(x)
+        loss, stepped = self._compiled_step(x, y)
+        return StepResult(loss, stepped, samples=y.shape[0])
+
+    def _check_classes(self, x: torch.Tensor) -> None:
+        """The first batch's class check before the first compiled step (a model built for
+        other inputs or classes is refused in one line, not from inside a trace): one forward
+        in eval mode, which moves no BatchNorm statistics and draws no random numbers."""
+        self.train_model.eval()
+        try:
+            with torch.no_grad(), self.policy.autocast():
+                self.data.check_logits(_logits(self._first_forward(x)))
+        finally:
+            self.train_model.train()
+        self._classes_checked = True
 
     def _to_device(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         x = x.to(self.device, non_blocking=True)
