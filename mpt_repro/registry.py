@@ -11,7 +11,10 @@ What can be registered (the extension points), each by the module that brings it
   is defined), a loss scaler (`loss_scaler("halving", "pkg.scaling:Halving")`, or
   `@register_scaler`), a number-format converter (`converter(...)`, or `@register_converter`):
   by import path from a plugin module, so that the module that defines them (torch) is imported
-  only when a run looks the name up;
+  only when a run looks the name up; a loss scaler's registration also says which scaler knobs
+  it reads (`loss_scaler("halving", "pkg.scaling:Halving", reads=("init_scale",))`, or
+  `@register_scaler("halving", reads=...)`): the command line may set those for a run with it,
+  and not the others (`schema.read_if_declared`), for the suite's scalers as for a plugin's;
 - a metric's unit, whether it is a percentage and which way is better (`metric("top1", "%",
   higher_is_better=True)`), for the report's tables and plots;
 - which of the trainer's settings a task acts on (`schema.honours("my_task",
@@ -42,13 +45,14 @@ docs/adding-an-experiment.md walks through one plugin. Nothing here imports torc
 
 from __future__ import annotations
 
+import ast
 import functools
 import importlib
 import os
 import pkgutil
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -204,9 +208,33 @@ def model(name: str, target: str) -> None:
     _by_import_path("model", name, target, _caller())
 
 
-def loss_scaler(kind: str, target: str) -> None:
-    """Register the LossScaler subclass at `target` as `precision.loss_scaling=<kind>`."""
-    _by_import_path("loss scaler", kind, target, _caller())
+def loss_scaler(kind: str, target: str, reads: Sequence[str] | None = None) -> None:
+    """Register the LossScaler subclass at `target` as `precision.loss_scaling=<kind>`, and the
+    scaler knobs it reads (`reads`: field names of PrecisionConfig such as "init_scale"): a
+    command line may set those for a run with this scaler, and a knob it does not declare is
+    refused as changing nothing (schema.read_if_declared)."""
+    module = _caller()
+    _by_import_path("loss scaler", kind, target, module)
+    if reads is not None:
+        declare_reads("loss scaler", kind, reads, module)
+
+
+def declare_reads(point: str, name: str, reads: Sequence[str], module: str) -> None:
+    """Register, for `module`, which settings `name` of `point` reads (a registration's
+    `reads=`), as the field names of its config group, in no particular order."""
+    keys = (reads,) if isinstance(reads, str) else tuple(reads)
+    for key in keys:
+        if not (isinstance(key, str) and key.isidentifier()):
+            raise ConfigError(
+                f"the {point} {name!r} declares reads={keys!r}: name each setting by its field "
+                f'name alone, e.g. reads=("init_scale",) for precision.init_scale'
+            )
+    register(_reads_point(point), name, tuple(sorted(set(keys))), module)
+
+
+def _reads_point(point: str) -> str:
+    """The extension point that holds what each registration of `point` declares it reads."""
+    return f"{point} reads"
 
 
 def converter(name: str, target: str) -> None:
@@ -245,6 +273,26 @@ def _package_own(point: str) -> dict[str, str]:
     return found
 
 
+@functools.cache
+def _package_reads(point: str) -> dict[str, tuple[str, ...]]:
+    """{name: the settings it reads} of the suite's own registrations of `point` whose decorator
+    declares them (`@register_scaler("dynamic", reads=(...))`, a literal): read from the source of
+    the modules _package_own found, as their names are (no import, no torch)."""
+    if point not in BY_IMPORT_PATH:
+        return {}
+    decorator = BY_IMPORT_PATH[point][1]
+    found: dict[str, tuple[str, ...]] = {}
+    for module in sorted(set(_package_own(point).values())):
+        path = Path(__file__).parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not (isinstance(node, ast.Call) and getattr(node.func, "id", None) == decorator):
+                continue
+            for keyword in (k for k in node.keywords if k.arg == "reads" and node.args):
+                reads = ast.literal_eval(keyword.value)
+                found[ast.literal_eval(node.args[0])] = tuple(sorted(set(reads)))
+    return found
+
+
 # ---------------------------------------------------------------- looking up
 
 
@@ -266,6 +314,27 @@ def lookup(point: str, name: str) -> Any | None:
     if isinstance(value, str) and point in BY_IMPORT_PATH:
         value = _import_target(point, name, value)
     return value
+
+
+def declared_reads(point: str, name: str) -> tuple[str, ...] | None:
+    """The settings `name` of `point` declares it reads, without importing it: its
+    registration's `reads=`, or for the suite's own, that of the decorator in its source; None
+    when it declares none (not even an empty tuple) or is not registered."""
+    _load_for_lookup()
+    declared = entries(_reads_point(point))
+    if name in declared:
+        return declared[name]
+    return _package_reads(point).get(name)
+
+
+def declaring(point: str, setting: str) -> list[str]:
+    """The names of `point` that declare they read `setting`, sorted."""
+    return [name for name in names(point) if setting in (declared_reads(point, name) or ())]
+
+
+def is_the_suites(point: str, name: str) -> bool:
+    """Whether `name` of `point` is one of the suite's own models, scalers or converters."""
+    return name in _package_own(point)
 
 
 def every(point: str) -> dict[str, Any]:

@@ -17,7 +17,10 @@ Fields that the option carries but that change a run only in some settings say s
 metadata: `read_when(selector, kinds...)` (a command-line override is refused when the run's kind
 is not among them; config.check_overrides_are_read; the same marker serves the other groups'
 fields: optim, trainer, precision, telemetry), or, for a base schema's field that only some
-options read, `read_if_listed()` with the option's schema naming it in its `reads`.
+options read, `read_if_listed()` with the option's schema naming it in its `reads`. A setting
+that a registered extension reads when its registration says so (a loss scaler's knobs:
+`register_scaler("dynamic", reads=("init_scale", ...))`) is `read_if_declared(...)`: its kinds
+are asked of the registry, so a plugin's scaler reads what it declares.
 A trainer setting that only some tasks act on is marked `read_if_honoured()`, and the plugin of
 each task that acts on it says so (`honours(kind, key...)`). A field that moved into an option's
 schema from another group says where it was (`formerly("optim.x")`), so that the old key is
@@ -29,6 +32,7 @@ Nothing here imports torch: mpt-run checks a configuration before torch loads.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -42,6 +46,91 @@ def read_when(selector: str, *kinds: str) -> dict[str, Any]:
     `optim.name`, or a derived kind: `task`, `loss_scaling`, `telemetry.enabled`) is one of
     `kinds`."""
     return {"read_when": (selector, tuple(kinds))}
+
+
+class Declaring(Sequence[str]):
+    """read_when's kinds for a setting that a registration declares it reads (a loss scaler's
+    `reads=`, registry.loss_scaler): the names of extension point `point` whose registration
+    names `setting`, asked of the registry at each check, so that a plugin's own kind
+    (precision.loss_scaling=backoff) reads what its registration declares, as the suite's own
+    read what theirs declare."""
+
+    def __init__(self, point: str, setting: str) -> None:
+        self.point, self.setting = point, setting
+
+    def _names(self) -> list[str]:
+        from mpt_repro import registry
+
+        return registry.declaring(self.point, self.setting)
+
+    def __getitem__(self, index):  # an index or a slice, of the sorted names
+        return self._names()[index]
+
+    def __len__(self) -> int:
+        return len(self._names())
+
+    def __contains__(self, kind: object) -> bool:
+        from mpt_repro import registry
+
+        return self.setting in (registry.declared_reads(self.point, str(kind)) or ())
+
+    def refusal(self, key: str, kind: str) -> str | None:
+        """The one line refusing command-line `key` for a plugin's `kind` that does not declare
+        it: how its author declares it. None for the suite's own kinds and for a kind that is
+        not registered (config's message says what reads the key)."""
+        from mpt_repro import registry
+
+        if kind not in registry.names(self.point) or registry.is_the_suites(self.point, kind):
+            return None
+        declared = registry.declared_reads(self.point, kind) or ()
+        wanted = (*declared, self.setting)
+        call = self.point.replace(" ", "_")  # loss_scaler(...), the registry's function
+        decorator = registry.BY_IMPORT_PATH[self.point][1]  # @register_scaler(...)
+        return (
+            f"{key} would change nothing in this run: the {self.point} {kind!r} (registered by "
+            f"{registry.owner(self.point, kind)}) does not declare that it reads "
+            f"{self.setting}. If it does, declare it where it is registered: reads={wanted!r} "
+            f"in its {call}({kind!r}, ...) or @{decorator}({kind!r}, ...) "
+            f"(docs/adding-an-experiment.md); if not, remove {key}=... from the command line."
+        )
+
+
+class Registered(Sequence[str]):
+    """read_when's kinds for a setting that every registered name of `point` reads (whoever
+    applies a loss scale reads precision.per_loss_scale, a plugin's scaler as the suite's):
+    asked of the registry at each check."""
+
+    def __init__(self, point: str) -> None:
+        self.point = point
+
+    def __getitem__(self, index):  # an index or a slice, of the sorted names
+        from mpt_repro import registry
+
+        return registry.names(self.point)[index]
+
+    def __len__(self) -> int:
+        from mpt_repro import registry
+
+        return len(registry.names(self.point))
+
+    def __contains__(self, kind: object) -> bool:
+        from mpt_repro import registry
+
+        return kind in registry.names(self.point)
+
+
+def read_if_declared(selector: str, point: str, setting: str) -> dict[str, Any]:
+    """Field metadata: the key changes a run only when the kind `selector` names (a registered
+    name of `point`: `loss_scaling`, the run's loss scaler) declares in its registration that it
+    reads `setting` (its field name): `reads=` (registry.loss_scaler, register_scaler). A kind
+    of a plugin that does not is refused with how to declare it."""
+    return {"read_when": (selector, Declaring(point, setting))}
+
+
+def read_by_every(selector: str, point: str) -> dict[str, Any]:
+    """Field metadata: the key changes a run whenever the kind `selector` names is a registered
+    name of `point`, a plugin's included (a loss scaler of any kind)."""
+    return {"read_when": (selector, Registered(point))}
 
 
 # the registry's extension point of the trainer's settings a task acts on (honours)

@@ -20,8 +20,12 @@ from mpt_repro.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "adding-an-experiment.md"
-# the doc's command that trains its toy under the toy's own loss scaler
-SCALER_COMMAND = "mpt-run experiment=toyreg precision=mixed precision.loss_scaling=backoff"
+# the doc's command that trains its toy under the toy's own loss scaler, from a scale of the
+# user's (a knob the toy's registration declares it reads)
+SCALER_COMMAND = (
+    "mpt-run experiment=toyreg precision=mixed precision.loss_scaling=backoff "
+    "precision.init_scale=1024"
+)
 
 
 def doc_files() -> dict[str, str]:
@@ -54,6 +58,7 @@ def trained(tmp_path_factory) -> dict:
         *SCALER_COMMAND.split()[1:],
         "budget=smoke",
         "trainer.device=cpu",
+        "precision.min_scale=2",  # the other knob it declares
         run_dir=run_dir,
         env={"PYTHONPATH": path, "MPT_PLUGINS": "toyreg", "OMP_NUM_THREADS": "1"},
     )
@@ -66,8 +71,11 @@ def test_a_plugin_task_model_and_scaler_train_through_mpt_run(trained: dict) -> 
     assert trained["model"]["name"] == "toyreg_mlp"  # built through the registry
     assert trained["model"]["parameters"] == (1 + 1) * 32 + (32 + 1) * 32 + (32 + 1) * 1
     assert trained["loss_scale"]["kind"] == "backoff"  # the plugin's scaler, by its name
+    # the declared knobs were taken, and the scaler started from the user's scale
+    assert trained["loss_scale"]["initial"] == 1024.0
+    assert trained["config"]["precision"]["min_scale"] == 2.0
     assert (
-        "backoff-only loss scale 65536 (precision.loss_scaling=backoff"
+        "backoff-only loss scale 1024 (precision.loss_scaling=backoff"
         in (trained["diagnostics"]["describe"])
     )
     assert trained["loss_scale"]["final"] <= trained["loss_scale"]["initial"]  # never grown
@@ -221,3 +229,85 @@ def test_models_scalers_and_converters_are_found_without_importing_torch() -> No
         "True",
         "False",
     ]
+
+
+def test_a_plugin_scalers_undeclared_knob_is_refused_saying_how_to_declare_it(
+    tmp_path: Path,
+) -> None:
+    """Through the real mpt-run (refused before torch loads, about a second): the toy's scaler
+    declares init_scale and min_scale, not backoff_factor."""
+    folder = write(tmp_path, doc_files())
+    path = os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p)
+    refused = run_cli(
+        *SCALER_COMMAND.split()[1:],
+        "precision.backoff_factor=0.25",
+        check=False,
+        env={"PYTHONPATH": path, "MPT_PLUGINS": "toyreg"},
+    )
+    assert refused.returncode == 2
+    (line,) = refused.stderr.strip().splitlines()
+    assert (
+        "precision.backoff_factor would change nothing in this run: the loss scaler 'backoff' "
+        "(registered by toyreg) does not declare that it reads backoff_factor. If it does, "
+        "declare it where it is registered: reads=('init_scale', 'min_scale', 'backoff_factor') "
+        "in its loss_scaler('backoff', ...) or @register_scaler('backoff', ...)" in line
+    )
+
+
+@pytest.fixture
+def toy_in_this_process(monkeypatch, tmp_path):
+    """The doc's toy plugin named in MPT_PLUGINS in this process (its scaler's module is never
+    imported by a check); forgotten afterwards."""
+    write(tmp_path, doc_files())
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("MPT_PLUGINS", "toyreg")
+    yield
+    registry.unload("toyreg")
+
+
+@pytest.mark.parametrize(
+    "knob",
+    [
+        "precision.init_scale=1024",  # declared by the toy's registration
+        "precision.min_scale=2",
+        "precision.per_loss_scale=false",  # read for any loss scaler
+        "precision.hold_lr_on_skip=false",
+        "precision.floor_patience=10",  # ends a run at the scaler's floor (config.skip_ending)
+    ],
+)
+def test_a_plugin_scaler_takes_the_knobs_it_reads(toy_in_this_process, knob: str) -> None:
+    from mpt_repro.preflight import preflight
+
+    toy = ["experiment=toyreg", "precision=mixed"]
+    assert preflight([*toy, "precision.loss_scaling=backoff", knob]) is None
+    unscaled = preflight([*toy, "precision.loss_scaling=none", knob])  # no scaler reads it
+    assert f"{knob.split('=')[0]} would change nothing in this run" in unscaled
+
+
+def test_the_suites_scalers_declare_in_their_source_what_they_register() -> None:
+    """The config check reads the built-in scalers' reads= from their source, without importing
+    them: what the decorators register once imported is the same. The dynamic scaler declares
+    the knobs PrecisionConfig marks as scaler knobs, each under its own field's name."""
+    import dataclasses
+
+    from mpt_repro.precision import adaptive, scalers  # noqa: F401  (registers on import)
+    from mpt_repro.precision.config import PrecisionConfig
+    from mpt_repro.schema import Declaring
+
+    from_source = registry._package_reads("loss scaler")
+    assert from_source == {k: v for k, v in registry.entries("loss scaler reads").items()}
+    knobs = []
+    for f in dataclasses.fields(PrecisionConfig):
+        kinds = f.metadata.get("read_when", (None, ()))[1]
+        if isinstance(kinds, Declaring):
+            assert kinds.setting == f.name
+            knobs.append(f.name)
+    assert sorted(knobs) == sorted(from_source["dynamic"]) and len(knobs) == 6
+    assert from_source["static"] == ()  # its constant is precision.static_scale
+
+
+def test_a_declaration_names_settings_by_their_field_name() -> None:
+    with pytest.raises(ConfigError) as refused:
+        registry.declare_reads("loss scaler", "mine", ("precision.init_scale",), "my_plugin")
+    assert 'reads=("init_scale",) for precision.init_scale' in str(refused.value)
+    assert registry.declared_reads("loss scaler", "mine") is None  # nothing registered

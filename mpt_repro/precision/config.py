@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
-from mpt_repro.schema import read_when
+from mpt_repro.schema import read_by_every, read_if_declared, read_when
 
 
 def enum_name(v: Enum | str) -> str:
@@ -147,10 +148,16 @@ class FP8Config:
     compile: bool = False
 
 
-# the loss scalings a knob of the scaler reads (`paper` resolved: static or dynamic)
-_SCALED = ("adaptive", "dynamic", "static")
 ADAPTIVE = read_when("loss_scaling", "adaptive")  # the layer-wise scaler's knobs
-DYNAMIC = read_when("loss_scaling", "dynamic")
+# read by whatever applies a loss scale: every registered loss scaler, a plugin's included
+SCALED = read_by_every("loss_scaling", "loss scaler")
+
+
+def scaler_knob(name: str) -> dict[str, Any]:
+    """Field metadata of a scaler knob: read when the run's loss scaler (precision.loss_scaling,
+    `paper` resolved) declares `name` in its registration's `reads=` (register_scaler,
+    registry.loss_scaler): the dynamic scaler declares its own, a plugin's scaler what it reads."""
+    return read_if_declared("loss_scaling", "loss scaler", name)
 
 
 @dataclass
@@ -169,20 +176,20 @@ class PrecisionConfig:
         default=None, metadata=read_when("precision.loss_scaling", "static")
     )
     # dynamic scaling (defaults as torch.amp.GradScaler, plus hysteresis, floor and ceiling)
-    init_scale: float = field(default=65536.0, metadata=DYNAMIC)
-    growth_factor: float = field(default=2.0, metadata=DYNAMIC)
-    backoff_factor: float = field(default=0.5, metadata=DYNAMIC)
+    init_scale: float = field(default=65536.0, metadata=scaler_knob("init_scale"))
+    growth_factor: float = field(default=2.0, metadata=scaler_knob("growth_factor"))
+    backoff_factor: float = field(default=0.5, metadata=scaler_knob("backoff_factor"))
     growth_interval: int = field(
         default=2000, metadata=read_when("loss_scaling", "adaptive", "dynamic")
     )
-    hysteresis: int = field(default=1, metadata=DYNAMIC)
-    min_scale: float = field(default=1.0, metadata=DYNAMIC)
-    max_scale: float = field(default=16777216.0, metadata=DYNAMIC)
+    hysteresis: int = field(default=1, metadata=scaler_knob("hysteresis"))
+    min_scale: float = field(default=1.0, metadata=scaler_knob("min_scale"))
+    max_scale: float = field(default=16777216.0, metadata=scaler_knob("max_scale"))
     # one scaler per optimizer (per loss) instead of one shared scale
-    per_loss_scale: bool = field(default=True, metadata=read_when("loss_scaling", *_SCALED))
+    per_loss_scale: bool = field(default=True, metadata=SCALED)
     # a skipped step does not advance the LR schedule (paper/fairseq/Megatron); false: iteration-
     # faithful
-    hold_lr_on_skip: bool = field(default=True, metadata=read_when("loss_scaling", *_SCALED))
+    hold_lr_on_skip: bool = field(default=True, metadata=SCALED)
     # end the run as diverged when the scale sits at min_scale for this many consecutive skipped
     # steps; without a scaler, when the FP16-state guard undoes this many steps in a row
     floor_patience: int = field(

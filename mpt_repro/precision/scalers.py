@@ -26,10 +26,12 @@ with ``sync_free = False``.
 With ``loss_scaling=none`` (FP32, BF16, the no-scaling ablations) no scaler exists at all: the
 optimizer neither scales, nor inspects the grads, nor skips.
 
-New kinds register with ``@register_scaler("name")`` and are picked by ``precision.loss_scaling``
-(plugins.py lists the built-in ones). A scaler knows no number format: a converter that raises
-the floor of the scale during training (precision.fp8's rising floor) is one of its
-``floor_sources``, which the policy sets.
+New kinds register with ``@register_scaler("name", reads=(...))`` and are picked by
+``precision.loss_scaling`` (plugins.py lists the built-in ones); ``reads`` names the scaler knobs
+of PrecisionConfig the kind reads (the base class reads ``init_scale`` through the policy, and
+``min_scale`` as its floor): the command line may set those, and no other knob, for that kind.
+A scaler knows no number format: a converter that raises the floor of the scale during training
+(precision.fp8's rising floor) is one of its ``floor_sources``, which the policy sets.
 """
 
 from __future__ import annotations
@@ -51,13 +53,24 @@ from mpt_repro.precision.journal import Journal
 SCALERS: dict[str, type[LossScaler] | str] = registry.entries("loss scaler")
 
 
-def register_scaler(kind: str) -> Callable[[type[LossScaler]], type[LossScaler]]:
+def register_scaler(
+    kind: str, reads: Sequence[str] | None = None
+) -> Callable[[type[LossScaler]], type[LossScaler]]:
     """Class decorator: make a scaler available as ``precision.loss_scaling=<kind>``. A kind
-    another module registered is refused (ConfigError naming both modules)."""
+    another module registered is refused (ConfigError naming both modules).
+
+    ``reads``: the scaler knobs of PrecisionConfig it reads (``init_scale``, ``min_scale``, ...,
+    the fields marked ``scaler_knob``). A command line may set those for a run with this scaler;
+    one it does not declare is refused as changing nothing, before torch loads. The suite's own
+    write it as a literal tuple: the config check reads it from this source without importing
+    the module (registry._package_reads)."""
 
     def wrap(cls: type[LossScaler]) -> type[LossScaler]:
         cls.kind = kind
-        return registry.register("loss scaler", kind, cls, cls.__module__)
+        registry.register("loss scaler", kind, cls, cls.__module__)
+        if reads is not None:
+            registry.declare_reads("loss scaler", kind, reads, cls.__module__)
+        return cls
 
     return wrap
 
@@ -289,7 +302,7 @@ class LossScaler:
         torch.reciprocal(self._scale, out=self._inv)
 
 
-@register_scaler("static")
+@register_scaler("static", reads=())  # its constant is precision.static_scale (its own rule)
 class StaticScaler(LossScaler):
     """A constant scale, as in the paper's experiments. Overflowing steps are skipped (Megatron's
     ConstantGradScaler; apex's static scale does not even check). The constant is its own floor:
@@ -303,7 +316,17 @@ class StaticScaler(LossScaler):
         return True
 
 
-@register_scaler("dynamic")
+@register_scaler(
+    "dynamic",
+    reads=(
+        "init_scale",
+        "growth_factor",
+        "backoff_factor",
+        "hysteresis",
+        "min_scale",
+        "max_scale",
+    ),
+)
 class DynamicScaler(LossScaler):
     """Back off on overflow, grow after ``growth_interval`` clean steps (torch.amp.GradScaler's
     rule), plus what GradScaler lacks: a floor (``min_scale``), a ceiling (``max_scale``), and
