@@ -212,13 +212,15 @@ def test_the_metric_metadata_comes_from_the_plugins_that_report_them() -> None:
 
 
 def test_models_scalers_and_converters_are_found_without_importing_torch() -> None:
-    """Listing what the suite has (the config check) reads the decorators in the source."""
+    """Listing what the suite has (the config check) reads the decorators in the source, and
+    so does asking which scaler reads a knob (reads=)."""
     import subprocess
 
     probe = (
         "import sys\nfrom mpt_repro import registry\n"
         "print(registry.names('loss scaler'), 'resnet50' in registry.names('model'),"
-        " 'fp8_emulated' in registry.names('converter'), 'torch' in sys.modules)"
+        " 'fp8_emulated' in registry.names('converter'),"
+        " registry.declaring('loss scaler', 'init_scale'), 'torch' in sys.modules)"
     )
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.split() == [
@@ -227,6 +229,7 @@ def test_models_scalers_and_converters_are_found_without_importing_torch() -> No
         "'static']",
         "True",
         "True",
+        "['dynamic']",
         "False",
     ]
 
