@@ -88,7 +88,6 @@ class CompiledStep:
         criterion: Callable[[Any, Tensor], Tensor],
         clip_grad_norm: float | None,
         mode: str = "default",
-        backend: str | None = None,
     ):
         torch_opt = opt.optimizer
         if not isinstance(torch_opt, STEP_OPTIMIZERS):
@@ -111,12 +110,10 @@ class CompiledStep:
         if self.scaler is not None:
             # the scale moves inside the compiled step: its own update keeps the host bookkeeping
             self.scaler._advance = _moved_in_the_step
-        kwargs: dict[str, Any] = {"fullgraph": True}
-        if backend is not None:
-            kwargs["backend"] = backend
-        elif mode != "default":
-            kwargs["mode"] = mode
-        self._compiled = torch.compile(self._device_step, **kwargs)
+        # fullgraph: a graph break is an error at the first step, never a silent split
+        self._compiled = torch.compile(
+            self._device_step, fullgraph=True, mode=None if mode == "default" else mode
+        )
 
     # -- the host side: what each call prepares and books ---------------------------------------
     def __call__(self, x: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
