@@ -144,6 +144,45 @@ def test_clipping_is_traced_and_clips_as_the_eager_step(backend):
     assert_within_tolerance(eager, compiled, policy.compute_dtype)
 
 
+@pytest.mark.parametrize("hold", [True, False])
+def test_a_changing_lr_recompiles_nothing(hold, backend):
+    """An LR halved at every applied update: held on skips, a device tensor the schedule moves
+    (no host read); not held, a float the step copies into a tensor of its own. Neither
+    recompiles; the schedule counts the same updates and the weights are the eager ones to the
+    tolerance."""
+    from mpt_repro.schedule import LRSchedule
+
+    runs = {}
+    for compile_ in ("step", "false"):
+        task, policy = build("mixed", compile_)
+        schedule = LRSchedule(task.optimizers["model"], lambda i: 0.5**i, 8, hold_on_skip=hold)
+        assert schedule.on_device == hold
+        runs[compile_] = (*scheduled(task, schedule, 6), schedule.applied)
+    assert counters["stats"]["unique_graphs"] == 1
+    assert runs["step"][3] == runs["false"][3]
+    assert False in runs["step"][0][2:] and True in runs["step"][0][2:]
+    assert_within_tolerance(runs["false"][:3], runs["step"][:3], policy.compute_dtype)
+
+
+def scheduled(task, schedule, steps: int) -> tuple[list[bool], list[torch.Tensor], list[float]]:
+    """As `trajectory`, with the LR schedule stepped after each step as the trainer steps it;
+    recompiling is an error from the third step on."""
+    params = task.optimizers["model"].params
+    before = [p.detach().clone() for p in params]
+    largest, applied = [0.0] * len(params), []
+    for i, batch in enumerate(task.train_batches(0)):
+        if i == steps:
+            break
+        with torch._dynamo.config.patch(error_on_recompile=i >= 2):
+            result = task.train_step(batch)
+        schedule.step(result.stepped)
+        applied.append(bool(result.stepped))
+        now = [p.detach().clone() for p in params]
+        largest = [max(u, float((a - b).abs().max())) for u, a, b in zip(largest, now, before)]
+        before = now
+    return applied, before, largest
+
+
 @pytest.mark.parametrize("backend", ["aot_eager"], indirect=True)
 def test_aot_autograd_takes_the_step_and_its_journal_writes(backend):
     """aot_eager: AOTAutograd's functionalisation of the step's in-place writes (the journal's

@@ -126,7 +126,9 @@ class CompiledStep:
         row = journal.slot("norms") if self.scaler is not None else None
         scale_slot = self.scaler.journal.slot("scale") if self._scale_moves() else None
         with torch._dynamo.config.patch(trace_autograd_ops=True):
-            loss, stepped = self._compiled(x, y, self._lrs(), self._state(), found, row, scale_slot)
+            loss, stepped = self._compiled(
+                x, y, self._lrs(), self._hyper(), self._state(), found, row, scale_slot
+            )
         if found is None:  # no scaler: nothing can skip
             return loss, opt._never_skipped
         journal.note(opt_step=opt.steps, present=None)
@@ -159,6 +161,13 @@ class CompiledStep:
             out.append(self._lr_tensors[i])
         return out
 
+    def _hyper(self) -> list[dict[str, Any]]:
+        """Each group's hyperparameters but the LR, copied at each call: the graph reads these
+        copies, not the param groups, whose dicts change at every LR step (dynamo would guard
+        on them and recompile); a value that did change recompiles, as it must."""
+        keys = _HYPER[isinstance(self.opt.optimizer, torch.optim.SGD)]
+        return [{k: g[k] for k in keys if k in g} for g in self.opt.param_groups]
+
     def _state(self) -> list[dict[str, list[Tensor]]]:
         """Per group, the optimizer state the update works on, from ``optimizer.state`` at each
         call (a loaded checkpoint replaces its tensors), made where it is missing as torch's own
@@ -185,6 +194,7 @@ class CompiledStep:
         x: Tensor,
         y: Tensor,
         lrs: list[Tensor],
+        hyper: list[dict[str, Any]],
         state: list[dict[str, list[Tensor]]],
         found: Tensor | None,
         row: Tensor | None,
@@ -203,7 +213,7 @@ class CompiledStep:
                 torch.stack(torch._foreach_norm(grads, float("inf")), out=row)
             if self.clip is not None:
                 _clip_(grads, self.clip)
-            self._update(grads, lrs, state, found)
+            self._update(grads, lrs, hyper, state, found)
             if self._masters[0]:
                 torch._foreach_copy_(self._masters[0], self._masters[1])  # rounds
             if scaler is not None:
@@ -226,13 +236,14 @@ class CompiledStep:
         self,
         grads: list[Tensor],
         lrs: list[Tensor],
+        hyper: list[dict[str, Any]],
         state: list[dict[str, list[Tensor]]],
         found: Tensor | None,
     ) -> None:
         """The functional foreach update of each param group; with a flag, every tensor it
         wrote is put back where the flag is set (the fused kernels' found_inf skip)."""
         params = self.opt.params
-        for indices, group, lr, lists in zip(self._groups, self.opt.param_groups, lrs, state):
+        for indices, group, lr, lists in zip(self._groups, hyper, lrs, state):
             group_params = [params[i] for i in indices]
             written = group_params + [t for ts in lists.values() for t in ts]
             old = [t.clone() for t in written] if found is not None else []
@@ -265,6 +276,13 @@ def _group_indices(opt: PrecisionOptimizer) -> list[list[int]]:
     if sorted(i for g in groups for i in g) != list(range(len(opt.params))):
         raise ValueError("the compiled step needs every parameter in exactly one param group")
     return groups
+
+
+# the hyperparameters the functional update reads, by whether the optimizer is SGD
+_HYPER = {
+    True: ("weight_decay", "momentum", "dampening", "nesterov", "maximize"),
+    False: ("betas", "eps", "weight_decay", "amsgrad", "maximize", "decoupled_weight_decay"),
+}
 
 
 def _sgd_keys(group: dict) -> tuple[str, ...]:
