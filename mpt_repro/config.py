@@ -718,7 +718,7 @@ def scale_text(value: float) -> str:
 def skip_ending(cfg: DictConfig) -> str:
     """What ends a run whose steps are all skipped (precision.floor_patience): a loss scaler at
     its floor, or, without one, the FP16-state guard (FP16 weights updated without a master)."""
-    if resolved_loss_scaling(cfg) in ("adaptive", "dynamic", "static"):
+    if resolved_loss_scaling(cfg) in registry.names("loss scaler"):  # a plugin's scaler too
         return "a loss scaler"
     p = cfg.precision
     guarded = (
@@ -827,6 +827,11 @@ def _unlisted_message(key: str, name: str, cfg: DictConfig) -> str:
 def _unread_message(key: str, rule: tuple[str, tuple[str, ...]], cfg: DictConfig) -> str:
     selector, readers = rule
     kind = selected_kind(cfg, selector)
+    # a plugin's scaler that does not declare a knob it is given: how to declare it
+    # (schema.read_if_declared)
+    plugins_word = getattr(readers, "refusal", None)
+    if plugins_word is not None and (said := plugins_word(key, kind)) is not None:
+        return said
     label = SELECTOR_WORDS.get(selector, selector)
     who = " or ".join([", ".join(readers[:-1]), readers[-1]] if len(readers) > 1 else readers)
     return (

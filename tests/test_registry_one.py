@@ -305,7 +305,8 @@ def test_the_suites_scalers_declare_in_their_source_what_they_register() -> None
         if isinstance(kinds, Declaring):
             assert kinds.setting == f.name
             knobs.append(f.name)
-    assert sorted(knobs) == sorted(from_source["dynamic"]) and len(knobs) == 6
+    declared = set(from_source["dynamic"]) | set(from_source["adaptive"])
+    assert sorted(knobs) == sorted(declared) and len(knobs) == 14
     assert from_source["static"] == ()  # its constant is precision.static_scale
 
 

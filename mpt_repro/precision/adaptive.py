@@ -407,7 +407,19 @@ def _walk(root, out_cells: dict[int, _OutCell]) -> _Tape:
 
 
 # -- the scaler --------------------------------------------------------------------------------
-@register_scaler("adaptive")
+@register_scaler(
+    "adaptive",
+    reads=(
+        "growth_interval",
+        "adaptive_underflow_threshold",
+        "adaptive_scale_upper_bound",
+        "adaptive_accum_upper_bound",
+        "adaptive_update_interval",
+        "adaptive_method",
+        "adaptive_formula",
+        "adaptive_plan_cache",
+    ),
+)
 class AdaptiveScaler(LossScaler):
     """Layer-wise scales from gradient and weight statistics (Zhao et al. 2019).
 

@@ -148,7 +148,6 @@ class FP8Config:
     compile: bool = False
 
 
-ADAPTIVE = read_when("loss_scaling", "adaptive")  # the layer-wise scaler's knobs
 # read by whatever applies a loss scale: every registered loss scaler, a plugin's included
 SCALED = read_by_every("loss_scaling", "loss scaler")
 
@@ -179,9 +178,7 @@ class PrecisionConfig:
     init_scale: float = field(default=65536.0, metadata=scaler_knob("init_scale"))
     growth_factor: float = field(default=2.0, metadata=scaler_knob("growth_factor"))
     backoff_factor: float = field(default=0.5, metadata=scaler_knob("backoff_factor"))
-    growth_interval: int = field(
-        default=2000, metadata=read_when("loss_scaling", "adaptive", "dynamic")
-    )
+    growth_interval: int = field(default=2000, metadata=scaler_knob("growth_interval"))
     hysteresis: int = field(default=1, metadata=scaler_knob("hysteresis"))
     min_scale: float = field(default=1.0, metadata=scaler_knob("min_scale"))
     max_scale: float = field(default=16777216.0, metadata=scaler_knob("max_scale"))
@@ -196,17 +193,25 @@ class PrecisionConfig:
         default=50, metadata=read_when("skip_ending", "a loss scaler", "an FP16 state guard")
     )
     # adaptive (layer-wise) loss scaling, Zhao et al. 2019 (used when loss_scaling=adaptive)
-    adaptive_underflow_threshold: float = field(default=1e-3, metadata=ADAPTIVE)
-    adaptive_scale_upper_bound: float = field(default=16.0, metadata=ADAPTIVE)
-    adaptive_accum_upper_bound: float = field(default=1024.0, metadata=ADAPTIVE)
-    adaptive_update_interval: int = field(default=1, metadata=ADAPTIVE)
-    adaptive_method: str = field(default="approx_range", metadata=ADAPTIVE)
+    adaptive_underflow_threshold: float = field(
+        default=1e-3, metadata=scaler_knob("adaptive_underflow_threshold")
+    )
+    adaptive_scale_upper_bound: float = field(
+        default=16.0, metadata=scaler_knob("adaptive_scale_upper_bound")
+    )
+    adaptive_accum_upper_bound: float = field(
+        default=1024.0, metadata=scaler_knob("adaptive_accum_upper_bound")
+    )
+    adaptive_update_interval: int = field(
+        default=1, metadata=scaler_knob("adaptive_update_interval")
+    )
+    adaptive_method: str = field(default="approx_range", metadata=scaler_knob("adaptive_method"))
     # which per-layer formula (docs/adaptive.md "Which formula"): paper (the paper's, default) |
     # code (the authors' final code as it runs: std(g) and max|g|, W dropped) | code_weights
     # (that code's weight branch: sigma x sqrt(0.5 fan_in), u_max / fan_in)
-    adaptive_formula: str = field(default="paper", metadata=ADAPTIVE)
+    adaptive_formula: str = field(default="paper", metadata=scaler_knob("adaptive_formula"))
     # reuse the plan's walk of the autograd graph for a forward seen before (audited now and
     # then); false: walk every step, for networks whose graph between layers changes per step
-    adaptive_plan_cache: bool = field(default=True, metadata=ADAPTIVE)
+    adaptive_plan_cache: bool = field(default=True, metadata=scaler_knob("adaptive_plan_cache"))
     # 8-bit floating point (docs/fp8.md): emulated E5M2/E4M3, or torchao float8 on Hopper
     fp8: FP8Config = field(default_factory=FP8Config)

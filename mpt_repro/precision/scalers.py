@@ -322,6 +322,7 @@ class StaticScaler(LossScaler):
         "init_scale",
         "growth_factor",
         "backoff_factor",
+        "growth_interval",
         "hysteresis",
         "min_scale",
         "max_scale",
