@@ -474,3 +474,37 @@ def test_accumulation_and_uneven_evaluation_shards_under_fsdp2(tmp_path: Path) -
     assert [x for _, x in train_rows(runs["fsdp2"])] == pytest.approx(
         [x for _, x in train_rows(runs["ddp"])], rel=1e-6
     )
+
+
+def test_a_run_that_never_shards_never_imports_fsdp(tmp_path) -> None:
+    """Asking whether a model holds FSDP2 modules (checkpoints, the memory record) must not
+    import torch.distributed.fsdp, which pulls in torch.distributed.tensor and sympy: ~0.6 s
+    of CPU at every mpt-run that never shards. A real mpt-run (a checkpoint saved, the run
+    record written) ends without the module; once it is imported, a sharded model is found."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    code = f"""
+import sys
+sys.argv = ["mpt-run", "experiment=demo", "budget=smoke", "precision=fp32", "trainer.device=cpu",
+            "trainer.max_steps=2", "trainer.progress=false", "paths.runs_dir={tmp_path}"]
+from mpt_repro.cli import main
+try:
+    main()
+except SystemExit as e:
+    assert not e.code, e.code
+print("imported", "torch.distributed.fsdp" in sys.modules)
+"""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, env=env
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == "imported False"
+    assert list((tmp_path).rglob("run.json")), "the run left no record"
+    from torch.distributed.fsdp import FSDPModule  # imported: the check asks it again
+
+    assert fsdp.sharded_modules([nn.Linear(2, 2)]) == []
+    assert FSDPModule is not None
