@@ -481,3 +481,18 @@ def test_a_small_batch_is_measured_as_given_and_one_that_cannot_train_is_refused
     assert r["saved_bytes_per_sample"] > 0 and r["flops_per_sample"] > 0
     with pytest.raises(UserError, match=r"^data.batch_size=1 cannot train resnet50: .*larger"):
         run_worker(spec(1))
+
+
+def test_a_warning_inside_the_measured_step_is_kept_with_where_it_was_raised():
+    """What the sync-debug block keeps of each warning: its message, the line that raised it,
+    and the innermost mpt_repro line above it (none here: the test calls it)."""
+    import warnings
+
+    with measure._cuda_sync_warnings(torch.device("cpu")) as caught:
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        line = sys._getframe().f_lineno - 1
+    (kept,) = caught
+    assert kept["message"] == "called a synchronizing CUDA operation"
+    assert kept["at"] == f"{__file__}:{line}"
+    assert kept["where"] == "outside mpt_repro"
+    assert warnings.showwarning is not None and warnings.showwarning.__name__ != "keep"

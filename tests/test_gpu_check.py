@@ -339,3 +339,18 @@ def test_the_rehearsal_runs_the_plan_on_the_cpu_in_under_5_minutes(tmp_path):
     names = sorted(p.name for p in (tmp_path / "out").iterdir())
     assert len(names) == 4 and {"summary.txt", "report.md", pack.ARCHIVE} < set(names)
     assert wall < 300, f"{wall:.0f} s"
+
+
+def test_the_summary_says_where_each_sync_warning_came_from(tmp_path):
+    """The H200 check warned once a preset with no place to look (issue 47): the bench JSON now
+    keeps where torch's sync-debug mode raised each warning, and summary.txt prints it."""
+    doc = bench_doc("cuda", {"sps": 4600, "mem": 20})
+    doc["results"][2]["detail"] = {
+        "cuda_sync_debug_warnings": 1,
+        "cuda_sync_debug_where": {"mpt_repro/trainer.py:1 x | torch/optim/sgd.py:2": 1},
+    }
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    text = "\n".join(summary.bench_lines(path))
+    assert "[FAIL] 0 host syncs per step (every preset): fp32 0, amp 0, mixed 0 (1 warned)" in text
+    assert "mixed warned at mpt_repro/trainer.py:1 x | torch/optim/sgd.py:2 (1x)" in text

@@ -275,11 +275,20 @@ def _caller() -> str:
 
 
 @contextlib.contextmanager
-def _cuda_sync_warnings(device: torch.device) -> Iterator[list]:
+def _cuda_sync_warnings(device: torch.device) -> Iterator[list[dict[str, str]]]:
     """torch.cuda.set_sync_debug_mode("warn") for the block: it also sees syncs made in kernels'
-    host code, which no dispatch-level count can."""
-    with warnings.catch_warnings(record=True) as caught:
+    host code, which no dispatch-level count can. Each warning is kept with where it was raised:
+    the Python line that called the op (`at`) and the innermost mpt_repro line above it
+    (`where`), taken while the warning is raised, since a recorded warning keeps only the
+    first (the H200's sync warning came from a line inside torch)."""
+    caught: list[dict[str, str]] = []
+
+    def keep(message, category, filename, lineno, file=None, line=None) -> None:
+        caught.append({"message": str(message), "at": f"{filename}:{lineno}", "where": _caller()})
+
+    with warnings.catch_warnings():  # restores showwarning on the way out
         warnings.simplefilter("always")
+        warnings.showwarning = keep
         if device.type == "cuda":
             torch.cuda.set_sync_debug_mode("warn")
         try:
@@ -310,16 +319,20 @@ def instrument(
     with _cuda_sync_warnings(device) as caught, flops, syncs, saved.hooks():
         step_on(batch)
     synchronize(device)
+    sync_warned = [w for w in caught if "synchroniz" in w["message"].lower()]
     full = saved.total
     out: dict[str, Any] = {
         "host_syncs_per_step": sum(syncs.ops.values()),
         "host_sync_ops": dict(syncs.ops),
         "host_sync_where": syncs.where,
-        "cuda_sync_debug_warnings": (
-            sum("synchroniz" in str(w.message).lower() for w in caught)
+        "cuda_sync_debug_warnings": len(sync_warned) if device.type == "cuda" else None,
+        # where each came from: {"<mpt_repro line> | <the op's caller>": count}, and one message
+        "cuda_sync_debug_where": (
+            dict(Counter(f"{w['where']} | {w['at']}" for w in sync_warned))
             if device.type == "cuda"
             else None
         ),
+        "cuda_sync_debug_message": sync_warned[0]["message"] if sync_warned else None,
         "host_reads_per_step": syncs.reads,
         "host_tensors_per_step": sum(syncs.tensors.values()),
         "host_tensor_ops": dict(syncs.tensors),

@@ -122,7 +122,11 @@ def _syncs_verdict(results: list[dict]) -> str:
     text = ", ".join(
         f"{p} {n}" + (f" ({warns[p]} warned)" if warns[p] else "") for p, n in counts.items()
     )
-    return f"  [{'FAIL' if bad else 'PASS'}] 0 host syncs per step (every preset): {text}"
+    lines = [f"  [{'FAIL' if bad else 'PASS'}] 0 host syncs per step (every preset): {text}"]
+    for r in measured:  # where torch's sync-debug mode saw each sync (bench/measure.py)
+        where = (r.get("detail") or {}).get("cuda_sync_debug_where") or {}
+        lines += [f"         {r['preset']} warned at {at} ({n}x)" for at, n in where.items()]
+    return "\n".join(lines)
 
 
 def smoke_lines(runs: Path, expected: list[str]) -> list[str]:
