@@ -12,7 +12,8 @@ What is checked, and how fast:
 - Adam's skipped steps leave its state (step count, moments) as the fused kernel leaves it;
 - a resumed compiled run continues bit for bit;
 - the refusals, through the real config and task build;
-- `mpt-run ... trainer.compile=step` end to end (slow: ~40-60 s of CPU, most of it inductor).
+- `mpt-run ... trainer.compile=step` end to end, beside the eager run (slow: ~45 s of CPU with a
+  cold inductor cache).
 
 The tolerance. The compiled step does the eager step's arithmetic, but not necessarily in the
 same order or with the same intermediate roundings: inductor keeps a fused chain of FP16/BF16
@@ -301,18 +302,23 @@ def test_inductor_compiled_step_is_the_eager_step_to_the_tolerance(preset, backe
 
 @pytest.mark.slow
 def test_mpt_run_trains_the_demo_with_the_compiled_step(tmp_path):
-    """The real command end to end: ~40-60 s of CPU (inductor's compilation, cold cache)."""
+    """The real command end to end: ~45 s of CPU with a cold inductor cache; its evaluation
+    beside the eager run's (measured: loss 2.2121 against 2.2116, the same top-1)."""
     import json
 
-    conftest.run_cli(
-        "experiment=demo",
-        "precision=mixed",
-        "trainer.compile=step",
-        "budget=smoke",
-        run_dir=tmp_path / "run",
-        timeout=600,
-    )
-    record = json.loads((tmp_path / "run" / "run.json").read_text())
-    assert record["status"] == "completed"
-    assert record["config"]["trainer"]["compile"] == "step"
-    assert math.isfinite(record["metrics"]["loss"])
+    records = {}
+    for compile_ in ("step", "false"):
+        conftest.run_cli(
+            "experiment=demo",
+            "precision=mixed",
+            f"trainer.compile={compile_}",
+            "budget=smoke",
+            run_dir=tmp_path / compile_,
+            timeout=600,
+        )
+        records[compile_] = json.loads((tmp_path / compile_ / "run.json").read_text())
+    step, eager = records["step"], records["false"]
+    assert step["status"] == "completed" and step["config"]["trainer"]["compile"] == "step"
+    assert step["skipped_steps"] == eager["skipped_steps"]
+    assert math.isfinite(step["metrics"]["loss"])
+    assert step["metrics"]["loss"] == pytest.approx(eager["metrics"]["loss"], rel=1e-2)
