@@ -202,6 +202,65 @@ def build_and_read_scalars(preset: str, steps: int) -> dict:
     return policy.scalars()
 
 
+class UnusedFirst(torch.nn.Module):
+    """A layer the loss never reaches, registered before the one it does."""
+
+    def __init__(self):
+        super().__init__()
+        self.unused, self.used = torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)
+
+    def forward(self, x):
+        return self.used(x)
+
+
+def test_a_parameter_without_gradient_is_left_alone_as_the_eager_step_leaves_it(backend):
+    """The traced step updates, unscales and journals only the parameters that got a gradient
+    (which ones is fixed when it is traced): the unused layer keeps its weights, and the
+    journal's row maps back to the right names (the first non-finite gradient's layer)."""
+    import torch.nn.functional as F
+
+    from mpt_repro.precision import PrecisionPolicy
+    from mpt_repro.precision.compiled_step import CompiledStep
+
+    cfg = conftest.compose(["experiment=demo", "precision=mixed", *OVERFLOWS])
+    x, y = torch.randn(16, 4), torch.arange(16) % 3
+
+    def criterion(out, labels):
+        return F.cross_entropy(out.float(), labels)
+
+    runs = {}
+    for compiled in (False, True):
+        torch.manual_seed(0)
+        policy = PrecisionPolicy(cfg.precision, "cpu")
+        model = policy.prepare_model(UnusedFirst())
+        opt = policy.build_optimizer(
+            model, lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, fused=True)
+        )
+        start = [p.detach().clone() for p in opt.params]
+        step = CompiledStep(opt, policy, model, criterion, None) if compiled else None
+        applied = []
+        for _ in range(5):
+            if step is not None:
+                stepped = step(policy.cast_inputs(x), y)[1]
+            else:
+                opt.zero_grad()
+                with policy.autocast():
+                    loss = criterion(model(policy.cast_inputs(x)), y)
+                opt.backward(loss)
+                stepped = opt.step()
+            applied.append(bool(stepped))
+        runs[compiled] = (applied, [p.detach() for p in opt.params], start, opt.nonfinite())
+    (applied, eager, start, where), (applied_c, weights, _, where_c) = runs[False], runs[True]
+    assert applied_c == applied and False in applied and True in applied
+    assert where_c == where and where["first_nonfinite_layer"].startswith("used.")
+    for w, wc, w0, name in zip(eager, weights, start, opt.names):
+        if name.startswith("unused."):
+            assert torch.equal(wc, w0) and torch.equal(w, w0)
+        else:
+            ulp = torch.finfo(torch.float32).eps * float(w.abs().max())
+            assert float((wc - w).abs().max()) <= 2 * sum(applied) * ulp
+
+
 # -- Adam, resume --------------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["adam", pytest.param("adamw", marks=pytest.mark.slow)])
 def test_adam_skips_leave_its_state_as_the_fused_kernel_does(name, backend):

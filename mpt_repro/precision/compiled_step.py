@@ -131,7 +131,9 @@ class CompiledStep:
             )
         if found is None:  # no scaler: nothing can skip
             return loss, opt._never_skipped
-        journal.note(opt_step=opt.steps, present=None)
+        # which gradients the step had (the journal's row is theirs): the model's own keep them
+        present = [i for i, p in enumerate(opt.model_params) if p.grad is not None]
+        journal.note(opt_step=opt.steps, present=opt._present_key(present))
         opt.scale_group.report(found)  # the scaler's host bookkeeping; it commits its row
         if not opt.scale_group.exclusive:
             journal.commit()
@@ -207,12 +209,14 @@ class CompiledStep:
         scaled = loss.float() * scaler._scale.view(()) if scaler is not None else loss
         scaled.backward()
         with torch.no_grad():
-            grads = self._gradients()
+            grads = self._gradients()  # None for a parameter the loss did not reach
+            got = [g for g in grads if g is not None]  # which ones: fixed when traced
             if scaler is not None:
-                scaler.unscale_(grads, found)
-                torch.stack(torch._foreach_norm(grads, float("inf")), out=row)
+                scaler.unscale_(got, found)
+                norms = row if len(got) == len(grads) else row[: len(got)]  # as eager's row
+                torch.stack(torch._foreach_norm(got, float("inf")), out=norms)
             if self.clip is not None:
-                _clip_(grads, self.clip)
+                _clip_(got, self.clip)
             self._update(grads, lrs, hyper, state, found)
             if self._masters[0]:
                 torch._foreach_copy_(self._masters[0], self._masters[1])  # rounds
@@ -220,17 +224,21 @@ class CompiledStep:
                 scaler._advance_eager(found, scale_slot, self.floor)
         return loss.detach().float(), (torch.eq(found, 0) if found is not None else None)
 
-    def _gradients(self) -> list[Tensor]:
+    def _gradients(self) -> list[Tensor | None]:
         """The optimizer's gradients in its parameters' order: a low-precision parameter's copied
-        into its master's FP32 buffer (exact), an FP32 parameter's (its own master) as it is."""
+        into its master's FP32 buffer (exact), an FP32 parameter's (its own master) as it is;
+        None where the parameter got none (it is left alone, as the eager step leaves it)."""
         model_params, master = self.opt.model_params, self.opt.master
         if master is None:
             return [p.grad for p in model_params]
         buffers = master._grads
-        low = [i for i in range(len(model_params)) if i in buffers]
+        low = [i for i in buffers if model_params[i].grad is not None]
         if low:
             torch._foreach_copy_([buffers[i] for i in low], [model_params[i].grad for i in low])
-        return [buffers[i] if i in buffers else p.grad for i, p in enumerate(model_params)]
+        return [
+            None if p.grad is None else buffers[i] if i in buffers else p.grad
+            for i, p in enumerate(model_params)
+        ]
 
     def _update(
         self,
@@ -240,15 +248,21 @@ class CompiledStep:
         state: list[dict[str, list[Tensor]]],
         found: Tensor | None,
     ) -> None:
-        """The functional foreach update of each param group; with a flag, every tensor it
-        wrote is put back where the flag is set (the fused kernels' found_inf skip)."""
+        """The functional foreach update of each param group over its parameters that have a
+        gradient; with a flag, every tensor it wrote is put back where the flag is set (the
+        fused kernels' found_inf skip)."""
         params = self.opt.params
         for indices, group, lr, lists in zip(self._groups, hyper, lrs, state):
-            group_params = [params[i] for i in indices]
+            keep = [k for k, i in enumerate(indices) if grads[i] is not None]
+            if not keep:
+                continue
+            chosen = [indices[k] for k in keep]
+            group_params = [params[i] for i in chosen]
+            lists = {key: [ts[k] for k in keep] for key, ts in lists.items()}
             written = group_params + [t for ts in lists.values() for t in ts]
             old = [t.clone() for t in written] if found is not None else []
             _functional_update(
-                self.opt.optimizer, group, group_params, [grads[i] for i in indices], lr, lists
+                self.opt.optimizer, group, group_params, [grads[i] for i in chosen], lr, lists
             )
             if found is not None:
                 skip = found > 0
