@@ -15,17 +15,19 @@ Three things make that one graph (torch 2.14):
 - the backward is traced with ``torch._dynamo.config.trace_autograd_ops`` (set around each call,
   never globally);
 - torch.optim's ``Optimizer.step`` cannot be in the graph (its ``_use_grad`` wrapper calls
-  ``torch._dynamo.graph_break()``, dynamo refuses an optimizer step after a backward in the same
-  graph, and the fused kernels are ``torch.compiler.disable``d), so the update is torch's
-  *functional* foreach optimizer (``torch.optim.sgd.sgd``, ``torch.optim.adam.adam``) over the
-  torch optimizer's own state tensors (``optimizer.state``: checkpoints, ``state_dict`` and
-  resume see the same entries), made before the first call;
+  ``torch._dynamo.graph_break()``, and the fused kernels are ``torch.compiler.disable``d), so
+  the update is torch's *functional* foreach optimizer (``torch.optim.sgd.sgd``,
+  ``torch.optim.adam.adam``) over the torch optimizer's own state tensors (``optimizer.state``:
+  checkpoints, ``state_dict`` and resume see the same entries), made before the first compiled
+  call where torch's own first step would have made them;
 - an overflowing step is skipped as ``t.copy_(torch.where(found > 0, old, t))`` for every
   parameter and state tensor, where the fused kernels take ``found_inf``: the same result (an
   exact copy of the old values), without reading the flag on the host. The LR is a 0-d tensor
   (a float that changed would recompile the graph at every change).
 
-Where it cannot apply it is refused in one line when the task is built (``refusal``).
+A parameter the loss does not reach is left alone, as the eager step leaves it (which ones have a
+gradient is fixed when the step is traced). Where the step cannot apply it is refused in one line
+when the task is built (``refusal``).
 """
 
 from __future__ import annotations
