@@ -315,6 +315,17 @@ def test_a_resumed_compiled_run_continues_bit_for_bit(backend):
     assert straight.optimizers["model"].loss_scale == resumed.optimizers["model"].loss_scale
 
 
+def test_each_compiled_step_has_a_recompile_limit_of_its_own(backend):
+    """Dynamo keeps at most recompile_limit graphs per code object, and a Hydra multirun builds
+    a step per job in one process: with the limit at 1, a second step still compiles (the
+    ninth would fail with fullgraph=True at the default 8)."""
+    with torch._dynamo.config.patch(recompile_limit=1):
+        for _ in range(2):
+            task, _ = build("fp32", "step", overflows=False)
+            assert train(task, 1) == [True]
+    assert counters["stats"]["unique_graphs"] == 2
+
+
 # -- refusals ------------------------------------------------------------------------------------
 def test_a_compile_value_other_than_true_false_step_is_refused():
     from mpt_repro.config import validate

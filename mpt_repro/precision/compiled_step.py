@@ -32,6 +32,7 @@ when the task is built (``refusal``).
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -114,7 +115,7 @@ class CompiledStep:
             self.scaler._advance = _moved_in_the_step
         # fullgraph: a graph break is an error at the first step, never a silent split
         self._compiled = torch.compile(
-            self._device_step, fullgraph=True, mode=None if mode == "default" else mode
+            _own_code(self._device_step), fullgraph=True, mode=None if mode == "default" else mode
         )
 
     # -- the host side: what each call prepares and books ---------------------------------------
@@ -270,6 +271,20 @@ class CompiledStep:
                 skip = found > 0
                 for t, before in zip(written, old):
                     t.copy_(torch.where(skip, before, t))
+
+
+def _own_code(method: Callable) -> Callable:
+    """``method`` with a code object of its own. Dynamo keeps its compiled graphs per code object,
+    at most ``torch._dynamo.config.recompile_limit`` (8) of them, and each CompiledStep is
+    another entry (its guards name its own model): in one process (a Hydra multirun, a test
+    session) the ninth would fail with fullgraph=True. A copy of the code gives each step its
+    own cache and its own limit."""
+    fn = method.__func__
+    copy = types.FunctionType(
+        fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+    )
+    copy.__qualname__, copy.__doc__ = fn.__qualname__, fn.__doc__
+    return types.MethodType(copy, method.__self__)
 
 
 def _moved_in_the_step(found: Tensor, scale_slot: Tensor | None, floor: float) -> None:
