@@ -496,3 +496,17 @@ def test_a_warning_inside_the_measured_step_is_kept_with_where_it_was_raised():
     assert kept["at"] == f"{__file__}:{line}"
     assert kept["where"] == "outside mpt_repro"
     assert warnings.showwarning is not None and warnings.showwarning.__name__ != "keep"
+
+
+def test_the_json_counts_only_sync_warnings_and_says_where_each_came_from():
+    caught = [
+        {"message": "called a synchronizing CUDA operation", "at": "torch/x.py:3", "where": "a"},
+        {"message": "called a synchronizing CUDA operation", "at": "torch/x.py:3", "where": "a"},
+        {"message": "LSTM with projections is not supported", "at": "torch/y.py:1", "where": "b"},
+    ]
+    detail = measure._sync_warnings_detail(caught, torch.device("cuda"))
+    assert detail["cuda_sync_debug_warnings"] == 2
+    assert detail["cuda_sync_debug_where"] == {"a | torch/x.py:3": 2}
+    assert detail["cuda_sync_debug_message"] == "called a synchronizing CUDA operation"
+    off = measure._sync_warnings_detail(caught, torch.device("cpu"))
+    assert off == {"cuda_sync_debug_warnings": None, "cuda_sync_debug_where": None}

@@ -298,6 +298,19 @@ def _cuda_sync_warnings(device: torch.device) -> Iterator[list[dict[str, str]]]:
                 torch.cuda.set_sync_debug_mode("default")
 
 
+def _sync_warnings_detail(caught: list[dict[str, str]], device: torch.device) -> dict[str, Any]:
+    """The JSON's sync-debug fields (None off CUDA): how many warnings, where each came from
+    ({"<mpt_repro line> | <the op's caller>": count}) and one message."""
+    if device.type != "cuda":
+        return dict.fromkeys(("cuda_sync_debug_warnings", "cuda_sync_debug_where"))
+    warned = [w for w in caught if "synchroniz" in w["message"].lower()]
+    return {
+        "cuda_sync_debug_warnings": len(warned),
+        "cuda_sync_debug_where": dict(Counter(f"{w['where']} | {w['at']}" for w in warned)),
+        "cuda_sync_debug_message": warned[0]["message"] if warned else None,
+    }
+
+
 def instrument(
     step_on: Callable[[int], Any], batch: int, device: torch.device, slope: bool = True
 ) -> dict[str, Any]:
@@ -319,20 +332,12 @@ def instrument(
     with _cuda_sync_warnings(device) as caught, flops, syncs, saved.hooks():
         step_on(batch)
     synchronize(device)
-    sync_warned = [w for w in caught if "synchroniz" in w["message"].lower()]
     full = saved.total
     out: dict[str, Any] = {
         "host_syncs_per_step": sum(syncs.ops.values()),
         "host_sync_ops": dict(syncs.ops),
         "host_sync_where": syncs.where,
-        "cuda_sync_debug_warnings": len(sync_warned) if device.type == "cuda" else None,
-        # where each came from: {"<mpt_repro line> | <the op's caller>": count}, and one message
-        "cuda_sync_debug_where": (
-            dict(Counter(f"{w['where']} | {w['at']}" for w in sync_warned))
-            if device.type == "cuda"
-            else None
-        ),
-        "cuda_sync_debug_message": sync_warned[0]["message"] if sync_warned else None,
+        **_sync_warnings_detail(caught, device),
         "host_reads_per_step": syncs.reads,
         "host_tensors_per_step": sum(syncs.tensors.values()),
         "host_tensor_ops": dict(syncs.tensors),
