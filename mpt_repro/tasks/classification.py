@@ -130,11 +130,11 @@ class Classification(SampledTask):
     def _check_classes(self, x: torch.Tensor) -> None:
         """The first batch's class check before the first compiled step (a model built for
         other inputs or classes is refused in one line, not from inside a trace): one forward
-        in eval mode, which moves no BatchNorm statistics and draws no random numbers."""
-        self.train_model.eval()
+        in eval mode, which moves no BatchNorm statistics and draws no random numbers (the
+        shared evaluation forward, tasks/loops.py: no task enters autocast itself)."""
         try:
-            with torch.no_grad(), self.policy.autocast():
-                self.data.check_logits(_logits(self._first_forward(x)))
+            out = self._first_forward(x, lambda x: self.predict(self.train_model, x))
+            self.data.check_logits(_logits(out))
         finally:
             self.train_model.train()
         self._classes_checked = True
@@ -150,11 +150,12 @@ class Classification(SampledTask):
         out = self.train_model(x) if self._classes_checked else self._first_forward(x)
         return Loss(self.criterion(out, y), samples=y.shape[0])
 
-    def _first_forward(self, x: torch.Tensor) -> Any:
-        """The first forward. A model=custom factory built for other inputs (3 channels, where the
-        digits have 1) fails deep inside torch; say what the data gives and how to fit it."""
+    def _first_forward(self, x: torch.Tensor, forward: Any = None) -> Any:
+        """The first forward (the training model's, or ``forward``'s). A model=custom factory
+        built for other inputs (3 channels, where the digits have 1) fails deep inside torch;
+        say what the data gives and how to fit it."""
         try:
-            return self.train_model(x)
+            return (forward or self.train_model)(x)
         except torch.OutOfMemoryError:
             raise
         except RuntimeError as e:
