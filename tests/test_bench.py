@@ -510,3 +510,33 @@ def test_the_json_counts_only_sync_warnings_and_says_where_each_came_from():
     assert detail["cuda_sync_debug_message"] == "called a synchronizing CUDA operation"
     off = measure._sync_warnings_detail(caught, torch.device("cpu"))
     assert off == {"cuda_sync_debug_warnings": None, "cuda_sync_debug_where": None}
+
+
+@pytest.mark.slow  # inductor compiles the step: ~15-35 s on this CPU with a cold cache
+def test_under_trainer_compile_the_worker_times_the_step_and_says_why_nothing_is_counted(
+    tmp_path, one_thread
+):
+    """The meters cannot run under torch.compile (a compiled step finds no frame to compile
+    under their dispatch modes): the worker times the compiled step and records why the
+    counted columns are empty, instead of failing the repeat."""
+    from mpt_repro.bench.results import aggregate
+    from mpt_repro.bench.worker import NOT_UNDER_COMPILE
+    from mpt_repro.bench.worker import measure as run_worker
+
+    spec = {
+        "overrides": [
+            "experiment=demo",
+            "budget=smoke",
+            "trainer.device=cpu",
+            "trainer.compile=step",
+        ],
+        "preset": "fp32",
+        "repeat": 0,
+        "bench": {**BenchConfig().__dict__, "warmup": 1, "steps": 2, "overhead_steps": 0},
+        "out": str(tmp_path / "r.json"),
+    }
+    r = run_worker(spec)
+    assert r["samples_per_s"] > 0 and r["not_instrumented"] == NOT_UNDER_COMPILE
+    assert "saved_bytes_per_sample" not in r and "error" not in r
+    (row,) = aggregate({"fp32": [r]}, ["fp32"])
+    assert row["error"] is None and row["detail"]["not_instrumented"] == NOT_UNDER_COMPILE

@@ -247,6 +247,8 @@ def describe_run(doc: dict) -> str:
             "speed, memory and energy are for a GPU run. Saved bytes, host syncs and FLOPs "
             "count the same on any device."
         )
+    skipped = {(r.get("detail") or {}).get("not_instrumented") for r in doc["results"]} - {None}
+    lines += sorted(skipped)  # trainer.compile: why the counted columns are n/a (bench/worker.py)
     from mpt_repro.bench.mx_cost import describe as describe_mx
 
     return "\n".join(lines + describe_mx(doc))

@@ -44,6 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+# the instrumented step's meters (a TorchDispatchMode, FlopCounterMode, saved-tensor hooks) are
+# not traced by torch.compile: under them a compiled step finds no frame to compile and fails
+NOT_UNDER_COMPILE = (
+    "saved bytes, host syncs, ATen ops and FLOPs not measured: torch.compile does not trace the "
+    "meters' dispatch modes and hooks (trainer.compile); run mpt-bench without trainer.compile "
+    "to count the eager step"
+)
+
+
 def _short(e: BaseException) -> str:
     return str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
 
@@ -68,7 +77,10 @@ def measure(spec: dict[str, Any]) -> dict[str, Any]:
     out["state_bytes_per_rank"] = _state_bytes(bs)
     if b.nproc > 1:  # the counts and windows below are one process's: not measured over ranks
         return out
-    if repeat == 0 and b.instrument:
+    if repeat == 0 and b.instrument and cfg.trainer.compile:
+        out["not_instrumented"] = NOT_UNDER_COMPILE
+        say(NOT_UNDER_COMPILE)
+    elif repeat == 0 and b.instrument:
         if bs.step_on is None:  # e.g. an LM's streams: one whole step, counted as it is
             step_on, n = (lambda _: bs.step()), bs.samples
         else:
