@@ -42,7 +42,7 @@ format: $(STAMP) ## ruff: rewrite the code in the house format and sort the impo
 # module fixtures run once), one thread each: on a few cores, threads of one process only hand
 # tiny tensors to each other. TEST_JOBS=1 runs it in one process.
 TEST_JOBS ?= $(shell $(PYTHON) -c 'import os; print(min(4, len(os.sched_getaffinity(0))))')
-test: $(STAMP) lint ## lint, then the test suite (CPU; about 8.5 minutes on 2 cores)
+test: $(STAMP) lint ## lint, then the test suite (CPU; about 7-8 minutes on 2 cores)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -m "not slow and not gpu" -q $(if $(filter-out 1,$(TEST_JOBS)),-n $(TEST_JOBS) --dist loadfile)
 
 shape: $(STAMP) ## the code's shape against the house targets: long functions, repeated blocks, import cycles
