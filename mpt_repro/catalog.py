@@ -137,19 +137,30 @@ def _load(path: Path) -> dict[str, Any]:
 
     from mpt_repro.safeio import read_text  # a FIFO among the configs: refused, not waited on
 
-    data = yaml.load(read_text(path), Loader=_yaml_loader())
+    text, loader = read_text(path), _yaml_loader()
+    if loader is None:  # an omegaconf without the loader this reads its rules from
+        from omegaconf import OmegaConf
+
+        data = OmegaConf.to_container(OmegaConf.create(text), resolve=False)
+    else:
+        data = yaml.load(text, Loader=loader)
     return data if isinstance(data, dict) else {}
 
 
 @lru_cache(maxsize=1)
-def _yaml_loader() -> type:
+def _yaml_loader() -> type | None:
     """OmegaConf's YAML loader (YAML 1.2 floats such as 1e-3, no timestamps, duplicate keys
     refused) on libyaml's C parser: mpt-run reads every experiment file and its data file
     before a run (~80 files), which took ~0.7 s of CPU of each run's start through the
-    pure-Python parser and OmegaConf's containers. Without libyaml, OmegaConf's own loader."""
+    pure-Python parser and OmegaConf's containers. Without libyaml, OmegaConf's own loader;
+    None where omegaconf no longer has it where 2.3 keeps it (a private module): then the
+    catalog reads through OmegaConf itself, as before."""
     import yaml
-    from omegaconf._utils import get_yaml_loader
 
+    try:
+        from omegaconf._utils import get_yaml_loader
+    except ImportError:
+        return None
     rules = get_yaml_loader()
     if not getattr(yaml, "__with_libyaml__", False):
         return rules
