@@ -255,11 +255,15 @@ _STORED: tuple | None = None  # what register_configs last stored, as _stored_no
 
 def _stored_now(store: ConfigStore, options: list[tuple[str, str]]) -> tuple:
     """The store, its `schema` node and, for each (group, name) option schema, the node it
-    holds (the objects themselves: compared by identity)."""
-    schema = store.repo.get("schema")
+    holds (the objects themselves: compared by identity). A Hydra whose store keeps them
+    elsewhere than Hydra 1.3's `repo` gives a fresh object each time: stored at every call."""
+    repo = getattr(store, "repo", None)
+    if not isinstance(repo, dict):
+        return (object(),), tuple(options)
+    schema = repo.get("schema")
     groups = schema if isinstance(schema, dict) else {}
     held = [groups.get(group, {}).get(f"{name}.yaml") for group, name in options]
-    return (store, store.repo.get("schema.yaml"), *held), tuple(options)
+    return (store, repo.get("schema.yaml"), *held), tuple(options)
 
 
 def _same(before: tuple, now: tuple) -> bool:

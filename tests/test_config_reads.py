@@ -316,3 +316,23 @@ def test_the_folder_refusal_comes_before_torch_loads() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.split() == ["False", "True"]
+
+
+def test_the_schemas_are_stored_again_when_the_store_no_longer_holds_them() -> None:
+    """register_configs skips storing what the ConfigStore already holds (it runs at every
+    compose), but a schema node replaced since is put back, so a compose never reads a stale
+    or foreign schema."""
+    from hydra.core.config_store import ConfigStore
+
+    from mpt_repro.config import Config, register_configs
+
+    register_configs()
+    store = ConfigStore.instance()
+    kept = store.repo["schema.yaml"]
+    register_configs()
+    assert store.repo["schema.yaml"] is kept  # nothing changed: nothing stored again
+    store.store(name="schema", node={"not": "the schema"})
+    register_configs()
+    assert store.repo["schema.yaml"] is not kept
+    assert OmegaConf.get_type(store.repo["schema.yaml"].node) is Config
+    assert compose(["experiment=demo"]).experiment_name == "demo"
