@@ -506,5 +506,11 @@ print("imported", "torch.distributed.fsdp" in sys.modules)
     assert list((tmp_path).rglob("run.json")), "the run left no record"
     from torch.distributed.fsdp import FSDPModule  # imported: the check asks it again
 
+    # the class fully_shard makes for a module, built without a process group (FSDPModule's
+    # own __new__ would hand back the plain module outside fully_shard)
+    sharded = type(
+        "FSDPLinear", (FSDPModule, nn.Linear), {"__new__": lambda c, *a: object.__new__(c)}
+    )
+    inner = sharded(2, 2)
+    assert fsdp.sharded_modules([nn.Sequential(nn.Linear(2, 2), inner)]) == [inner]
     assert fsdp.sharded_modules([nn.Linear(2, 2)]) == []
-    assert FSDPModule is not None

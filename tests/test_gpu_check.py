@@ -82,7 +82,7 @@ def test_the_wheels_are_installed_with_pip_no_index_target_into_the_work_folder(
     wheels.mkdir()
     (wheels / "hydra_core-1.3.8-py3-none-any.whl").write_text("")
     install, run = dry_run(tmp_path, WHEELS=str(wheels), STEPS="bench", BATCH="128")[:2]
-    site = f"{tmp_path}/work/site"
+    site = str(tmp_path / "work" / "site")
     assert install[:4] == [sys.executable, "-m", "pip", "install"]
     assert {"--no-index", "--no-deps"} <= set(install) and install[-1].endswith(".whl")
     assert install[install.index("--target") + 1] == site
