@@ -30,14 +30,12 @@ BAR = ("fp32", "amp", "mixed")
 
 # Host reads per step by design, and why (docs/performance.md, "GPU hazards a CPU can catch"):
 READS = {
-    # the plan is made on the host: the overflow flag and the statistics come in one copy (tolist)
-    ("demo", "adaptive"): {"tolist": 1},
     # Adagrad has no fused kernel: the skip decision reads the overflow flag (sync_free False)
     ("lstm_lm", "amp"): {"_local_scalar_dense": 1},
     ("lstm_lm", "mixed"): {"_local_scalar_dense": 1},
-    # speech: pad_packed_sequence reads the packed sequence's batch sizes, a host tensor by
-    # construction (the frame counts stay on the host for packing and CTC): 2 per GRU layer
-    **{("speech", p): {"_local_scalar_dense": 6} for p in BAR},
+    # (speech's pad_packed_sequence reads the packed batch sizes, a host tensor on every device:
+    # a CPU run of an older torch counted them, 2 `_local_scalar_dense` per GRU layer; torch
+    # 2.14 reads them through no ATen op)
 }
 # Tensors built from host data per step by design: torchvision's RPN non-maximum suppression
 # (torchvision/ops/boxes.py, _batched_nms_coordinate_trick) makes torch.tensor(1) for each image

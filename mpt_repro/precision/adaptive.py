@@ -23,10 +23,10 @@ How it hooks into PyTorch autograd (nothing here edits a model):
   key and kept as a ``_Tape`` (``_tape_for``): later steps replay it without a walk.
 
 The statistics a layer's scale is computed from are those of the previous iteration's gradient
-(recorded in the backward, read on the host with the update's overflow flag, ``_read_ahead``,
-used by the next plan): the plan must be fixed before the backward starts, because a join needs
-the scales of all its branches. The reference computes
-s_L from the current gradient; with update_interval > 1 both reuse old values anyway.
+(recorded in the backward, sent to the host with the update's overflow flag without a wait,
+``_send_ahead``, and read by the next plan once landed, ``_settle``): the plan must be fixed
+before the backward starts, because a join needs the scales of all its branches. The reference
+computes s_L from the current gradient; with update_interval > 1 both reuse old values anyway.
 """
 
 from __future__ import annotations
@@ -431,9 +431,10 @@ class AdaptiveScaler(LossScaler):
     row ends the run as Diverged.
     """
 
-    # the plan is made on the host: one read a step (the overflow flag, with last step's
-    # statistics where it recorded them)
-    sync_free = False
+    # the plan is made on the host from values that leave the device at each update without a
+    # wait (the overflow flag, with the statistics where the step recorded them) and are read at
+    # the next plan, once landed (_settle): update() itself reads nothing
+    sync_free = True
     # the largest accumulated scale moves with each plan, but the host sets it: the journal's
     # rows get it as a host note, not as a device copy
     moves = False
@@ -468,12 +469,15 @@ class AdaptiveScaler(LossScaler):
         self._tapes: dict[tuple, _Tape] = {}
         self.plan_walks = 0  # full walks of the autograd graph (first sight, audits)
         self.plan_reuses = 0  # plans made from a kept tape, without a walk
+        self.plan_waits = 0  # plans that waited for the last update's copy to land (a GPU's)
         self._host_scale = 1.0  # what self._scale holds (set on the host by each plan)
         # the output gradients a recording backward has passed, kept until its end (_retain)
         self._retained: dict[_Layer, Tensor] = {}
         # (what it was read from, the values, their columns): statistics read with the overflow
-        # flag at the last update, for the next plan (_read_ahead)
+        # flag at the last update, for the next plan (_send_ahead, _settle)
         self._ahead: tuple[tuple, list[float], int] | None = None
+        # the last update's copy on its way to the host: (its _ahead_key or None, the copy, cols)
+        self._pending: tuple[tuple | None, _InFlight, int] | None = None
 
     # -- setup -------------------------------------------------------------------------------
     def attach(self, model: nn.Module, names: list[str], params: list[Tensor]) -> None:
@@ -548,6 +552,7 @@ class AdaptiveScaler(LossScaler):
     # -- one step: plan, backward, unscale, update -------------------------------------------
     def scale_loss(self, loss: Tensor) -> Tensor:
         loss = loss.float()
+        self._settle()  # the last update's flag and statistics, before the plan needs them
         if loss.grad_fn is not None:
             self._plan(loss.grad_fn)
         self._nodes, self._out_cells, self._in_cells, self._forward = {}, [], [], []
@@ -672,7 +677,7 @@ class AdaptiveScaler(LossScaler):
 
     def _recompute(self) -> None:
         """The layers' statistics from the recorded gradients' and the current weights': read
-        ahead with the last update's overflow flag (``_read_ahead``), or read now (one sync)."""
+        ahead with the last update's overflow flag (``_send_ahead``), or read now (one sync)."""
         self._reduce_retained()
         have = [lay for lay in self.layers.values() if lay.g_stats is not None]
         if not have:
@@ -814,36 +819,47 @@ class AdaptiveScaler(LossScaler):
         this scaler)."""
 
     def _move(self, found: Tensor, floor: float, before: Tensor | None) -> None:
-        c = self.cfg
-        self.host_overflow = self._read_ahead(found)  # the one host read a step (sync_free)
-        if self.host_overflow:
+        self._send_ahead(found)  # the cap moves at the next plan, once the flag has landed
+
+    def _send_ahead(self, found: Tensor) -> None:
+        """The overflow flag on its way to the host (the cap moves there), without a wait. Where
+        this step's backward recorded statistics, the next plan will recompute the scales from
+        them and from the weights as this step left them: both are final now, so they travel in
+        the same copy as the flag, and the plan uses them without a read of its own (if neither
+        changed in between: ``_ahead_key``)."""
+        self._reduce_retained()
+        have = [lay for lay in self.layers.values() if lay.g_stats is not None]
+        with torch.no_grad():
+            if have:
+                table, cols = self._statistics_table(have, found.float())
+            else:
+                table, cols = found.float().reshape(1), 0
+        self._pending = (self._ahead_key(have) if have else None, _InFlight(table), cols)
+
+    def _settle(self) -> None:
+        """What the last update sent (``_send_ahead``), once it has landed: the accumulation
+        cap moves on its overflow flag, and its statistics wait for the next recomputation. On
+        a GPU the host waits here only for that copy; the device has the next forward queued
+        behind it by then."""
+        if self._pending is None:
+            return
+        key, copy, cols = self._pending
+        self._pending = None
+        values, waited = copy.values()
+        self.plan_waits += waited
+        self._ahead = None if key is None else (key, values[1:], cols)
+        if values[0]:  # this update's step overflowed: halve the cap, recompute at the next plan
             self.growth_tracker = 0
             self.cap_exp = max(self.cap_exp - 1, 0)
             self.force = True
         else:
             self.growth_tracker += 1
-            if self.growth_tracker >= c.growth_interval and self.cap_exp < self.max_cap_exp:
+            if self.growth_tracker >= self.cfg.growth_interval and self.cap_exp < self.max_cap_exp:
                 self.growth_tracker = 0
                 self.cap_exp += 1
 
-    def _read_ahead(self, found: Tensor) -> bool:
-        """The overflow flag, read on the host (the cap moves there). Where this step's backward
-        recorded statistics, the next plan will recompute the scales from them and from the
-        weights as this step left them: both are final now, so they come to the host in the
-        same copy as the flag, and the plan uses them without a read of its own (if neither
-        changed in between: ``_ahead_key``). One host read a step where there were two."""
-        self._reduce_retained()
-        have = [lay for lay in self.layers.values() if lay.g_stats is not None]
-        if not have:
-            self._ahead = None
-            return bool(found)
-        with torch.no_grad():
-            table, cols = self._statistics_table(have, found.float())
-            values = table.tolist()
-        self._ahead = (self._ahead_key(have), values[1:], cols)
-        return bool(values[0])
-
     def _host_at_floor(self) -> bool | None:
+        self._settle()  # landed at the plan already, unless no plan came since the last update
         return self.cap_exp == 0  # at the floor: a cap of 1 (the cap lives on the host)
 
     # -- reporting and checkpoints -----------------------------------------------------------
@@ -856,12 +872,14 @@ class AdaptiveScaler(LossScaler):
 
     def diagnostics(self) -> dict:
         """Per-layer scales for the run record (under diagnostics.adaptive)."""
+        self._settle()  # the cap as the last update left it
         return {
             "updates": self.updates,
             "fallback_steps": self.fallback_steps,
             "accum_cap": 2.0**self.cap_exp,
             "plan_walks": self.plan_walks,
             "plan_reuses": self.plan_reuses,
+            "plan_waits": self.plan_waits,
             "plan_cache": "on" if self.plan_cache else "off (the graph changed under one key)",
             "layers": {
                 n: {
@@ -876,6 +894,7 @@ class AdaptiveScaler(LossScaler):
 
     def state_dict(self) -> dict:
         self._reduce_retained()
+        self._settle()  # the cap as the last update left it
         sd = super().state_dict()
         sd.update(
             cap_exp=self.cap_exp,
@@ -883,6 +902,7 @@ class AdaptiveScaler(LossScaler):
             iteration=self.iteration,
             updates=self.updates,
             fallback_steps=self.fallback_steps,
+            plan_waits=self.plan_waits,
             force=self.force,
             layers={
                 n: {
@@ -901,10 +921,11 @@ class AdaptiveScaler(LossScaler):
 
     def load_state_dict(self, sd: dict) -> None:
         super().load_state_dict(sd)
-        self._ahead = None  # the loaded statistics are read at the next plan
+        self._ahead = self._pending = None  # the loaded statistics are read at the next plan
         self._host_scale = self.scale
         self.cap_exp, self.iteration = int(sd["cap_exp"]), int(sd["iteration"])
         self.growth_tracker = int(sd.get("host_growth_tracker", 0))
+        self.plan_waits = int(sd.get("plan_waits", 0))  # not in checkpoints before issue 47
         self.updates, self.fallback_steps, self.force = (
             int(sd["updates"]),
             int(sd["fallback_steps"]),
@@ -930,6 +951,32 @@ class AdaptiveScaler(LossScaler):
                 lay.g_scale = (float(s["g_scale"][0]), int(s["g_scale"][1]))
             elif lay.g_stats is not None:  # written before g_scale: the finished [E g^2, max, min]
                 lay.g_stats[0] = lay.g_stats[0].sqrt()
+
+
+class _InFlight:
+    """A device vector on its way to the host: copied without a wait (into pinned memory on a
+    GPU, the trainer's loss copies' way), read once it has landed. On the CPU it is host memory
+    already."""
+
+    def __init__(self, table: Tensor):
+        self._event = None
+        self._host = table
+        if table.device.type == "cuda":
+            self._host = torch.empty(table.shape, dtype=table.dtype, pin_memory=True)
+            self._host.copy_(table, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+
+    def values(self) -> tuple[list[float], bool]:
+        """The values, and whether the host had to wait for them: on a GPU, for this copy alone
+        (not for what the device queued after it)."""
+        waited = self._event is not None and not self._event.query()
+        if waited:
+            self._event.synchronize()
+        if self._host.device.type != "cpu":  # a device without the pinned path: a plain read
+            return self._host.tolist(), True
+        with torch.autograd.profiler.record_function("host:adaptive statistics, landed"):
+            return self._host.tolist(), waited
 
 
 def _saved_row(stats: tuple[Tensor, Tensor] | Tensor | None) -> Tensor | None:
