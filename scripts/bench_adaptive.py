@@ -174,15 +174,20 @@ NETWORKS = {
 
 
 def network_steps(device: str, rounds: int = 3, steps: int = 20) -> None:
-    """Part 3: ops, host reads and samples/s of the suite's step, mixed beside adaptive."""
+    """Part 3: ops, host reads and samples/s of the suite's step, mixed beside adaptive, and
+    how many of adaptive's timed steps planned only after waiting for the last update's copy
+    (its ``plan_waits``: on a CPU always 0)."""
     from mpt_repro.bench.config import compose
     from mpt_repro.bench.measure import SyncCounter
     from mpt_repro.bench.step import build_step
 
     dev = torch.device(device)
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
-    print("\n| network | preset | ATen ops/step | host reads/step | samples/s (rounds) | x mixed |")
-    print("| --- | --- | ---: | ---: | --- | ---: |")
+    print(
+        "\n| network | preset | ATen ops/step | host reads/step | samples/s (rounds) | x mixed "
+        "| plans that waited |"
+    )
+    print("| --- | --- | ---: | ---: | --- | ---: | --- |")
     for name, over in NETWORKS.items():
         built = {
             p: build_step(compose([*over, f"trainer.device={device}"], p), dev) for p in BESIDE
@@ -195,6 +200,7 @@ def network_steps(device: str, rounds: int = 3, steps: int = 20) -> None:
                 bs.step()
             counts[p] = (c.dispatched, c.reads)
         rates: dict[str, list[float]] = {p: [] for p in built}
+        waits_before = {p: _plan_waits(bs) for p, bs in built.items()}
         for r in range(rounds):
             for p in BESIDE if r % 2 == 0 else BESIDE[::-1]:
                 sync()
@@ -207,11 +213,23 @@ def network_steps(device: str, rounds: int = 3, steps: int = 20) -> None:
         for p in BESIDE:
             cells = ", ".join(f"{x:.0f}" for x in rates[p])
             ratio = statistics.median(rates[p]) / base
-            print(f"| {name} | {p} | {counts[p][0]} | {counts[p][1]} | {cells} | {ratio:.2f} |")
+            waits = _plan_waits(built[p])
+            waited = "n/a" if waits is None else f"{waits - waits_before[p]} of {rounds * steps}"
+            print(
+                f"| {name} | {p} | {counts[p][0]} | {counts[p][1]} | {cells} | {ratio:.2f} "
+                f"| {waited} |"
+            )
         del built
 
 
 BESIDE = ("mixed", "adaptive")
+
+
+def _plan_waits(bs) -> int | None:
+    """The adaptive scaler's plans that waited for the last update's copy (None: no such
+    scaler)."""
+    (opt,) = bs.task.optimizers.values()
+    return getattr(opt.scaler, "plan_waits", None)
 
 
 def main() -> None:
