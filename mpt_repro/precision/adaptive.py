@@ -200,6 +200,48 @@ class _Rescale(torch.autograd.Function):
         return (grad if f == 1.0 else grad * f), None
 
 
+def _scale_edge(slot: int, cell: _InCell, grad_inputs, grad_outputs):
+    """Post-hook on a layer's own node (its convolution or matrix product, which takes the
+    layer's input directly): multiply the gradient it passes to the input, as ``_Rescale``'s
+    backward does, before autograd adds it to the input's other consumers'. No view in the
+    forward and no node of its own: what ``_Rescale`` costs every step, saved."""
+    f = cell.factor
+    if f == 1.0 or grad_inputs[slot] is None:
+        return None
+    return tuple(g * f if i == slot else g for i, g in enumerate(grad_inputs))
+
+
+class _EdgeNode:
+    """What the walk sees in place of a direct edge (``_scale_edge``): a node between the
+    layer's node and the input's producer, as a ``_Rescale`` node would be, so that the tape is
+    the one ``_Rescale`` gives."""
+
+    __slots__ = ("mpt_in_cell", "next_functions")
+
+    def __init__(self, cell: _InCell, producer: tuple):
+        self.mpt_in_cell, self.next_functions = cell, (producer,)
+
+
+# the layers whose autograd node takes their input itself (a convolution without padding of its
+# own, a linear layer on a matrix): their input edge needs no node of its own
+DIRECT = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
+# {id(node): (node, slot, cell)}: the direct edges of the forwards not yet planned, of every
+# scaler (a GAN's generator loss runs through the discriminator's layers); each scaler drops its
+# own at its plan, as it drops its layer outputs
+_DIRECT_EDGES: dict[int, tuple[object, int, _InCell]] = {}
+
+
+def _children(node) -> list:
+    """A node's producers as the walk reads them: a direct edge's slot through its
+    ``_EdgeNode``."""
+    nexts = list(node.next_functions)
+    direct = _DIRECT_EDGES.get(id(node))
+    if direct is not None:
+        _, slot, cell = direct
+        nexts[slot] = (_EdgeNode(cell, nexts[slot]), 0)
+    return [c for c, _ in nexts if c is not None]
+
+
 def _scale_incoming(cell: _OutCell, grads):
     """Pre-hook on the node that produced a layer's output: record statistics, multiply by s_L."""
     if cell.record_scale is not None:
@@ -253,6 +295,11 @@ class _Layer:
         # formula's five; a checkpoint's three)
         self.g_stats: tuple[Tensor, Tensor] | Tensor | None = None
         self.g_scale: tuple[float, int] = (1.0, 1)  # (the scale g carried, g's size)
+        # a plain convolution or linear layer: its own node takes its input, so its input edge
+        # is a post-hook there (_scale_edge) instead of a _Rescale node; ``edge``: the call in
+        # progress's input cell, from the forward pre-hook to the forward hook
+        self.direct = type(module) in DIRECT and getattr(module, "padding_mode", "zeros") == "zeros"
+        self.edge: _InCell | None = None
 
 
 class _Conflict(Exception):
@@ -364,7 +411,7 @@ def _walk(root, out_cells: dict[int, _OutCell]) -> _Tape:
     stack = [root]
     while stack:
         n = stack.pop()
-        kids = children[id(n)] = [c for c, _ in n.next_functions if c is not None]
+        kids = children[id(n)] = _children(n)
         for child in kids:
             consumers[id(child)] += 1
             if id(child) not in children:
@@ -456,6 +503,7 @@ class AdaptiveScaler(LossScaler):
         # so an id cannot be reused), the layer calls and input edges in order, and the key
         self._nodes: dict[int, tuple[object, _OutCell]] = {}
         self._out_cells: list[_OutCell] = []
+        self._direct_ids: list[int] = []  # this scaler's entries in _DIRECT_EDGES
         self._in_cells: list[_InCell] = []
         self._forward: list[tuple] = []
         self._param_exp: dict[int, int] = {}  # id(model parameter) -> log2 scale of its gradient
@@ -520,6 +568,7 @@ class AdaptiveScaler(LossScaler):
             layer.g_stats = (norm, amax)
 
     def _wrap_input(self, layer: _Layer, module, args):
+        layer.edge = None
         if (
             not torch.is_grad_enabled()
             or not args
@@ -533,7 +582,35 @@ class AdaptiveScaler(LossScaler):
         self._forward.append((layer.name, made_by[1].seq if made_by else type(x.grad_fn)))
         cell = _InCell(self, len(self._in_cells))
         self._in_cells.append(cell)
+        if layer.direct and x.grad_fn is not None and (x.dim() == 2 or module.weight.dim() > 2):
+            layer.edge = cell  # hooked on the layer's node once it exists (_hook_edge)
+            return None
         return (_Rescale.apply(x, cell),) + tuple(args[1:])
+
+    def _hook_edge(self, layer: _Layer, node, x: Tensor, cell: _InCell) -> None:
+        """The layer's input edge as a post-hook (``_scale_edge``) on the node that takes the
+        layer's input: the layer's own, or, where autocast cast the input inside the layer, that
+        cast's (made for this call alone: autocast caches the casts of parameters only), so the
+        factor multiplies the gradient in the input's dtype, where ``_Rescale`` multiplied it."""
+        producer = x.grad_fn  # held: its Python object stays the one next_functions gives
+
+        def slot_in(n) -> int | None:
+            edges = enumerate(n.next_functions)
+            return next((i for i, (f, nr) in edges if f is producer and nr == x.output_nr), None)
+
+        host, slot = node, slot_in(node)
+        if slot is None:
+            casts = [f for f, _ in node.next_functions if type(f).__name__ == "ToCopyBackward0"]
+            host, slot = next(((f, i) for f in casts if (i := slot_in(f)) is not None), (None, 0))
+        if host is None:
+            raise RuntimeError(
+                f"adaptive loss scaling: the autograd node of layer {layer.name!r} "
+                f"({type(node).__name__}) does not take the layer's input (torch "
+                f"{torch.__version__}); this is a bug of mpt-repro: please report it"
+            )
+        host.register_hook(functools.partial(_scale_edge, slot, cell))
+        _DIRECT_EDGES[id(host)] = (host, slot, cell)
+        self._direct_ids.append(id(host))
 
     def _hook_output(self, layer: _Layer, module, args, out):
         if self._retained:  # a backward with no unscale_ after it (gradient accumulation)
@@ -544,6 +621,9 @@ class AdaptiveScaler(LossScaler):
         node = y.grad_fn
         cell = _OutCell(layer, y.output_nr, len(self._out_cells))
         node.register_prehook(functools.partial(_scale_incoming, cell))
+        edge, layer.edge = layer.edge, None
+        if edge is not None:
+            self._hook_edge(layer, node, args[0], edge)
         self._nodes[id(node)] = (node, cell)
         self._out_cells.append(cell)
         self._forward.append((layer.name, y.output_nr, type(node)))
@@ -556,6 +636,9 @@ class AdaptiveScaler(LossScaler):
         if loss.grad_fn is not None:
             self._plan(loss.grad_fn)
         self._nodes, self._out_cells, self._in_cells, self._forward = {}, [], [], []
+        for i in self._direct_ids:
+            _DIRECT_EDGES.pop(i, None)
+        self._direct_ids = []
         self.iteration += 1
         return loss  # the gradient reaching the loss has scale 2^0; the layers scale from there
 
