@@ -108,14 +108,16 @@ def one_step_counted(preset: str) -> tuple[Counter, int, int]:
 
 
 @pytest.mark.slow  # ~15 s of CPU: two ResNet-18 builds and six steps at 32 px
-def test_resnet18_at_the_default_frequency_costs_within_1_09x_mixed_with_no_host_read():
+def test_resnet18_at_the_default_frequency_costs_within_1_03x_mixed_with_no_host_read():
     """F=1 (every step records and recomputes): the 21 layers' gradient statistics are two
     multi-tensor reductions at the end of the backward, not two kernels a layer; with the
     weights' two, four more ``_foreach_norm`` than mixed and no ``aminmax`` or per-layer
-    ``vector_norm``. 328 ATen ops against mixed's 304 measured (1.079x; 385, 1.27x, before).
-    No host read: the overflow flag and the statistics leave the device at the update in one
-    copy that does not wait, and the next plan reads them from host memory (one read before,
-    two before that)."""
+    ``vector_norm``. Every layer's input edge is a post-hook on its convolution or product, so
+    not one view more than mixed (a ``_Rescale`` view per layer input before). 308 ATen ops
+    against mixed's 304 measured (1.013x; 328 with the views, 385 before the statistics were
+    batched). No host read: the overflow flag and the statistics leave the device at the update
+    in one copy that does not wait, and the next plan reads them from host memory (one read
+    before, two before that)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -125,8 +127,9 @@ def test_resnet18_at_the_default_frequency_costs_within_1_09x_mixed_with_no_host
         torch.set_num_threads(threads)
     assert seen["aminmax"] == seen["linalg_vector_norm"] == 0, seen
     assert seen["_foreach_norm"] == mixed_seen["_foreach_norm"] + 4
+    assert seen["view"] == mixed_seen["view"], (seen["view"], mixed_seen["view"])
     assert mixed_reads == 0 and reads == 0, reads
-    assert ops <= 1.09 * mixed, (ops, mixed)
+    assert ops <= 1.03 * mixed, (ops, mixed)
 
 
 def test_a_weight_changed_after_the_update_is_read_again_by_the_plan():
