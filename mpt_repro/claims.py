@@ -84,8 +84,9 @@ class ClaimsError(ValueError):
 @dataclass(frozen=True)
 class Sequential:
     """Seeds until decided: the looks (seed counts) at which the claim is judged, the error rate
-    α, and the CPU budget (minutes of its runs' own wall time, per seed set) that stops adding
-    seeds. Every look's interval is at 1 − α/K (K = the planned looks)."""
+    α, and the CPU minutes its runs are expected to take per seed set (shown on the page; it
+    stops nothing: a stop that depended on time would stop at other looks on another machine).
+    Every look's interval is at 1 − α/K (K = the planned looks)."""
 
     looks: tuple[int, ...] = (3, 5, 8)
     alpha: float = 0.05
@@ -102,10 +103,10 @@ class Sequential:
     def text(self) -> str:
         looks = ", ".join(map(str, self.looks))
         return (
-            f"judged at {looks} seeds, stopping at the first look that decides or when "
-            f"{self.cpu_minutes:g} CPU minutes are spent; each look's interval at "
-            f"{100 * self.confidence:.4g} % (α = {self.alpha:g} spent evenly over "
-            f"{len(self.looks)} looks)"
+            f"judged at {looks} seeds, stopping at the first look that decides; each look's "
+            f"interval at {100 * self.confidence:.4g} % (α = {self.alpha:g} spent evenly over "
+            f"{len(self.looks)} looks); planned at about {self.cpu_minutes:g} CPU minutes a seed "
+            "set, which stops nothing"
         )
 
 

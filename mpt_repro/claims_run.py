@@ -4,10 +4,11 @@ the page it writes (docs/claims.md).
 Each testable claim is judged on seed set A (its first look's seeds, shifted by the seed offset)
 and again on set B (the same, shifted by REPLICA_SHIFT more): the sets never share a seed. After
 each round of sweeps every pending (claim, set) is judged at its sequential rule's confidence
-(mpt_repro.claims.Sequential); one that is decided, whose looks are spent, or whose runs have
-spent its CPU budget stops there; the others move to their next look (more seeds) and the next
-round runs only the runs still missing (resume=true). The page shows both sets' verdicts and
-says where they disagree.
+(mpt_repro.claims.Sequential); one that is decided or whose looks are spent stops there; the
+others move to their next look (more seeds) and the next round runs only the runs still missing
+(resume=true). A stop depends on the runs' numbers alone, never on how long they took, so the
+page stops at the same looks on any machine (its runs being bit-identical in portable mode). The
+page shows both sets' verdicts and says where they disagree.
 """
 
 from __future__ import annotations
@@ -119,9 +120,6 @@ def _stop(claim: Claim, finding: Finding) -> str:
         return f"stopped: {n - len(finding.seeds)} of its {n} seeds have no run (see the sweeps)"
     if rule.next_look(n) is None:
         return f"undecided after the last look ({n} seeds)"
-    spent = (finding.wall_time_s or 0.0) / 60
-    if spent >= rule.cpu_minutes:
-        return f"undecided at {n} seeds: its runs spent {spent:.1f} of {rule.cpu_minutes:g} CPU min"
     return ""
 
 

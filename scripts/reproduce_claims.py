@@ -18,7 +18,8 @@ one thread (OMP_NUM_THREADS=1, faster for these small models on a CPU than two),
 (trainer.portable=true: the same bits on any x86-64 machine with AVX2), and the page ends with
 every run's digest, which `make verify-claims` checks on another machine. Every claim is
 judged on seed set A and again on the disjoint set B (mpt_repro/claims_run.py), adding seeds
-look by look until its tests are decided or its sequential rule or CPU budget stops it; the
+look by look until its tests are decided or its sequential rule stops it (on the runs' numbers
+alone, never on their time, so the page stops at the same looks on any machine); the
 page (claims.md under --out, and with --docs the committed page) shows both sets' verdicts,
 each test's tolerance with its reason, what would have refuted it and the resolution reached.
 Exit 0 when the page was written, even where a claim is not reproduced (a finding); 2 for a bad
