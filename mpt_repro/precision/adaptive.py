@@ -201,10 +201,11 @@ class _Rescale(torch.autograd.Function):
 
 
 def _scale_edge(slot: int, cell: _InCell, grad_inputs, grad_outputs):
-    """Post-hook on a layer's own node (its convolution or matrix product, which takes the
-    layer's input directly): multiply the gradient it passes to the input, as ``_Rescale``'s
-    backward does, before autograd adds it to the input's other consumers'. No view in the
-    forward and no node of its own: what ``_Rescale`` costs every step, saved."""
+    """Post-hook on the node that takes a layer's input (its convolution or matrix product, or
+    autocast's cast of the input inside the layer): multiply the gradient it passes to the
+    input, as ``_Rescale``'s backward does, before autograd adds it to the input's other
+    consumers'. No view in the forward and no node of its own: what ``_Rescale`` costs every
+    step, saved."""
     f = cell.factor
     if f == 1.0 or grad_inputs[slot] is None:
         return None
@@ -222,8 +223,9 @@ class _EdgeNode:
         self.mpt_in_cell, self.next_functions = cell, (producer,)
 
 
-# the layers whose autograd node takes their input itself (a convolution without padding of its
-# own, a linear layer on a matrix): their input edge needs no node of its own
+# the layers whose autograd node takes their input itself (a convolution that pads with zeros
+# inside its own kernel, not through an F.pad node before it; a linear layer on a matrix): their
+# input edge needs no node of its own
 DIRECT = (nn.Conv1d, nn.Conv2d, nn.Conv3d, nn.Linear)
 # {id(node): (node, slot, cell)}: the direct edges of the forwards not yet planned, of every
 # scaler (a GAN's generator loss runs through the discriminator's layers); each scaler drops its
