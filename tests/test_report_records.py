@@ -210,6 +210,8 @@ def test_real_records_have_the_shapes_the_reporter_must_read():
     det = real_record("detection")
     assert (det["task"], det["primary_metric"], det["status"]) == ("detection", "map", "completed")
     assert "map" in det["metrics"]
+    # which way is better: the primary metric's registration, as the run wrote it
+    assert done["higher_is_better"] is True and det["higher_is_better"] is True
     assert isinstance(det["metrics_detail"]["per_class_ap"], dict)
 
 

@@ -65,7 +65,6 @@ class Trained(NamedTuple):
 class Task:
     name: str = ""
     primary_metric: str = "loss"  # the metric tables and sweeps compare
-    higher_is_better: bool = False
     metric_names: list[str] = ["loss"]  # what evaluate() returns
     # the column of the training loss in metrics.csv and TensorBoard (train/<name>): "loss", or
     # "sampled_loss" where training optimises a sampled softmax while evaluation scores the full
@@ -102,6 +101,16 @@ class Task:
         self.cfg, self.device, self.policy = cfg, device, policy
         self.models, self.optimizers = {}, {}
         self.train_models: dict[str, nn.Module] = {}  # the training forwards, by model name
+
+    @property
+    def higher_is_better(self) -> bool:
+        """Which way the primary metric is better, as its registration says (`metric(...)` in
+        the plugin module that reports it): said once, there. A metric registered without a
+        direction, or not at all, counts as lower-better (a loss)."""
+        from mpt_repro import registry
+
+        info = registry.metric_info(self.primary_metric)
+        return bool(info is not None and info.higher_is_better)
 
     # -- models -----------------------------------------------------------------------------
     def new_model(self, **kwargs: Any) -> Any:

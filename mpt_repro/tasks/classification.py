@@ -44,7 +44,6 @@ def _logits(out: Any) -> torch.Tensor:
 
 class Classification(SampledTask):
     primary_metric = "top1"
-    higher_is_better = True
     loss_is_cross_entropy_over_classes = True  # mpt-advise predicts from the class count
     metric_names = ["loss", "top1", "top5"]
     item_unit = "images"

@@ -70,7 +70,6 @@ def caffe_param_groups(factory: Any, name: str) -> Any:
 
 class Detection(SampledTask):
     primary_metric = "map"
-    higher_is_better = True
 
     def __init__(self, cfg: Any, device: torch.device, policy: Any):
         super().__init__(cfg, device, policy)

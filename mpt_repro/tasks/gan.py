@@ -56,7 +56,6 @@ class GAN(SampledTask):
     # The generator's loss on fixed noise against the current discriminator. Lower means G fools
     # this D more; it is NOT a measure of image quality (see the module docstring).
     primary_metric = "g_loss"
-    higher_is_better = False
     metric_names = ["d_loss", "g_loss", "d_real", "d_fake"]
     # evaluation by items (mpt_repro/evidence.py): each held-out image with its own noise; every
     # metric is a mean over the images

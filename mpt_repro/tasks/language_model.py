@@ -72,7 +72,6 @@ def block_key(targets: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
 
 class LanguageModel(Task):
     primary_metric = "perplexity"
-    higher_is_better = False
     metric_names = ["loss", "perplexity"]
     # evaluation by items (mpt_repro/evidence.py): a block is one BPTT window of one validation
     # stream; the perplexity is exp(summed token loss / tokens) over the blocks

@@ -125,7 +125,6 @@ def speech_loaders(data: Any, d: Any, batch: int, seed: int, device: torch.devic
 
 class Speech(SampledTask):
     primary_metric = "cer"
-    higher_is_better = False
     metric_names = ["loss", "cer", "wer"]
     # evaluation by items (mpt_repro/evidence.py): the utterances; CER and WER are summed edits
     # over summed reference characters and words, the loss a mean over the utterances CTC can

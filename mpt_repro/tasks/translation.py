@@ -83,7 +83,6 @@ def load_data(cfg: Any) -> ParallelData:
 
 class Translation(Task):
     primary_metric = "perplexity"
-    higher_is_better = False
     metric_names = ["loss", "perplexity", "bleu"]
     # evaluation by items (mpt_repro/evidence.py): the dev pairs; the perplexity over their
     # target tokens, BLEU from their summed n-gram statistics (sacrebleu's corpus BLEU)
