@@ -584,7 +584,10 @@ class AdaptiveScaler(LossScaler):
         self._forward.append((layer.name, made_by[1].seq if made_by else type(x.grad_fn)))
         cell = _InCell(self, len(self._in_cells))
         self._in_cells.append(cell)
-        if layer.direct and x.grad_fn is not None and (x.dim() == 2 or module.weight.dim() > 2):
+        # a linear layer's own node takes its input only on a matrix (on more dimensions, a
+        # reshape comes between)
+        matrix_or_conv = x.dim() == 2 or not isinstance(module, nn.Linear)
+        if layer.direct and x.grad_fn is not None and matrix_or_conv:
             layer.edge = cell  # hooked on the layer's node once it exists (_hook_edge)
             return None
         return (_Rescale.apply(x, cell),) + tuple(args[1:])
